@@ -1,0 +1,449 @@
+//! catalog: the DynLimits `APIIndexedLimits` JSON, its validation, and the immutable [`Snapshot`]
+//! that the request path reads.
+//!
+//! A catalog is checked completely before anything is built from it: every index in range, no
+//! duplicate keys or endpoints, no conflicting routes, no negative limits. All problems are reported
+//! together in one [`CatalogError`]; nothing here panics on any input. A [`Snapshot`] holds routes,
+//! limits and version together so that one `ArcSwap::store` replaces all of them at once.
+//!
+//! Extension (additive, documented in `docs/catalog.md`): an endpoint may carry `default_rl`, the
+//! limit for catalog keys that have no limit of their own for that endpoint. It never applies to
+//! unknown keys, so unknown keys never get counters.
+//!
+//! Pure: parsing and building only; reading files is `load_file`'s one I/O call.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::router::{RouteMatch, RouteTable, Template};
+
+/// Largest catalog file accepted. Default: 64 MiB.
+pub const MAX_CATALOG_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `version` of a DynLimits catalog. All fields optional; DynLimits' example catalogs have none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogVersion {
+    #[serde(default)]
+    pub semver: String,
+    #[serde(default)]
+    pub hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawCatalog {
+    #[serde(default)]
+    version: Option<CatalogVersion>,
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    endpoints: Vec<RawEndpoint>,
+    #[serde(default)]
+    apilimits: Vec<RawApiLimits>,
+}
+
+// Indices and limits are read as i64 so that a negative value is a validation problem with a
+// location, not an opaque parse error.
+#[derive(Debug, Deserialize)]
+struct RawEndpoint {
+    p: i64,
+    m: i64,
+    #[serde(default)]
+    default_rl: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawApiLimits {
+    key: String,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawLimit {
+    ep: i64,
+    rl: i64,
+}
+
+/// One thing wrong with a catalog: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// JSON location, e.g. `endpoints[3].p`; empty for whole-file problems.
+    pub at: String,
+    pub reason: String,
+}
+
+/// A refused catalog, with every problem found in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogError {
+    /// Where the catalog came from (a file path or a URL).
+    pub source: String,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for CatalogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "catalog {} is invalid ({n} problem{}):",
+            self.source,
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            if p.at.is_empty() {
+                write!(f, "\n  {}", p.reason)?;
+            } else {
+                write!(f, "\n  {}: {}", p.at, p.reason)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CatalogError {}
+
+/// One endpoint of a snapshot, with what the request path needs precomputed.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `METHOD /template`, as in the catalog (method upper-cased). Used as the policy name in
+    /// rate-limit headers and as the endpoint part of counter keys.
+    pub name: String,
+    pub default_limit: Option<u64>,
+}
+
+/// What the catalog says about one (API key, endpoint) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitLookup {
+    /// The key is not in the catalog.
+    UnknownKey,
+    /// The key is known but has no limit (and the endpoint no default) here.
+    NoLimit,
+    /// Requests per 60 seconds.
+    Limit(u64),
+}
+
+/// API key bytes -> its (endpoint index, limit) pairs, sorted by endpoint index.
+type KeyLimits = HashMap<Box<[u8]>, Box<[(u32, u64)]>>;
+
+/// An immutable, validated catalog version: routes, limits and version, swapped in as one.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub version: CatalogVersion,
+    routes: RouteTable,
+    endpoints: Vec<Endpoint>,
+    keys: KeyLimits,
+}
+
+impl Snapshot {
+    /// Parses and validates a DynLimits catalog. `source` names it in errors.
+    pub fn from_json(source: &str, json: &[u8]) -> Result<Snapshot, CatalogError> {
+        let fail = |problems| CatalogError {
+            source: source.to_owned(),
+            problems,
+        };
+        let raw: RawCatalog = serde_json::from_slice(json).map_err(|e| {
+            fail(vec![Problem {
+                at: String::new(),
+                reason: format!("not a valid catalog document: {e}"),
+            }])
+        })?;
+        build(raw).map_err(fail)
+    }
+
+    /// Reads, parses and validates a catalog file.
+    pub fn load_file(path: &Path) -> Result<Snapshot, CatalogError> {
+        let source = path.display().to_string();
+        let one = |reason: String| CatalogError {
+            source: source.clone(),
+            problems: vec![Problem {
+                at: String::new(),
+                reason,
+            }],
+        };
+        let meta = std::fs::metadata(path).map_err(|e| one(format!("cannot read it: {e}")))?;
+        if meta.len() > MAX_CATALOG_BYTES {
+            return Err(one(format!(
+                "it is {} bytes; the largest catalog accepted is {MAX_CATALOG_BYTES} bytes",
+                meta.len()
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| one(format!("cannot read it: {e}")))?;
+        Snapshot::from_json(&source, &bytes)
+    }
+
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Finds the endpoint of a request.
+    pub fn route(&self, method: &str, path: &crate::path::NormalPath) -> Option<RouteMatch> {
+        self.routes.lookup(method, path)
+    }
+
+    /// The limit of `key` on `endpoint`.
+    pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup {
+        let Some(limits) = self.keys.get(key) else {
+            return LimitLookup::UnknownKey;
+        };
+        let own = u32::try_from(endpoint)
+            .ok()
+            .and_then(|ep| limits.binary_search_by_key(&ep, |&(e, _)| e).ok())
+            .map(|i| limits[i].1);
+        match own.or_else(|| self.endpoints.get(endpoint).and_then(|e| e.default_limit)) {
+            Some(rl) => LimitLookup::Limit(rl),
+            None => LimitLookup::NoLimit,
+        }
+    }
+}
+
+fn index(i: i64, len: usize, what: &str) -> Result<usize, String> {
+    match usize::try_from(i) {
+        Ok(u) if u < len => Ok(u),
+        _ => Err(format!(
+            "index {i} is out of range ({what} has {len} entries)"
+        )),
+    }
+}
+
+fn limit_value(rl: i64) -> Result<u64, String> {
+    u64::try_from(rl).map_err(|_| format!("limit {rl} is negative"))
+}
+
+fn build(raw: RawCatalog) -> Result<Snapshot, Vec<Problem>> {
+    let mut problems = Vec::new();
+    let mut problem = |at: String, reason: String| problems.push(Problem { at, reason });
+
+    let mut templates = Vec::with_capacity(raw.endpoints.len());
+    let mut endpoints = Vec::with_capacity(raw.endpoints.len());
+    for (i, ep) in raw.endpoints.iter().enumerate() {
+        let m = index(ep.m, raw.methods.len(), "methods")
+            .map_err(|r| problem(format!("endpoints[{i}].m"), r));
+        let p = index(ep.p, raw.paths.len(), "paths")
+            .map_err(|r| problem(format!("endpoints[{i}].p"), r));
+        let default_limit = match ep.default_rl.map(limit_value).transpose() {
+            Ok(d) => d,
+            Err(r) => {
+                problem(format!("endpoints[{i}].default_rl"), r);
+                None
+            }
+        };
+        if let (Ok(m), Ok(p)) = (m, p) {
+            match Template::parse(&raw.methods[m], &raw.paths[p]) {
+                Ok(t) => {
+                    endpoints.push(Endpoint {
+                        name: format!("{} {}", t.method, t.path),
+                        default_limit,
+                    });
+                    templates.push((i, t));
+                }
+                Err(r) => problem(format!("endpoints[{i}]"), r),
+            }
+        }
+    }
+
+    let mut keys: KeyLimits = HashMap::with_capacity(raw.apilimits.len());
+    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
+    for (k, entry) in raw.apilimits.iter().enumerate() {
+        if entry.key.is_empty() {
+            problem(format!("apilimits[{k}].key"), "the API key is empty".into());
+            continue;
+        }
+        if let Some(first) = first_seen.insert(&entry.key, k) {
+            problem(
+                format!("apilimits[{k}].key"),
+                format!("duplicate API key (also apilimits[{first}])"),
+            );
+            continue;
+        }
+        let mut limits: Vec<(u32, u64)> = Vec::with_capacity(entry.limits.len());
+        let mut eps_seen: HashMap<u32, usize> = HashMap::new();
+        for (j, l) in entry.limits.iter().enumerate() {
+            let at = format!("apilimits[{k}].limits[{j}]");
+            let ep = index(l.ep, raw.endpoints.len(), "endpoints")
+                .map_err(|r| problem(format!("{at}.ep"), r));
+            let rl = limit_value(l.rl).map_err(|r| problem(format!("{at}.rl"), r));
+            if let (Ok(ep), Ok(rl)) = (ep, rl) {
+                let ep = ep as u32;
+                if let Some(prev) = eps_seen.insert(ep, j) {
+                    problem(
+                        format!("{at}.ep"),
+                        format!("endpoint {ep} already has a limit for this key (limits[{prev}])"),
+                    );
+                } else {
+                    limits.push((ep, rl));
+                }
+            }
+        }
+        limits.sort_unstable_by_key(|&(ep, _)| ep);
+        keys.insert(entry.key.as_bytes().into(), limits.into_boxed_slice());
+    }
+
+    // Route conflicts are only meaningful once every endpoint parsed.
+    let mut routes = RouteTable::default();
+    if templates.len() == raw.endpoints.len() {
+        let raw_index: Vec<usize> = templates.iter().map(|(i, _)| *i).collect();
+        match RouteTable::build(templates.into_iter().map(|(_, t)| t).collect()) {
+            Ok(t) => routes = t,
+            Err(conflicts) => {
+                for (i, reason) in conflicts {
+                    problem(format!("endpoints[{}]", raw_index[i]), reason);
+                }
+            }
+        }
+    }
+
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Snapshot {
+        version: raw.version.unwrap_or_default(),
+        routes,
+        endpoints,
+        keys,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::path::{EscapedSlashes, normalize};
+
+    const GOOD: &str = r#"{
+        "version": {"semver": "v1", "hash": "h1", "released": "2020-04-12T23:20:50.52Z"},
+        "methods": ["GET", "post"],
+        "paths": ["/users/{id}/prefs", "/users"],
+        "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 1, "default_rl": 7}],
+        "apilimits": [
+            {"key": "k1", "limits": [{"ep": 0, "rl": 20}, {"ep": 1, "rl": 5}]},
+            {"key": "k2", "limits": [{"ep": 0, "rl": 0}]}
+        ]
+    }"#;
+
+    fn problems(json: &str) -> Vec<String> {
+        Snapshot::from_json("t.json", json.as_bytes())
+            .unwrap_err()
+            .problems
+            .into_iter()
+            .map(|p| format!("{}: {}", p.at, p.reason))
+            .collect()
+    }
+
+    #[test]
+    fn loads_a_good_catalog_and_answers_limits() {
+        let s = Snapshot::from_json("t.json", GOOD.as_bytes()).unwrap();
+        assert_eq!(s.version.hash, "h1");
+        let path = normalize("/users/9/prefs", EscapedSlashes::Reject).unwrap();
+        let r = s.route("GET", &path).unwrap();
+        assert_eq!(s.endpoints()[r.endpoint].name, "GET /users/{id}/prefs");
+        assert_eq!(s.limit(b"k1", 0), LimitLookup::Limit(20));
+        assert_eq!(s.limit(b"k2", 0), LimitLookup::Limit(0));
+        assert_eq!(s.limit(b"k2", 1), LimitLookup::Limit(7), "endpoint default");
+        assert_eq!(
+            s.limit(b"nobody", 1),
+            LimitLookup::UnknownKey,
+            "defaults never apply to unknown keys"
+        );
+        let s2 = Snapshot::from_json("t", br#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":0,"m":0}],"apilimits":[{"key":"k","limits":[]}]}"#).unwrap();
+        assert_eq!(s2.limit(b"k", 0), LimitLookup::NoLimit);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_location() {
+        let got = problems(
+            r#"{
+            "methods": ["GET"],
+            "paths": ["/a", "/b/{x}"],
+            "endpoints": [{"p": 2, "m": 0}, {"p": 0, "m": -1}, {"p": 1, "m": 0, "default_rl": -3}],
+            "apilimits": [
+                {"key": "k", "limits": [{"ep": 3, "rl": 1}, {"ep": 2, "rl": -5}]},
+                {"key": "k", "limits": []},
+                {"key": "", "limits": []},
+                {"key": "j", "limits": [{"ep": 2, "rl": 1}, {"ep": 2, "rl": 2}]}
+            ]
+        }"#,
+        );
+        let want = [
+            "endpoints[0].p: index 2 is out of range (paths has 2 entries)",
+            "endpoints[1].m: index -1 is out of range (methods has 1 entries)",
+            "endpoints[2].default_rl: limit -3 is negative",
+            "apilimits[0].limits[0].ep: index 3 is out of range (endpoints has 3 entries)",
+            "apilimits[0].limits[1].rl: limit -5 is negative",
+            "apilimits[1].key: duplicate API key (also apilimits[0])",
+            "apilimits[2].key: the API key is empty",
+            "apilimits[3].limits[1].ep: endpoint 2 already has a limit for this key (limits[0])",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn off_by_one_index_is_an_error_not_a_panic() {
+        // DynLimits checks `p > len` and crashes on `p == len`.
+        let got = problems(r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":1,"m":0}]}"#);
+        assert_eq!(
+            got,
+            ["endpoints[0].p: index 1 is out of range (paths has 1 entries)"]
+        );
+    }
+
+    #[test]
+    fn duplicate_and_conflicting_routes_are_refused() {
+        let got = problems(
+            r#"{"methods":["GET","get"],"paths":["/a/{x}","/A/{y}/"],
+                "endpoints":[{"p":0,"m":0},{"p":1,"m":1}]}"#,
+        );
+        assert_eq!(got.len(), 1);
+        assert!(
+            got[0].starts_with("endpoints[1]: GET /A/{y}/ is the same route as endpoint 0"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn bad_templates_and_methods_are_refused() {
+        let got = problems(
+            r#"{"methods":["GET","B AD"],"paths":["nope","/ok"],"endpoints":[{"p":0,"m":0},{"p":1,"m":1}]}"#,
+        );
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("endpoints[0]: path \"nope\" must start with '/'"));
+        assert!(got[1].contains("not a valid HTTP method"));
+    }
+
+    #[test]
+    fn syntax_errors_and_wrong_types_are_problems() {
+        let got = problems(r#"{"methods": ["GET"],}"#);
+        assert!(
+            got[0].starts_with(": not a valid catalog document"),
+            "{got:?}"
+        );
+        let got = problems(r#"{"endpoints": [{"p": "x", "m": 0}]}"#);
+        assert!(got[0].contains("not a valid catalog document"));
+        let got = problems(r#"[1, 2]"#);
+        assert!(got[0].contains("not a valid catalog document"));
+    }
+
+    #[test]
+    fn empty_catalog_is_valid() {
+        let s = Snapshot::from_json("t", b"{}").unwrap();
+        assert_eq!(s.key_count(), 0);
+    }
+
+    #[test]
+    fn display_lists_every_problem() {
+        let e = Snapshot::from_json("cat.json", br#"{"endpoints":[{"p":0,"m":0}]}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "catalog cat.json is invalid (2 problems):\n  endpoints[0].m: index 0 is out of range (methods has 0 entries)\n  endpoints[0].p: index 0 is out of range (paths has 0 entries)"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! keys: every counter key name, built in one place.
+//!
+//! A counter is one (API key, endpoint) pair. Its name is `{<api key>}:<endpoint>`, each part escaped
+//! so that no two pairs can share a name whatever bytes an API key holds: bytes outside
+//! `A-Z a-z 0-9 - . _ ~ /` become `%XX`, so `%`, `:`, `{` and `}` never appear unescaped. The braces
+//! are the Redis Cluster hash tag: all counters of one API key live in one slot, and the hashes of
+//! adjacent minutes (which one script call touches together) always share a slot.
+//!
+//! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`.
+
+use std::fmt::Write;
+
+/// Redis key prefix used when none is configured.
+pub const DEFAULT_PREFIX: &str = "quotagate";
+
+/// The name of one (API key, endpoint) counter. Used as-is by the memory store.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey(String);
+
+fn escape(bytes: &[u8], out: &mut String) {
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+impl CounterKey {
+    /// `endpoint` is the endpoint's name (`METHOD /template`), stable across catalog versions, so a
+    /// counter carries on when a new catalog keeps the endpoint.
+    pub fn new(api_key: &[u8], endpoint: &str) -> Self {
+        let mut s = String::with_capacity(api_key.len() + endpoint.len() + 8);
+        s.push('{');
+        escape(api_key, &mut s);
+        s.push_str("}:");
+        escape(endpoint.as_bytes(), &mut s);
+        CounterKey(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The Redis hash that holds `counter`'s per-second counts for Unix minute `minute`.
+pub fn minute_hash(prefix: &str, counter: &CounterKey, minute: i64) -> String {
+    format!("{prefix}:w:{}:{minute}", counter.0)
+}
+
+/// Checks a configured prefix: a brace would steal the cluster hash tag from the API key.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(format!(
+            "Redis key prefix {prefix:?} must be non-empty and contain no braces"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readable_for_ordinary_keys() {
+        let k = CounterKey::new(b"7H6AMB0F", "GET /users/{id}/prefs");
+        assert_eq!(k.as_str(), "{7H6AMB0F}:GET%20/users/%7Bid%7D/prefs");
+        assert_eq!(
+            minute_hash("quotagate", &k, 29_000_000),
+            "quotagate:w:{7H6AMB0F}:GET%20/users/%7Bid%7D/prefs:29000000"
+        );
+    }
+
+    #[test]
+    fn injective_across_separator_and_brace_tricks() {
+        let pairs: [(&[u8], &str); 6] = [
+            (b"a}:GET /x", "GET /y"),
+            (b"a", "GET /x}:GET /y"),
+            (b"a%7D", "GET /y"),
+            (b"a}", "GET /y"),
+            (b"\xff\x00", "GET /y"),
+            (b"", "GET /y"),
+        ];
+        let names: std::collections::HashSet<String> =
+            pairs.iter().map(|(k, e)| CounterKey::new(k, e).0).collect();
+        assert_eq!(names.len(), pairs.len());
+        for n in &names {
+            // exactly one '{' and one '}' : the hash tag is the whole API key
+            assert_eq!(n.matches('{').count(), 1, "{n}");
+            assert_eq!(n.matches('}').count(), 1, "{n}");
+        }
+    }
+
+    #[test]
+    fn prefixes_with_braces_are_refused() {
+        assert!(check_prefix("qg").is_ok());
+        assert!(check_prefix("q{g}").is_err());
+        assert!(check_prefix("").is_err());
+    }
+}

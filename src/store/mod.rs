@@ -1,0 +1,228 @@
+//! store: where counters live, and what happens when that place fails.
+//!
+//! Two backends answer the same question ("may this request pass, and count it"): [`MemoryStore`]
+//! (embedded, one instance) and [`RedisStore`] (shared by every instance on one Redis). The store
+//! behaviour suite (`tests/store.rs`) runs the same cases against both.
+//!
+//! [`Store`] wraps the backend with the failure policy. When Redis errors or times out, the store is
+//! marked down (logged once), requests are decided by the policy without waiting on Redis, and a
+//! background probe pings Redis until it answers again (logged once).
+
+pub mod keys;
+pub mod memory;
+pub mod redis;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub use keys::CounterKey;
+pub use memory::MemoryStore;
+pub use redis::{RedisOptions, RedisStore, TimeSource};
+
+use crate::limiter::Decision;
+
+/// A failed store call. Opaque; ask it with the `is_*` predicates.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Timeout,
+    Config(String),
+    Pool(String),
+    Redis(deadpool_redis::redis::RedisError),
+    Reply(String),
+}
+
+impl StoreError {
+    pub(crate) fn timeout() -> Self {
+        StoreError {
+            kind: Kind::Timeout,
+        }
+    }
+    pub(crate) fn config(e: impl fmt::Display) -> Self {
+        StoreError {
+            kind: Kind::Config(e.to_string()),
+        }
+    }
+    pub(crate) fn pool(e: impl fmt::Display) -> Self {
+        StoreError {
+            kind: Kind::Pool(e.to_string()),
+        }
+    }
+    pub(crate) fn redis(e: deadpool_redis::redis::RedisError) -> Self {
+        StoreError {
+            kind: Kind::Redis(e),
+        }
+    }
+    pub(crate) fn reply(msg: String) -> Self {
+        StoreError {
+            kind: Kind::Reply(msg),
+        }
+    }
+
+    /// The call did not finish within the store timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.kind, Kind::Timeout)
+    }
+
+    /// The store could not be set up from its configuration.
+    pub fn is_config(&self) -> bool {
+        matches!(self.kind, Kind::Config(_))
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Timeout => f.write_str("store call timed out"),
+            Kind::Config(e) => write!(f, "invalid store configuration: {e}"),
+            Kind::Pool(e) => write!(f, "no Redis connection: {e}"),
+            Kind::Redis(e) => write!(f, "Redis error: {e}"),
+            Kind::Reply(e) => write!(f, "bad reply from Redis: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// What to do with a request when the shared store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Enforce the same limits in this instance's memory until Redis answers. Default.
+    #[default]
+    Local,
+    /// Let requests through unlimited.
+    Open,
+    /// Refuse requests with 503.
+    Closed,
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Decided by the configured store.
+    Decided(Decision),
+    /// Decided in this instance's memory because the shared store is down (policy `local`).
+    Local(Decision),
+    /// The shared store is down and the policy is `open`.
+    Open,
+    /// The shared store is down and the policy is `closed`.
+    Closed,
+}
+
+enum Backend {
+    Memory(MemoryStore),
+    Redis(Arc<RedisStore>),
+}
+
+/// Health of the shared store, shared with the probe task.
+struct Health {
+    down: AtomicBool,
+}
+
+/// The configured backend plus the failure policy.
+pub struct Store {
+    backend: Backend,
+    policy: FailurePolicy,
+    /// Per-instance counters used while Redis is down under policy `local`.
+    fallback: MemoryStore,
+    health: Arc<Health>,
+    probe_interval: Duration,
+}
+
+impl Store {
+    /// The embedded in-memory store.
+    pub fn memory() -> Store {
+        Store::with_backend(
+            Backend::Memory(MemoryStore::new()),
+            FailurePolicy::Local,
+            Duration::from_secs(1),
+        )
+    }
+
+    /// A Redis store. `probe_interval` is how often a down Redis is pinged.
+    pub fn redis(store: RedisStore, policy: FailurePolicy, probe_interval: Duration) -> Store {
+        Store::with_backend(Backend::Redis(Arc::new(store)), policy, probe_interval)
+    }
+
+    fn with_backend(backend: Backend, policy: FailurePolicy, probe_interval: Duration) -> Store {
+        Store {
+            backend,
+            policy,
+            fallback: MemoryStore::new(),
+            health: Arc::new(Health {
+                down: AtomicBool::new(false),
+            }),
+            probe_interval,
+        }
+    }
+
+    /// `memory` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self.backend {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(_) => "redis",
+        }
+    }
+
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
+    }
+
+    /// True while the shared store is considered down.
+    pub fn is_degraded(&self) -> bool {
+        self.health.down.load(Ordering::Relaxed)
+    }
+
+    /// Checks one request against `limit` at `now` and counts it if allowed.
+    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
+        if limit == 0 {
+            return Verdict::Decided(Decision::zero_limit());
+        }
+        let redis = match &self.backend {
+            Backend::Memory(m) => return Verdict::Decided(m.hit(key, limit, now)),
+            Backend::Redis(r) => r,
+        };
+        if !self.is_degraded() {
+            match redis.hit(key, limit, now).await {
+                Ok(d) => return Verdict::Decided(d),
+                Err(e) => self.mark_down(redis, &e),
+            }
+        }
+        match self.policy {
+            FailurePolicy::Local => Verdict::Local(self.fallback.hit(key, limit, now)),
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
+        }
+    }
+
+    fn mark_down(&self, redis: &Arc<RedisStore>, e: &StoreError) {
+        if self.health.down.swap(true, Ordering::SeqCst) {
+            return; // already down; the probe is running
+        }
+        tracing::warn!(error = %e, policy = ?self.policy, "store unavailable; applying the failure policy until it answers");
+        let (redis, health, every) = (redis.clone(), self.health.clone(), self.probe_interval);
+        tokio::spawn(async move {
+            let since = Instant::now();
+            loop {
+                tokio::time::sleep(every).await;
+                // A fresh connection per probe: the old one may be stuck behind a hung server.
+                redis.reset_connection();
+                if redis.ping().await.is_ok() {
+                    health.down.store(false, Ordering::SeqCst);
+                    tracing::info!(
+                        down_ms = since.elapsed().as_millis() as u64,
+                        "store recovered"
+                    );
+                    return;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,214 @@
+//! redis: counters shared by every instance that uses the same Redis.
+//!
+//! One script call per request checks and counts atomically (`window.lua`), so instances can never
+//! over-admit together. By default the script reads the time from Redis itself (`TIME`), so a shared
+//! limit does not depend on the instances' clocks agreeing; the caller only estimates the minute to
+//! name the keys, and learns Redis' time from every reply.
+//!
+//! The hot path does not check a connection out of the pool per request (each checkout costs a PING
+//! round trip): the store keeps one multiplexed connection and clones it per call; when it breaks,
+//! the slot is cleared and the next call gets a fresh one from the pool. Every call is bounded by the
+//! configured timeout. `NOSCRIPT` (a restarted Redis, `SCRIPT FLUSH`) is answered by loading the
+//! script and retrying, inside `invoke_async`.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
+use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+
+use super::StoreError;
+use super::keys::{CounterKey, minute_hash};
+use crate::limiter::Decision;
+
+static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
+
+/// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
+/// during which the hash is still read as the previous minute.
+pub const MINUTE_HASH_TTL: u64 = 180;
+
+/// Whose clock decides which second a request falls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeSource {
+    /// Redis' `TIME`: one clock for every instance. Default.
+    #[default]
+    Redis,
+    /// The caller's `now`. For tests that drive time by hand, and single-instance setups.
+    Local,
+}
+
+/// Options for [`RedisStore::connect`].
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://host:port/db` or `redis+unix:///path/to/socket`.
+    pub url: String,
+    /// Bound on every store call, including getting a connection. Default: 250 ms.
+    pub timeout: Duration,
+    /// Connections the pool may open. Default: 16.
+    pub pool_size: usize,
+    /// Key prefix. Default: `quotagate`.
+    pub prefix: String,
+    pub time_source: TimeSource,
+}
+
+/// The Redis store.
+pub struct RedisStore {
+    pool: Pool,
+    /// The connection the hot path uses; `None` after it broke, refilled from the pool.
+    /// `ArcSwapOption`: read on every request, written only on failure.
+    conn: ArcSwapOption<MultiplexedConnection>,
+    timeout: Duration,
+    prefix: String,
+    time_source: TimeSource,
+    /// Redis' clock minus ours, in seconds, as last seen in a reply. Only used to guess the minute.
+    offset: AtomicI64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Creates the store. Nothing is sent to Redis until the first call, so a Redis that is down at
+    /// start-up is handled by the store failure policy like any other outage.
+    pub fn connect(opts: &RedisOptions) -> Result<RedisStore, StoreError> {
+        let mut cfg = deadpool_redis::Config::from_url(opts.url.clone());
+        let mut pool = PoolConfig::new(opts.pool_size.max(1));
+        pool.timeouts = Timeouts {
+            wait: Some(opts.timeout),
+            create: Some(opts.timeout),
+            recycle: Some(opts.timeout),
+        };
+        cfg.pool = Some(pool);
+        let pool = cfg
+            .create_pool(Some(Runtime::Tokio1))
+            .map_err(StoreError::config)?;
+        Ok(RedisStore {
+            pool,
+            conn: ArcSwapOption::empty(),
+            timeout: opts.timeout,
+            prefix: opts.prefix.clone(),
+            time_source: opts.time_source,
+            offset: AtomicI64::new(0),
+        })
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let pooled = self.pool.get().await.map_err(StoreError::pool)?;
+        let c: MultiplexedConnection = (*pooled).clone();
+        self.conn.store(Some(Arc::new(c.clone())));
+        Ok(c)
+    }
+
+    fn failed(&self, e: redis::RedisError) -> StoreError {
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error()
+        {
+            self.conn.store(None);
+        }
+        StoreError::redis(e)
+    }
+
+    /// Forgets the current connection, so the next call opens a fresh one.
+    pub fn reset_connection(&self) {
+        self.conn.store(None);
+    }
+
+    /// Checks one request against `limit` (> 0) and counts it if allowed. `now` is the caller's
+    /// clock; with [`TimeSource::Redis`] it only helps name the keys.
+    pub async fn hit(
+        &self,
+        key: &CounterKey,
+        limit: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        match tokio::time::timeout(self.timeout, self.hit_inner(key, limit, now)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout()),
+        }
+    }
+
+    async fn hit_inner(
+        &self,
+        key: &CounterKey,
+        limit: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut conn = self.connection().await?;
+        let now = i64::try_from(now).unwrap_or(i64::MAX / 2);
+        // Two tries: the second uses the minute Redis told us about in the first.
+        for _ in 0..2 {
+            let (estimate, now_arg) = match self.time_source {
+                TimeSource::Redis => (now + self.offset.load(Ordering::Relaxed), String::new()),
+                TimeSource::Local => (now, now.to_string()),
+            };
+            let minute = estimate.div_euclid(60);
+            let mut call = WINDOW.prepare_invoke();
+            for m in minute - 2..=minute + 1 {
+                call.key(minute_hash(&self.prefix, key, m));
+            }
+            call.arg(minute)
+                .arg(now_arg)
+                .arg(limit)
+                .arg(MINUTE_HASH_TTL);
+            let reply: Vec<i64> = call
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.failed(e))?;
+            match reply.as_slice() {
+                [-1, redis_now] => {
+                    self.offset.store(redis_now - now, Ordering::Relaxed);
+                }
+                [allowed, remaining, reset, retry, redis_now] => {
+                    if self.time_source == TimeSource::Redis {
+                        self.offset.store(redis_now - now, Ordering::Relaxed);
+                    }
+                    let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
+                    return Ok(Decision {
+                        allowed: *allowed == 1,
+                        limit,
+                        remaining: nonneg(*remaining),
+                        reset: nonneg(*reset),
+                        retry_after: (*retry >= 0).then(|| nonneg(*retry)),
+                    });
+                }
+                other => {
+                    return Err(StoreError::reply(format!(
+                        "unexpected script reply {other:?}"
+                    )));
+                }
+            }
+        }
+        Err(StoreError::reply(
+            "the minute moved twice during one call".into(),
+        ))
+    }
+
+    /// One PING, bounded by the timeout: is Redis answering?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let fut = async {
+            let mut conn = self.connection().await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(|e| self.failed(e))
+        };
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout()),
+        }
+    }
+}
