@@ -1,0 +1,383 @@
+//! Store behaviour suite: the same cases against the memory store and a real redis-server, plus the
+//! Redis-only matters (shared clock, lost scripts, outages and the failure policy).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quotagate::limiter::{Decision, Window};
+use quotagate::store::{
+    CounterKey, FailurePolicy, RedisOptions, RedisStore, Store, TimeSource, Verdict,
+};
+use support::{RedisServer, eventually};
+
+/// Second 0 of a minute.
+const T0: u64 = 1_700_000_040;
+
+/// A store under test, plus the redis-server behind it (if any), kept alive for the test.
+struct Subject {
+    store: Store,
+    _redis: Option<RedisServer>,
+}
+
+impl Subject {
+    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Decision {
+        match self.store.check(key, limit, now).await {
+            Verdict::Decided(d) => d,
+            other => panic!("store did not decide: {other:?}"),
+        }
+    }
+}
+
+fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
+    RedisOptions {
+        url,
+        timeout: Duration::from_millis(250),
+        pool_size: 8,
+        prefix: "qgtest".into(),
+        time_source,
+    }
+}
+
+fn memory() -> Subject {
+    Subject {
+        store: Store::memory(),
+        _redis: None,
+    }
+}
+
+fn redis() -> Subject {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Local)).unwrap();
+    Subject {
+        store: Store::redis(store, FailurePolicy::Closed, Duration::from_millis(50)),
+        _redis: Some(server),
+    }
+}
+
+/// One test per backend for each behaviour case.
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
+        mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
+    };
+}
+
+on_every_store!(
+    allows_up_to_the_limit_and_counts_down,
+    retry_after_is_exact,
+    window_spans_a_minute_boundary,
+    rejected_requests_are_not_counted,
+    zero_limit_always_rejects,
+    counters_are_per_key_and_endpoint,
+    lowered_and_raised_limits_apply_to_the_same_counts,
+    time_never_runs_backwards,
+    concurrent_requests_never_overshoot,
+    agrees_with_the_reference_window_on_a_random_workload,
+);
+
+fn key(k: &str) -> CounterKey {
+    CounterKey::new(k.as_bytes(), "GET /users/{id}")
+}
+
+async fn allows_up_to_the_limit_and_counts_down(s: Subject) {
+    let k = key("a");
+    for want in [2, 1, 0] {
+        let d = s.hit(&k, 3, T0 + 5).await;
+        assert!(d.allowed);
+        assert_eq!((d.limit, d.remaining, d.reset), (3, want, 60));
+    }
+    let d = s.hit(&k, 3, T0 + 6).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.retry_after, d.reset),
+        (false, 0, Some(59), 59)
+    );
+}
+
+async fn retry_after_is_exact(s: Subject) {
+    let k = key("a");
+    s.hit(&k, 4, T0).await;
+    s.hit(&k, 4, T0).await;
+    s.hit(&k, 4, T0 + 20).await;
+    let d = s.hit(&k, 4, T0 + 40).await;
+    assert_eq!((d.allowed, d.reset), (true, 20));
+    let d = s.hit(&k, 4, T0 + 50).await;
+    assert_eq!(d.retry_after, Some(10));
+    assert!(
+        !s.hit(&k, 4, T0 + 59).await.allowed,
+        "one second before Retry-After"
+    );
+    let d = s.hit(&k, 4, T0 + 60).await;
+    assert!(d.allowed, "exactly Retry-After later");
+    assert_eq!((d.remaining, d.reset), (1, 20));
+}
+
+async fn window_spans_a_minute_boundary(s: Subject) {
+    let k = key("a");
+    assert!(s.hit(&k, 2, T0 + 30).await.allowed);
+    assert!(s.hit(&k, 2, T0 + 59).await.allowed);
+    let d = s.hit(&k, 2, T0 + 60 + 29).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(1)));
+    let d = s.hit(&k, 2, T0 + 60 + 30).await;
+    assert_eq!((d.allowed, d.remaining, d.reset), (true, 0, 29));
+    let d = s.hit(&k, 2, T0 + 60 + 58).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(1)));
+    assert!(s.hit(&k, 2, T0 + 60 + 59).await.allowed);
+}
+
+async fn rejected_requests_are_not_counted(s: Subject) {
+    let k = key("a");
+    assert!(s.hit(&k, 1, T0).await.allowed);
+    for t in 1..60 {
+        let d = s.hit(&k, 1, T0 + t).await;
+        assert_eq!((d.allowed, d.retry_after), (false, Some(60 - t)), "t={t}");
+    }
+    assert!(s.hit(&k, 1, T0 + 60).await.allowed);
+}
+
+async fn zero_limit_always_rejects(s: Subject) {
+    let k = key("a");
+    for t in [0, 1, 61] {
+        assert_eq!(s.hit(&k, 0, T0 + t).await, Decision::zero_limit());
+    }
+    // and it left nothing behind that a real limit would see
+    assert_eq!(s.hit(&k, 1, T0 + 61).await.remaining, 0);
+    assert!(s.hit(&k, 1, T0 + 61).await.retry_after.is_some());
+}
+
+async fn counters_are_per_key_and_endpoint(s: Subject) {
+    let a = CounterKey::new(b"a", "GET /x");
+    let b = CounterKey::new(b"b", "GET /x");
+    let a2 = CounterKey::new(b"a", "POST /x");
+    assert!(s.hit(&a, 1, T0).await.allowed);
+    assert!(s.hit(&b, 1, T0).await.allowed);
+    assert!(s.hit(&a2, 1, T0).await.allowed);
+    assert!(!s.hit(&a, 1, T0).await.allowed);
+}
+
+async fn lowered_and_raised_limits_apply_to_the_same_counts(s: Subject) {
+    let k = key("a");
+    for _ in 0..5 {
+        s.hit(&k, 10, T0).await;
+    }
+    let d = s.hit(&k, 3, T0 + 1).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(59)));
+    let d = s.hit(&k, 6, T0 + 2).await;
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    let d = s.hit(&k, 3, T0 + 3).await;
+    assert_eq!(
+        (d.allowed, d.retry_after),
+        (false, Some(57)),
+        "the five hits of T0 must leave"
+    );
+}
+
+async fn time_never_runs_backwards(s: Subject) {
+    let k = key("a");
+    assert!(s.hit(&k, 2, T0 + 30).await.allowed);
+    let d = s.hit(&k, 2, T0 + 10).await; // treated as T0 + 30
+    assert_eq!((d.allowed, d.reset), (true, 60));
+    assert!(!s.hit(&k, 2, T0 + 20).await.allowed);
+}
+
+async fn concurrent_requests_never_overshoot(s: Subject) {
+    let s = Arc::new(s);
+    let k = key("hot");
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (s, k) = (s.clone(), k.clone());
+            tokio::spawn(async move { s.hit(&k, 50, T0 + 7).await })
+        })
+        .collect();
+    let mut remaining = Vec::new();
+    for t in tasks {
+        let d = t.await.unwrap();
+        if d.allowed {
+            remaining.push(d.remaining);
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        (0..50).collect::<Vec<_>>(),
+        "exactly 50 allowed, each a distinct remaining"
+    );
+}
+
+/// A deterministic pseudo-random walk through time, limits and counters, compared step by step with
+/// `limiter::Window`. This is what holds the Lua script and the Rust arithmetic equal.
+async fn agrees_with_the_reference_window_on_a_random_workload(s: Subject) {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let keys = [key("a"), key("b"), key("c")];
+    let mut reference: Vec<Window> = vec![Window::new(); keys.len()];
+    let mut now = T0 + 17;
+    let mut limits = [3u64, 5, 8];
+    for step in 0..1500 {
+        match next(100) {
+            0..=59 => {}
+            60..=89 => now += next(4),
+            90..=96 => now += next(40),
+            _ => now += 55 + next(70),
+        }
+        if next(50) == 0 {
+            let i = next(3) as usize;
+            limits[i] = 1 + next(12);
+        }
+        let i = next(3) as usize;
+        let want = reference[i].hit(now, limits[i]);
+        let got = s.hit(&keys[i], limits[i], now).await;
+        assert_eq!(
+            got, want,
+            "step {step}, key {i}, now {now}, limit {}",
+            limits[i]
+        );
+    }
+}
+
+// ---- Redis only ----
+
+#[tokio::test]
+async fn instances_share_one_limit_exactly_even_with_clocks_30s_apart() {
+    let server = RedisServer::start();
+    let connect = || {
+        let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Redis)).unwrap();
+        Arc::new(Store::redis(
+            store,
+            FailurePolicy::Closed,
+            Duration::from_millis(50),
+        ))
+    };
+    let (a, b) = (connect(), connect());
+    // Instance clocks 30 s apart, and both far from Redis' own clock.
+    let real = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (now_a, now_b) = (real - 3600, real - 3600 + 30);
+    let k = key("shared");
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let (store, now, k) = if i % 2 == 0 {
+                (a.clone(), now_a, k.clone())
+            } else {
+                (b.clone(), now_b, k.clone())
+            };
+            tokio::spawn(async move { store.check(&k, 50, now).await })
+        })
+        .collect();
+    let mut remaining = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Verdict::Decided(d) if d.allowed => remaining.push(d.remaining),
+            Verdict::Decided(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..50).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn lost_scripts_are_reloaded() {
+    let s = redis();
+    let k = key("a");
+    assert!(s.hit(&k, 5, T0).await.allowed);
+    assert_eq!(s._redis.as_ref().unwrap().cli(&["SCRIPT", "FLUSH"]), "OK");
+    let d = s.hit(&k, 5, T0).await;
+    assert_eq!((d.allowed, d.remaining), (true, 3));
+}
+
+#[tokio::test]
+async fn counters_expire_from_redis() {
+    let s = redis();
+    s.hit(&key("a"), 5, T0).await;
+    let server = s._redis.as_ref().unwrap();
+    let keys = server.cli(&["KEYS", "*"]);
+    assert_eq!(keys, "qgtest:w:{a}:GET%20/users/%7Bid%7D:28333334");
+    let ttl: u64 = server.cli(&["TTL", &keys]).parse().unwrap();
+    assert!((170..=180).contains(&ttl), "ttl {ttl}");
+}
+
+fn store_on(server: &RedisServer, policy: FailurePolicy) -> Store {
+    let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Local)).unwrap();
+    Store::redis(store, policy, Duration::from_millis(50))
+}
+
+#[tokio::test]
+async fn a_hung_redis_costs_at_most_the_timeout_then_the_policy_applies() {
+    let server = RedisServer::start();
+    for (policy, want) in [
+        (FailurePolicy::Local, "local"),
+        (FailurePolicy::Open, "open"),
+        (FailurePolicy::Closed, "closed"),
+    ] {
+        let store = store_on(&server, policy);
+        let k = key(want);
+        assert!(matches!(store.check(&k, 2, T0).await, Verdict::Decided(_)));
+        server.pause();
+        let started = Instant::now();
+        let v = store.check(&k, 2, T0).await;
+        assert!(
+            started.elapsed() < Duration::from_millis(250 + 150),
+            "waited {:?}",
+            started.elapsed()
+        );
+        let got = match v {
+            Verdict::Local(d) => {
+                assert!(d.allowed, "local counters start empty");
+                "local"
+            }
+            Verdict::Open => "open",
+            Verdict::Closed => "closed",
+            Verdict::Decided(_) => "decided",
+        };
+        assert_eq!(got, want);
+        assert!(store.is_degraded());
+        // While down, nobody waits on Redis at all.
+        let started = Instant::now();
+        for _ in 0..20 {
+            store.check(&k, 2, T0).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            started.elapsed()
+        );
+        server.resume();
+        eventually(Duration::from_secs(5), || async { !store.is_degraded() }).await;
+        // The call that timed out was already written to the socket, so the resumed server counts it.
+        assert!(
+            matches!(store.check(&k, 10, T0).await, Verdict::Decided(d) if d.allowed && d.remaining == 7)
+        );
+    }
+}
+
+#[tokio::test]
+async fn local_policy_enforces_the_limit_while_redis_is_gone_and_recovery_is_automatic() {
+    let mut server = RedisServer::start();
+    let store = store_on(&server, FailurePolicy::Local);
+    let k = key("a");
+    assert!(matches!(store.check(&k, 3, T0).await, Verdict::Decided(_)));
+    server.kill();
+    let mut allowed = 0;
+    for _ in 0..10 {
+        match store.check(&k, 3, T0).await {
+            Verdict::Local(d) => allowed += u32::from(d.allowed),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(allowed, 3, "the limit still holds, per instance");
+    server.restart();
+    eventually(Duration::from_secs(5), || async { !store.is_degraded() }).await;
+    match store.check(&k, 3, T0).await {
+        Verdict::Decided(d) => assert_eq!(d.remaining, 2, "a restarted Redis is empty"),
+        other => panic!("{other:?}"),
+    }
+}
