@@ -1,1 +1,211 @@
-fn main() {}
+//! The `quotagate` command: parses the command line and hands over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use quotagate::catalog::Snapshot;
+use quotagate::clock::SystemClock;
+use quotagate::config::{Config, UpstreamTarget};
+use quotagate::gateway::{self, Gateway, StartError};
+use quotagate::{demo, server, shutdown, telemetry};
+
+/// A rate-limiting reverse proxy: per-key, per-endpoint sliding-window limits shared through Redis.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    opts: ConfigArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Run the gateway with the built-in example catalog in front of the example upstream.
+    Quickstart,
+    /// Check catalog files and report every problem; exit status 1 if any is invalid.
+    Validate {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Run the example upstream API alone (answers every request with a JSON echo).
+    ExampleUpstream {
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// TOML configuration file.
+    #[arg(short, long, global = true, env = "QUOTAGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Set any option, e.g. `--set store.kind=redis` (repeatable; wins over file and environment).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE", global = true)]
+    sets: Vec<String>,
+    /// Shortcut for `--set server.listen=ADDR`.
+    #[arg(long, global = true)]
+    listen: Option<String>,
+    /// Shortcut for `--set upstream.url=URL`.
+    #[arg(long, global = true)]
+    upstream: Option<String>,
+    /// Shortcut for `--set catalog.file=FILE`.
+    #[arg(long, global = true)]
+    catalog: Option<String>,
+    /// Shortcut for `--set store.kind=KIND` (`memory` or `redis`).
+    #[arg(long, global = true)]
+    store: Option<String>,
+    /// Shortcut for `--set store.redis_url=URL`.
+    #[arg(long, global = true)]
+    redis_url: Option<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<Config, StartError> {
+        let mut sets = Vec::new();
+        for (key, value) in [
+            ("server.listen", &self.listen),
+            ("upstream.url", &self.upstream),
+            ("catalog.file", &self.catalog),
+            ("store.kind", &self.store),
+            ("store.redis_url", &self.redis_url),
+        ] {
+            if let Some(v) = value {
+                sets.push(format!("{key}={v}"));
+            }
+        }
+        sets.extend(self.sets.iter().cloned());
+        Ok(Config::load(
+            self.config.as_deref(),
+            |k| std::env::var(k).ok(),
+            &sets,
+        )?)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command.unwrap_or(Command::Run) {
+            Command::Run => run(&cli.opts, false).await,
+            Command::Quickstart => run(&cli.opts, true).await,
+            Command::Validate { files } => return validate(&files),
+            Command::ExampleUpstream { listen } => example_upstream(listen).await,
+        }
+        .map(|()| ExitCode::SUCCESS)
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
+    let config = opts.load()?;
+    telemetry::init(&config.log);
+    let clock = Arc::new(SystemClock::new());
+    let gateway = if quickstart && config.catalog.file.is_empty() {
+        let catalog = Snapshot::from_json(
+            "catalogs/quickstart.json (built in)",
+            demo::QUICKSTART_CATALOG,
+        )?;
+        Gateway::with_catalog(&config, clock, catalog)?
+    } else {
+        Gateway::build(&config, clock)?
+    };
+    let listener = gateway::bind(config.listen_addr()).await?;
+    let token = shutdown::Token::new();
+    if quickstart {
+        let upstream = UpstreamTarget::parse(&config.upstream.url)?;
+        let addr = tokio::net::lookup_host(upstream.authority.as_str())
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                quotagate::config::ConfigError(format!("cannot resolve {}", upstream.authority))
+            })?;
+        let up = gateway::bind(addr).await?;
+        tracing::info!(%addr, "example upstream listening");
+        tokio::spawn(server::serve(
+            up,
+            Default::default(),
+            demo::echo,
+            token.clone().cancelled_owned(),
+        ));
+    }
+    let snapshot = gateway.proxy.catalog.load();
+    tracing::info!(
+        listen = %listener.local_addr().map_err(|source| StartError::Listen { addr: config.listen_addr(), source })?,
+        upstream = %config.upstream.url,
+        store = gateway.proxy.store.kind(),
+        catalog_version = %snapshot.version.semver,
+        endpoints = snapshot.endpoints().len(),
+        keys = snapshot.key_count(),
+        "quotagate listening"
+    );
+    drop(snapshot);
+    tokio::spawn(shutdown::on_signal(token.clone()));
+    let drained = gateway.serve(listener, token.cancelled()).await;
+    if drained {
+        tracing::info!("stopped");
+    } else {
+        tracing::warn!("stopped with requests still in flight after the drain timeout");
+    }
+    Ok(())
+}
+
+async fn example_upstream(listen: std::net::SocketAddr) -> Result<(), StartError> {
+    telemetry::init(&Default::default());
+    let listener = gateway::bind(listen).await?;
+    tracing::info!(%listen, "example upstream listening");
+    let token = shutdown::Token::new();
+    tokio::spawn(shutdown::on_signal(token.clone()));
+    server::serve(
+        listener,
+        Default::default(),
+        demo::echo,
+        token.cancelled_owned(),
+    )
+    .await;
+    Ok(())
+}
+
+fn validate(files: &[PathBuf]) -> Result<ExitCode, StartError> {
+    let mut ok = true;
+    for f in files {
+        match Snapshot::load_file(f) {
+            Ok(s) => println!(
+                "{}: valid catalog ({} endpoints, {} API keys)",
+                f.display(),
+                s.endpoints().len(),
+                s.key_count()
+            ),
+            Err(e) => {
+                ok = false;
+                println!("{e}");
+            }
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -115,6 +115,8 @@ pub struct Endpoint {
     /// `METHOD /template`, as in the catalog (method upper-cased). Used as the policy name in
     /// rate-limit headers and as the endpoint part of counter keys.
     pub name: String,
+    /// The upper-cased method, forwarded instead of the client's spelling.
+    pub method: http::Method,
     pub default_limit: Option<u64>,
 }
 
@@ -239,10 +241,16 @@ fn build(raw: RawCatalog) -> Result<Snapshot, Vec<Problem>> {
             }
         };
         if let (Ok(m), Ok(p)) = (m, p) {
-            match Template::parse(&raw.methods[m], &raw.paths[p]) {
-                Ok(t) => {
+            let parsed = Template::parse(&raw.methods[m], &raw.paths[p]).and_then(|t| {
+                http::Method::from_bytes(t.method.as_bytes())
+                    .map(|m| (t, m))
+                    .map_err(|e| e.to_string())
+            });
+            match parsed {
+                Ok((t, method)) => {
                     endpoints.push(Endpoint {
                         name: format!("{} {}", t.method, t.path),
+                        method,
                         default_limit,
                     });
                     templates.push((i, t));

@@ -1,0 +1,304 @@
+//! proxy: the request path. API key, route, limit, decision, then forward or answer.
+//!
+//! Order of checks (each answer is a small JSON problem, see `docs/semantics.md`):
+//! 1. body larger than allowed (by `Content-Length`): 413;
+//! 2. API key header missing or empty: 401; sent more than once: 400;
+//! 3. path that cannot be normalised (bad escape, encoded slash): 400;
+//! 4. no catalog endpoint: 404, or forwarded unlimited when configured;
+//! 5. no limit for this key here (unknown keys included): 403, or forwarded unlimited when configured;
+//!    neither creates a counter;
+//! 6. the sliding window: 429 with `Retry-After`, or forward.
+//!
+//! Allowed requests are forwarded with the endpoint's canonical path (see `router`), so the upstream
+//! receives exactly the endpoint that was counted.
+
+pub mod headers;
+pub mod problem;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, HOST};
+use http::request::Parts;
+use http::{HeaderName, Method, Request, Response, StatusCode, Version};
+use http_body_util::{Either, Full, Limited};
+use hyper::body::Incoming;
+
+use crate::catalog::{LimitLookup, Snapshot};
+use crate::clock::Clock;
+use crate::config::{HeaderSet, LimitsConfig, Uncovered};
+use crate::limiter::Decision;
+use crate::path::{self, EscapedSlashes};
+use crate::store::{CounterKey, Store, Verdict};
+use problem::{QUOTA_EXCEEDED, problem};
+use upstream::{Upstream, UpstreamError};
+
+/// Response body: the upstream's, streamed, or one of our own small ones.
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+/// Request-path settings taken from the configuration.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub enabled: bool,
+    pub api_key_header: HeaderName,
+    /// The header name as configured, for messages (`HeaderName` is always lower case).
+    pub api_key_label: String,
+    pub unknown_endpoint: Uncovered,
+    pub no_limit: Uncovered,
+    pub headers: HeaderSet,
+    pub escaped_slashes: EscapedSlashes,
+    pub max_body_bytes: u64,
+}
+
+impl Policy {
+    pub fn new(limits: &LimitsConfig, max_body_bytes: u64) -> Policy {
+        Policy {
+            enabled: limits.enabled,
+            api_key_header: HeaderName::from_bytes(limits.api_key_header.as_bytes())
+                .expect("validated by Config::validate"),
+            api_key_label: limits.api_key_header.clone(),
+            unknown_endpoint: limits.unknown_endpoint,
+            no_limit: limits.no_limit,
+            headers: limits.headers,
+            escaped_slashes: limits.escaped_slashes,
+            max_body_bytes,
+        }
+    }
+}
+
+/// Everything a request needs, shared by all connections.
+pub struct Proxy {
+    /// The current catalog. `ArcSwap`: read on every request without locking; a new catalog is
+    /// swapped in whole, so a request never sees routes of one version and limits of another.
+    pub catalog: ArcSwap<Snapshot>,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub upstream: Upstream,
+    pub policy: Policy,
+}
+
+fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
+    resp.map(Either::Right)
+}
+
+enum ApiKey<'a> {
+    Present(&'a [u8]),
+    Missing,
+    Repeated,
+}
+
+fn api_key<'a>(parts: &'a Parts, name: &HeaderName) -> ApiKey<'a> {
+    let mut values = parts.headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => ApiKey::Repeated,
+        (Some(v), None) if !v.as_bytes().is_empty() => ApiKey::Present(v.as_bytes()),
+        _ => ApiKey::Missing,
+    }
+}
+
+impl Proxy {
+    /// Handles one request from `peer`. Never fails: every outcome is a response.
+    pub async fn handle(
+        self: Arc<Self>,
+        peer: SocketAddr,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.policy.max_body_bytes) {
+            return own(problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                &format!(
+                    "the request body is larger than {} bytes",
+                    self.policy.max_body_bytes
+                ),
+                None,
+            ));
+        }
+        if !self.policy.enabled {
+            let path = parts.uri.path().to_owned();
+            return self.forward(parts, body, peer, &path, None, None).await;
+        }
+
+        let key = match api_key(&parts, &self.policy.api_key_header) {
+            ApiKey::Present(k) => k,
+            ApiKey::Missing => {
+                let detail = format!(
+                    "send your API key in the {} header",
+                    self.policy.api_key_label
+                );
+                return own(problem(StatusCode::UNAUTHORIZED, None, &detail, None));
+            }
+            ApiKey::Repeated => {
+                let detail = format!("send the {} header once", self.policy.api_key_label);
+                return own(problem(StatusCode::BAD_REQUEST, None, &detail, None));
+            }
+        };
+        let path = match path::normalize(parts.uri.path(), self.policy.escaped_slashes) {
+            Ok(p) => p,
+            Err(e) => return own(problem(StatusCode::BAD_REQUEST, None, &e.to_string(), None)),
+        };
+
+        let catalog = self.catalog.load_full();
+        let Some(route) = catalog.route(parts.method.as_str(), &path) else {
+            return match self.policy.unknown_endpoint {
+                Uncovered::Reject => own(problem(
+                    StatusCode::NOT_FOUND,
+                    None,
+                    &format!("no endpoint matches {} {}", parts.method, path.to_path()),
+                    None,
+                )),
+                Uncovered::Forward => {
+                    let p = path.to_path();
+                    self.forward(parts, body, peer, &p, None, None).await
+                }
+            };
+        };
+        let endpoint = &catalog.endpoints()[route.endpoint];
+        let method = endpoint.method.clone();
+        let limit = match catalog.limit(key, route.endpoint) {
+            LimitLookup::Limit(rl) => rl,
+            LimitLookup::UnknownKey | LimitLookup::NoLimit => {
+                return match self.policy.no_limit {
+                    Uncovered::Reject => own(problem(
+                        StatusCode::FORBIDDEN,
+                        None,
+                        &format!("this API key has no limit for {}", endpoint.name),
+                        None,
+                    )),
+                    Uncovered::Forward => {
+                        self.forward(parts, body, peer, &route.path, Some(method), None)
+                            .await
+                    }
+                };
+            }
+        };
+
+        let counter = CounterKey::new(key, &endpoint.name);
+        let decision = match self.store.check(&counter, limit, self.clock.now()).await {
+            Verdict::Decided(d) | Verdict::Local(d) => d,
+            Verdict::Open => {
+                return self
+                    .forward(parts, body, peer, &route.path, Some(method), None)
+                    .await;
+            }
+            Verdict::Closed => {
+                return own(problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    "the rate-limit store is unavailable; try again shortly",
+                    None,
+                ));
+            }
+        };
+        if !decision.allowed {
+            let detail = match decision.retry_after {
+                Some(s) => format!(
+                    "{} allows {} requests per 60 s; retry after {s} s",
+                    endpoint.name, decision.limit
+                ),
+                None => format!("{} allows no requests for this API key", endpoint.name),
+            };
+            let mut resp = problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(QUOTA_EXCEEDED),
+                &detail,
+                Some(&endpoint.name),
+            );
+            headers::set_rate_limit(
+                resp.headers_mut(),
+                self.policy.headers,
+                &endpoint.name,
+                &decision,
+            );
+            return own(resp);
+        }
+        self.forward(
+            parts,
+            body,
+            peer,
+            &route.path,
+            Some(method),
+            Some((&endpoint.name, &decision)),
+        )
+        .await
+    }
+
+    /// Forwards the request to `path` on the upstream and relays the answer, adding the rate-limit
+    /// fields of `limit` when given.
+    async fn forward(
+        &self,
+        mut parts: Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        path: &str,
+        method: Option<Method>,
+        limit: Option<(&str, &Decision)>,
+    ) -> Response<Body> {
+        let Some(uri) = self.upstream.uri(path, parts.uri.query()) else {
+            return own(problem(
+                StatusCode::BAD_REQUEST,
+                None,
+                "the request target cannot be forwarded",
+                None,
+            ));
+        };
+        let host = parts
+            .headers
+            .get(HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| parts.uri.authority().map(|a| a.to_string()));
+        headers::strip_hop_by_hop(&mut parts.headers);
+        // hyper's client sets Host from the URI only when none is present.
+        parts.headers.remove(HOST);
+        headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
+        parts.uri = uri;
+        // Whatever the client spoke (HTTP/2 included), the upstream pool speaks HTTP/1.1.
+        parts.version = Version::HTTP_11;
+        if let Some(m) = method {
+            parts.method = m;
+        }
+        let req = Request::from_parts(
+            parts,
+            Limited::new(body, self.policy.max_body_bytes as usize),
+        );
+        match self.upstream.send(req).await {
+            Ok(resp) => {
+                let (mut head, body) = resp.into_parts();
+                headers::strip_hop_by_hop(&mut head.headers);
+                if let Some((name, d)) = limit {
+                    headers::set_rate_limit(&mut head.headers, self.policy.headers, name, d);
+                }
+                Response::from_parts(head, Either::Left(body))
+            }
+            Err(e) => {
+                let (status, detail) = match e {
+                    UpstreamError::Unreachable => {
+                        (StatusCode::BAD_GATEWAY, "the upstream cannot be reached")
+                    }
+                    UpstreamError::Broken => {
+                        (StatusCode::BAD_GATEWAY, "the upstream connection failed")
+                    }
+                    UpstreamError::Timeout => (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "the upstream did not answer in time",
+                    ),
+                    UpstreamError::BodyTooLarge => (
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "the request body is too large",
+                    ),
+                };
+                own(problem(status, None, detail, None))
+            }
+        }
+    }
+}
