@@ -148,3 +148,263 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+// ---- HTTP: a recording upstream, a gateway on port 0, and clients ----
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use quotagate::catalog::Snapshot;
+use quotagate::clock::FakeClock;
+use quotagate::config::Config;
+use quotagate::gateway::Gateway;
+use tokio_util::sync::CancellationToken;
+
+/// What the upstream received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path_and_query: String,
+    pub version: http::Version,
+    pub headers: HeaderMap,
+    pub body_len: usize,
+}
+
+type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
+
+/// A real HTTP upstream on port 0 that records every request. Paths with special behaviour:
+/// `/slow/..` answers after 2 s; `/redirect` answers 302; `/hop` answers with hop-by-hop and
+/// rate-limit fields of its own; `/big/<n>` streams n bytes. Everything else: 200 `ok`.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    token: CancellationToken,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let token = CancellationToken::new();
+        let log = seen.clone();
+        let handler = move |_peer: SocketAddr, req: Request<Incoming>| {
+            let log = log.clone();
+            async move { upstream_answer(log, req).await }
+        };
+        tokio::spawn(quotagate::server::serve(
+            listener,
+            Default::default(),
+            handler,
+            token.clone().cancelled_owned(),
+        ));
+        Upstream { addr, seen, token }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Seen {
+        self.requests()
+            .pop()
+            .expect("the upstream received a request")
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response<UpBody> {
+    let (parts, body) = req.into_parts();
+    let body_len = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes().len())
+        .unwrap_or(0);
+    let path = parts.uri.path().to_owned();
+    log.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        version: parts.version,
+        headers: parts.headers.clone(),
+        body_len,
+    });
+    let full = |status: u16, body: &str| {
+        let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(
+            body.to_owned(),
+        ))));
+        *r.status_mut() = StatusCode::from_u16(status).unwrap();
+        r
+    };
+    if path.starts_with("/slow/") {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        return full(200, "slow");
+    }
+    if path == "/redirect" {
+        let mut r = full(302, "");
+        r.headers_mut()
+            .insert("location", "/elsewhere".parse().unwrap());
+        return r;
+    }
+    if path == "/hop" {
+        let mut r = full(200, "hop");
+        for (k, v) in [
+            ("connection", "x-up-secret"),
+            ("x-up-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("ratelimit-limit", "999"),
+            ("ratelimit", "\"up\";r=1"),
+            ("retry-after", "5"),
+            ("x-kept", "yes"),
+        ] {
+            r.headers_mut().insert(k, v.parse().unwrap());
+        }
+        return r;
+    }
+    if let Some(n) = path.strip_prefix("/big/") {
+        let n: usize = n.parse().unwrap();
+        return Response::new(http_body_util::Either::Right(Chunks { left: n }));
+    }
+    full(200, "ok")
+}
+
+/// A body of `n` bytes sent in 64 KiB frames, to check that responses stream.
+pub struct Chunks {
+    left: usize,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.left.min(64 * 1024);
+        self.left -= n;
+        std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; n])))))
+    }
+}
+
+/// A gateway on port 0 with a fake clock, stopped on drop.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub clock: FakeClock,
+    pub gateway: Arc<Gateway>,
+    pub token: CancellationToken,
+    pub done: tokio::task::JoinHandle<bool>,
+}
+
+impl TestGateway {
+    pub async fn start(config: Config, catalog_json: &str, clock: FakeClock) -> TestGateway {
+        let catalog = Snapshot::from_json("test catalog", catalog_json.as_bytes()).unwrap();
+        let gateway =
+            Arc::new(Gateway::with_catalog(&config, Arc::new(clock.clone()), catalog).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let g = gateway.clone();
+        let stop = token.clone().cancelled_owned();
+        let done = tokio::spawn(async move { g.serve(listener, stop).await });
+        TestGateway {
+            addr,
+            clock,
+            gateway,
+            token,
+            done,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Got {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Got {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+type TestClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+pub fn http1_client() -> TestClient {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+pub fn http2_client() -> TestClient {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// Sends one request; `headers` are (name, value) pairs.
+pub async fn send(
+    client: &TestClient,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Got {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(Full::new(body)).unwrap())
+        .await
+        .expect("request sent");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body read").to_bytes();
+    Got {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn get(url: &str, headers: &[(&str, &str)]) -> Got {
+    send(&http1_client(), "GET", url, headers, Bytes::new()).await
+}

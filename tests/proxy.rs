@@ -1,0 +1,627 @@
+//! The gateway at the wire: real HTTP over real sockets to a real upstream, on the memory store and
+//! on a private redis-server.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quotagate::clock::FakeClock;
+use quotagate::config::{Config, HeaderSet, StoreKind, Uncovered};
+use quotagate::store::{FailurePolicy, TimeSource};
+use support::{RedisServer, TestGateway, Upstream, get, http1_client, http2_client, send};
+
+const T0: u64 = 1_700_000_040;
+const KEY: (&str, &str) = ("X-Api-Key", "k1");
+
+const CATALOG: &str = r#"{
+  "version": {"semver": "v1", "hash": "h1"},
+  "methods": ["GET", "POST"],
+  "paths": ["/users/{id}/prefs", "/users", "/items/{id}", "/slow/{x}", "/redirect", "/hop", "/big/{n}", "/zero", "/defaulted"],
+  "endpoints": [
+    {"p": 0, "m": 0}, {"p": 1, "m": 1}, {"p": 2, "m": 0}, {"p": 3, "m": 0}, {"p": 4, "m": 0},
+    {"p": 5, "m": 0}, {"p": 6, "m": 0}, {"p": 7, "m": 0}, {"p": 8, "m": 0, "default_rl": 2}
+  ],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 0, "rl": 3}, {"ep": 1, "rl": 100}, {"ep": 2, "rl": 1000}, {"ep": 3, "rl": 100},
+                             {"ep": 4, "rl": 100}, {"ep": 5, "rl": 100}, {"ep": 6, "rl": 100}, {"ep": 7, "rl": 0}]},
+    {"key": "k2", "limits": [{"ep": 0, "rl": 50}]}
+  ]
+}"#;
+
+fn config(up: &Upstream) -> Config {
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    c
+}
+
+async fn gateway(c: Config) -> TestGateway {
+    TestGateway::start(c, CATALOG, FakeClock::new(T0)).await
+}
+
+fn redis_config(up: &Upstream, redis: &RedisServer, policy: FailurePolicy) -> Config {
+    let mut c = config(up);
+    c.store.kind = StoreKind::Redis;
+    c.store.redis_url = redis.url();
+    c.store.failure_policy = policy;
+    c.store.time_source = TimeSource::Local;
+    c.store.probe_interval_ms = 50;
+    c
+}
+
+// ---- the limit ----
+
+async fn limit_then_429(gw: &TestGateway, up: &Upstream) {
+    for remaining in ["2", "1", "0"] {
+        let r = get(&gw.url("/users/42/prefs"), &[KEY]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, "ok");
+        assert_eq!(r.header("ratelimit-remaining"), Some(remaining));
+        assert_eq!(r.header("ratelimit-limit"), Some("3"));
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""GET /users/{id}/prefs";q=3;w=60"#)
+        );
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!(r#""GET /users/{{id}}/prefs";r={remaining};t=60"#).as_str())
+        );
+    }
+    let before = up.requests().len();
+    gw.clock.advance(10);
+    let r = get(&gw.url("/users/42/prefs"), &[KEY]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("50"));
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("ratelimit-reset"), Some("50"));
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /users/{id}/prefs";r=0;t=50"#)
+    );
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let p = r.json();
+    assert_eq!(p["status"], 429);
+    assert_eq!(
+        p["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(p["violated-policies"][0], "GET /users/{id}/prefs");
+    assert_eq!(
+        up.requests().len(),
+        before,
+        "a rejected request never reaches the upstream"
+    );
+
+    // Retry-After is exact: one second early is still too early, then it passes.
+    gw.clock.advance(49);
+    assert_eq!(get(&gw.url("/users/42/prefs"), &[KEY]).await.status, 429);
+    gw.clock.advance(1);
+    assert_eq!(get(&gw.url("/users/42/prefs"), &[KEY]).await.status, 200);
+}
+
+#[tokio::test]
+async fn limit_then_429_on_memory() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    limit_then_429(&gw, &up).await;
+}
+
+#[tokio::test]
+async fn limit_then_429_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let gw = gateway(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+    limit_then_429(&gw, &up).await;
+}
+
+#[tokio::test]
+async fn keys_have_their_own_counters() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    for _ in 0..3 {
+        get(&gw.url("/users/1/prefs"), &[KEY]).await;
+    }
+    assert_eq!(get(&gw.url("/users/1/prefs"), &[KEY]).await.status, 429);
+    let r = get(&gw.url("/users/1/prefs"), &[("X-Api-Key", "k2")]).await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("49"))
+    );
+}
+
+#[tokio::test]
+async fn zero_limit_rejects_without_retry_after() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/zero"), &[KEY]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), None, "no wait would help");
+    assert_eq!(r.header("ratelimit-limit"), Some("0"));
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn endpoint_defaults_apply_to_known_keys_only() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/defaulted"), &[("X-Api-Key", "k2")]).await;
+    assert_eq!((r.status, r.header("ratelimit-limit")), (200, Some("2")));
+    let r = get(&gw.url("/defaulted"), &[("X-Api-Key", "stranger")]).await;
+    assert_eq!(r.status, 403);
+}
+
+// ---- what is refused before counting ----
+
+#[tokio::test]
+async fn missing_empty_or_repeated_api_keys() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/users/1/prefs"), &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.json()["detail"],
+        "send your API key in the X-Api-Key header"
+    );
+    assert_eq!(
+        get(&gw.url("/users/1/prefs"), &[("X-Api-Key", "")])
+            .await
+            .status,
+        401
+    );
+    let r = get(
+        &gw.url("/users/1/prefs"),
+        &[("X-Api-Key", "k2"), ("x-api-key", "k1")],
+    )
+    .await;
+    assert_eq!(r.status, 400, "two keys: which limit? neither");
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn api_key_header_is_configurable() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_header = "Authorization-Key".into();
+    let gw = gateway(c).await;
+    assert_eq!(get(&gw.url("/users/1/prefs"), &[KEY]).await.status, 401);
+    assert_eq!(
+        get(&gw.url("/users/1/prefs"), &[("authorization-key", "k1")])
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn unknown_keys_get_403_and_never_create_counters() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let gw = gateway(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+    for i in 0..20 {
+        let r = get(
+            &gw.url("/users/1/prefs"),
+            &[("X-Api-Key", &format!("guess-{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 403);
+        assert_eq!(
+            r.json()["detail"],
+            "this API key has no limit for GET /users/{id}/prefs"
+        );
+    }
+    // k2 is known but has no limit on POST /users
+    assert_eq!(
+        send(
+            &http1_client(),
+            "POST",
+            &gw.url("/users"),
+            &[("X-Api-Key", "k2")],
+            Bytes::new()
+        )
+        .await
+        .status,
+        403
+    );
+    assert_eq!(redis.cli(&["DBSIZE"]), "0");
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn uncovered_requests_can_be_forwarded_unlimited() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.unknown_endpoint = Uncovered::Forward;
+    c.limits.no_limit = Uncovered::Forward;
+    let gw = gateway(c).await;
+    let r = get(&gw.url("/not/in/catalog?x=1"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-limit"), None);
+    assert_eq!(up.last().path_and_query, "/not/in/catalog?x=1");
+    let r = get(&gw.url("/users/1/prefs"), &[("X-Api-Key", "stranger")]).await;
+    assert_eq!((r.status, r.header("ratelimit")), (200, None));
+}
+
+#[tokio::test]
+async fn unknown_endpoints_get_404() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    for (method, path) in [
+        ("GET", "/nope"),
+        ("POST", "/users/1/prefs"),
+        ("HEAD", "/users/1/prefs"),
+        ("GET", "/users/1"),
+    ] {
+        let r = send(&http1_client(), method, &gw.url(path), &[KEY], Bytes::new()).await;
+        assert_eq!(r.status, 404, "{method} {path}");
+    }
+    assert!(up.requests().is_empty());
+}
+
+// ---- path normalisation ----
+
+#[tokio::test]
+async fn spelling_a_path_differently_does_not_dodge_the_counter() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let spellings = [
+        "/users/Ab/prefs",
+        "/USERS/Ab/PREFS",
+        "//users//Ab///prefs/",
+        "/users/./Ab/prefs",
+        "/users/x/../Ab/prefs",
+        "/%75sers/Ab/%70refs",
+        "/users/%41b/prefs?cache=bust",
+    ];
+    let mut statuses = Vec::new();
+    for p in spellings {
+        let r = send(&http1_client(), "get", &gw.url(p), &[KEY], Bytes::new()).await;
+        statuses.push(r.status);
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429, 429, 429],
+        "one counter, limit 3"
+    );
+    let seen: Vec<(String, String)> = up
+        .requests()
+        .into_iter()
+        .map(|s| (s.method, s.path_and_query))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("GET".into(), "/users/Ab/prefs".into()),
+            ("GET".into(), "/users/Ab/prefs".into()),
+            ("GET".into(), "/users/Ab/prefs".into()),
+        ],
+        "the upstream receives the canonical spelling of what was counted"
+    );
+}
+
+#[tokio::test]
+async fn encoded_slashes_and_bad_escapes_are_refused() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    for p in [
+        "/users/a%2Fb/prefs",
+        "/users/a%5cb/prefs",
+        "/users/a%zzb/prefs",
+        "/users/a%00/prefs",
+    ] {
+        let r = get(&gw.url(p), &[KEY]).await;
+        assert_eq!(r.status, 400, "{p}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn query_is_ignored_for_matching_and_forwarded_unchanged() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/items/9?b=2&a=%2F"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(up.last().path_and_query, "/items/9?b=2&a=%2F");
+}
+
+// ---- proxying ----
+
+#[tokio::test]
+async fn forwarded_request_headers() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(
+        &gw.url("/items/1"),
+        &[
+            KEY,
+            ("Host", "api.example.com"),
+            ("X-Forwarded-For", "203.0.113.7"),
+            ("X-Forwarded-Host", "spoofed"),
+            ("Connection", "keep-alive, X-Hop"),
+            ("X-Hop", "secret"),
+            ("Keep-Alive", "timeout=5"),
+            ("Proxy-Authorization", "Basic eDp5"),
+            ("X-Custom", "kept"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let seen = up.last();
+    let h = |n: &str| seen.headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(
+        h("host"),
+        Some(up.addr.to_string()),
+        "Host is the upstream's"
+    );
+    assert_eq!(h("x-forwarded-host"), Some("api.example.com".into()));
+    assert_eq!(h("x-forwarded-for"), Some("203.0.113.7, 127.0.0.1".into()));
+    assert_eq!(h("x-forwarded-proto"), Some("http".into()));
+    assert_eq!(h("x-custom"), Some("kept".into()));
+    assert_eq!(h("x-api-key"), Some("k1".into()));
+    for gone in ["x-hop", "keep-alive", "proxy-authorization"] {
+        assert_eq!(h(gone), None, "{gone}");
+    }
+    assert_eq!(seen.version, http::Version::HTTP_11);
+}
+
+#[tokio::test]
+async fn upstream_response_headers_are_cleaned_and_ours_win() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/hop"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-kept"), Some("yes"));
+    assert_eq!(r.header("x-up-secret"), None);
+    assert_eq!(r.header("keep-alive"), None);
+    assert_eq!(r.header("ratelimit-limit"), Some("100"));
+    assert_eq!(r.header("ratelimit"), Some(r#""GET /hop";r=99;t=60"#));
+    assert_eq!(r.header("retry-after"), None);
+}
+
+#[tokio::test]
+async fn header_sets_are_configurable() {
+    let up = Upstream::start().await;
+    for (set, ietf, legacy) in [
+        (HeaderSet::Ietf, true, false),
+        (HeaderSet::Legacy, false, true),
+        (HeaderSet::None, false, false),
+    ] {
+        let mut c = config(&up);
+        c.limits.headers = set;
+        let gw = gateway(c).await;
+        let r = get(&gw.url("/items/1"), &[KEY]).await;
+        assert_eq!(r.header("ratelimit").is_some(), ietf, "{set:?}");
+        assert_eq!(r.header("ratelimit-policy").is_some(), ietf, "{set:?}");
+        assert_eq!(r.header("ratelimit-remaining").is_some(), legacy, "{set:?}");
+    }
+}
+
+#[tokio::test]
+async fn redirects_are_passed_through_not_followed() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = get(&gw.url("/redirect"), &[KEY]).await;
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("/elsewhere"));
+    assert_eq!(up.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let mut c = Config::default();
+    c.upstream.url = format!("http://{dead_addr}");
+    let gw = gateway(c).await;
+    let r = get(&gw.url("/items/1"), &[KEY]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["detail"], "the upstream cannot be reached");
+
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.upstream.response_timeout_ms = 200;
+    let gw = gateway(c).await;
+    let started = Instant::now();
+    let r = get(&gw.url("/slow/1"), &[KEY]).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(started.elapsed() < Duration::from_millis(1500));
+}
+
+#[tokio::test]
+async fn bodies_stream_both_ways_and_are_size_limited() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.server.max_body_bytes = 3 * 1024 * 1024;
+    let gw = gateway(c).await;
+    let client = http1_client();
+    let two_mb = Bytes::from(vec![b'a'; 2 * 1024 * 1024]);
+    let r = send(&client, "POST", &gw.url("/users"), &[KEY], two_mb).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(up.last().body_len, 2 * 1024 * 1024);
+
+    let r = get(&gw.url("/big/5000000"), &[KEY]).await;
+    assert_eq!((r.status, r.body.len()), (200, 5_000_000));
+
+    let four_mb = Bytes::from(vec![b'a'; 4 * 1024 * 1024]);
+    let before = up.requests().len();
+    let r = send(&client, "POST", &gw.url("/users"), &[KEY], four_mb).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(
+        up.requests().len(),
+        before,
+        "refused on Content-Length, before the upstream"
+    );
+}
+
+#[tokio::test]
+async fn chunked_bodies_past_the_limit_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.server.max_body_bytes = 1000;
+    let gw = gateway(c).await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let chunk = format!("{:x}\r\n{}\r\n", 800, "b".repeat(800));
+    let head = "POST /users HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    tcp.write_all(format!("{head}{chunk}{chunk}0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+}
+
+#[tokio::test]
+async fn oversized_headers_are_refused() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.server.max_header_bytes = 8192;
+    let gw = gateway(c).await;
+    let big = "v".repeat(20_000);
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!("GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nX-Big: {big}\r\n\r\n");
+    let _ = tcp.write_all(req.as_bytes()).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out))
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn http2_clients_reach_an_http1_upstream() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let r = send(
+        &http2_client(),
+        "GET",
+        &gw.url("/users/7/prefs"),
+        &[KEY],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-remaining"), Some("2"));
+    let seen = up.last();
+    assert_eq!(seen.version, http::Version::HTTP_11);
+    assert_eq!(seen.headers["x-forwarded-host"], gw.addr.to_string());
+}
+
+#[tokio::test]
+async fn limits_can_be_disabled_entirely() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.enabled = false;
+    let gw = gateway(c).await;
+    let r = get(&gw.url("/anything//at/all?q"), &[]).await;
+    assert_eq!((r.status, r.header("ratelimit")), (200, None));
+    assert_eq!(up.last().path_and_query, "/anything//at/all?q");
+}
+
+// ---- shared limits and store failures ----
+
+#[tokio::test]
+async fn two_instances_on_one_redis_enforce_one_limit_exactly_with_clocks_30s_apart() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    c.store.time_source = TimeSource::Redis;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let a = TestGateway::start(c.clone(), CATALOG, FakeClock::new(now)).await;
+    let b = TestGateway::start(c, CATALOG, FakeClock::new(now + 30)).await;
+    let client = Arc::new(http1_client());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let url = if i % 2 == 0 {
+                a.url("/users/5/prefs")
+            } else {
+                b.url("/users/5/prefs")
+            };
+            let client = client.clone();
+            tokio::spawn(async move {
+                send(&client, "GET", &url, &[("X-Api-Key", "k2")], Bytes::new()).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut limited = 0;
+    for t in tasks {
+        match t.await.unwrap().status {
+            200 => ok += 1,
+            429 => limited += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!((ok, limited), (50, 150));
+    assert_eq!(up.requests().len(), 50);
+}
+
+#[tokio::test]
+async fn redis_down_follows_the_failure_policy_within_the_timeout() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let closed = gateway(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+    let local = gateway(redis_config(&up, &redis, FailurePolicy::Local)).await;
+    let open = gateway(redis_config(&up, &redis, FailurePolicy::Open)).await;
+    for gw in [&closed, &local, &open] {
+        assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    }
+    redis.pause();
+    let started = Instant::now();
+    let r = get(&closed.url("/items/1"), &[KEY]).await;
+    assert_eq!(r.status, 503);
+    assert!(
+        started.elapsed() < Duration::from_millis(250 + 200),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = get(&local.url("/items/1"), &[KEY]).await;
+    assert_eq!((r.status, r.header("ratelimit-limit")), (200, Some("1000")));
+    let r = get(&open.url("/items/1"), &[KEY]).await;
+    assert_eq!((r.status, r.header("ratelimit-limit")), (200, None));
+    redis.resume();
+    support::eventually(Duration::from_secs(5), || async {
+        !closed.gateway.proxy.store.is_degraded()
+    })
+    .await;
+    assert_eq!(get(&closed.url("/items/1"), &[KEY]).await.status, 200);
+}
+
+// ---- lifecycle ----
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_drains_in_flight_requests() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let url = gw.url("/slow/1");
+    let in_flight = tokio::spawn(async move { get(&url, &[KEY]).await });
+    support::eventually(Duration::from_secs(5), || {
+        let n = up.requests().len();
+        async move { n == 1 }
+    })
+    .await;
+    gw.token.cancel();
+    // The listener closes at once...
+    support::eventually(Duration::from_secs(5), || async {
+        tokio::net::TcpStream::connect(gw.addr).await.is_err()
+    })
+    .await;
+    // ...while the request already in flight still gets its answer.
+    let r = in_flight.await.unwrap();
+    assert_eq!((r.status, r.body.as_ref()), (200, b"slow".as_ref()));
+    let mut gw = gw;
+    assert!((&mut gw.done).await.unwrap(), "drained within the timeout");
+}
