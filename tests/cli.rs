@@ -1,0 +1,227 @@
+//! The `quotagate` binary as a user runs it: validate, start-up errors, the quick start, signals.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::get;
+
+const BIN: &str = env!("CARGO_BIN_EXE_quotagate");
+
+fn quotagate(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run quotagate")
+}
+
+/// A running `quotagate` whose JSON log lines are read on a thread.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<serde_json::Value>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .args(["--set", "log.format=json"])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn quotagate");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// Waits for the first log line whose message is `msg`.
+    fn wait_for(&self, msg: &str) -> serde_json::Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("no {msg:?} log line within 10 s"));
+            if line["message"] == msg {
+                return line;
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "quotagate did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn validate_accepts_the_shipped_catalogs() {
+    let out = quotagate(&[
+        "validate",
+        "catalogs/quickstart.json",
+        "catalogs/dynlimits-readme.json",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("catalogs/dynlimits-readme.json: valid catalog (2 endpoints, 1 API keys)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn validate_lists_every_problem_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":1,"m":0}],"apilimits":[{"key":"k","limits":[{"ep":0,"rl":-1}]}]}"#).unwrap();
+    let out = quotagate(&["validate", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want = format!(
+        "catalog {} is invalid (2 problems):\n  endpoints[0].p: index 1 is out of range (paths has 1 entries)\n  apilimits[0].limits[0].rl: limit -1 is negative\n",
+        bad.display()
+    );
+    assert_eq!(stdout, want);
+}
+
+#[test]
+fn start_up_errors_are_one_clear_line() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--listen", &addr],
+            &format!("error: cannot listen on {addr}: "),
+        ),
+        (
+            &["--set", "store.kind=postgres"],
+            "error: invalid configuration: unknown variant `postgres`",
+        ),
+        (
+            &["--catalog", "does-not-exist.json"],
+            "error: catalog does-not-exist.json is invalid (1 problem):\n  cannot read it:",
+        ),
+        (
+            &["--config", "nope.toml"],
+            "error: cannot read config file nope.toml:",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = quotagate(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The README's quick start: an allowed request, a 429 with its headers, a missing key.
+#[tokio::test]
+async fn quickstart_answers_the_readme_requests() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    assert!(
+        readme.contains("cargo run --release -- quickstart"),
+        "README shows the quick start command"
+    );
+    let (gw, up) = (free_port(), free_port());
+    let mut q = Running::start(&[
+        "quickstart",
+        "--listen",
+        &format!("127.0.0.1:{gw}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+    ]);
+    q.wait_for("quotagate listening");
+    let url = |p: &str| format!("http://127.0.0.1:{gw}{p}");
+    let key = ("X-Api-Key", "demo-key");
+    let r = get(&url("/users/42"), &[key]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["path"], "/users/42");
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /users/{id}";r=59;t=60"#)
+    );
+    assert_eq!(get(&url("/reports/7"), &[key]).await.status, 200);
+    let r = get(&url("/reports/7"), &[key]).await;
+    assert_eq!(r.status, 429);
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(get(&url("/users/42"), &[]).await.status, 401);
+    q.signal("-TERM");
+    assert!(q.wait_exit().success());
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let up = support::Upstream::start().await;
+    let catalog = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        catalog.path(),
+        r#"{"methods":["GET"],"paths":["/slow/{x}"],"endpoints":[{"p":0,"m":0}],"apilimits":[{"key":"k","limits":[{"ep":0,"rl":10}]}]}"#,
+    )
+    .unwrap();
+    let mut q = Running::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &up.url(),
+        "--catalog",
+        catalog.path().to_str().unwrap(),
+    ]);
+    let line = q.wait_for("quotagate listening");
+    let addr = line["listen"].as_str().unwrap().to_owned();
+    let url = format!("http://{addr}/slow/1");
+    let in_flight = tokio::spawn(async move { get(&url, &[("X-Api-Key", "k")]).await });
+    support::eventually(Duration::from_secs(5), || {
+        let n = up.requests().len();
+        async move { n == 1 }
+    })
+    .await;
+    q.signal("-TERM");
+    let r = in_flight.await.unwrap();
+    assert_eq!(r.status, 200, "the in-flight request finished");
+    assert!(q.wait_exit().success(), "exit status 0");
+    q.wait_for("stopped");
+}
