@@ -531,3 +531,49 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    use super::*;
+
+    /// docs/configuration.md lists every option with its environment variable.
+    #[test]
+    fn every_option_is_documented() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/configuration.md"
+        ))
+        .unwrap();
+        let known = toml::Table::try_from(Config::default()).unwrap();
+        for (section, keys) in &known {
+            for key in keys.as_table().unwrap().keys() {
+                let var = format!(
+                    "{ENV_PREFIX}{}_{}",
+                    section.to_uppercase(),
+                    key.to_uppercase()
+                );
+                assert!(
+                    doc.contains(&format!("| `{section}.{key}` | `{var}` |")),
+                    "{section}.{key} missing from docs/configuration.md"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    #[test]
+    fn the_example_file_is_exactly_the_defaults() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/quotagate.toml"
+        ));
+        assert_eq!(
+            Config::load(Some(path), |_| None, &[]).unwrap(),
+            Config::default()
+        );
+    }
+}
