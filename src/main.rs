@@ -32,11 +32,9 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Run the example upstream API alone (answers every request with a JSON echo).
-    ExampleUpstream {
-        #[arg(long, default_value = "127.0.0.1:9000")]
-        listen: std::net::SocketAddr,
-    },
+    /// Run the example upstream API alone (a JSON echo of every request) on `--listen`, by default
+    /// 127.0.0.1:9000.
+    ExampleUpstream,
 }
 
 #[derive(Args)]
@@ -104,7 +102,7 @@ fn main() -> ExitCode {
             Command::Run => run(&cli.opts, false).await,
             Command::Quickstart => run(&cli.opts, true).await,
             Command::Validate { files } => return validate(&files),
-            Command::ExampleUpstream { listen } => example_upstream(listen).await,
+            Command::ExampleUpstream => example_upstream(&cli.opts).await,
         }
         .map(|()| ExitCode::SUCCESS)
     });
@@ -171,9 +169,19 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     Ok(())
 }
 
-async fn example_upstream(listen: std::net::SocketAddr) -> Result<(), StartError> {
-    telemetry::init(&Default::default());
-    let listener = gateway::bind(listen).await?;
+async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
+    let config = opts.load()?;
+    telemetry::init(&config.log);
+    let raw = opts.listen.as_deref().unwrap_or("127.0.0.1:9000");
+    let addr = raw.parse().map_err(|_| {
+        quotagate::config::ConfigError(format!(
+            "--listen: {raw:?} is not an address like 127.0.0.1:9000"
+        ))
+    })?;
+    let listener = gateway::bind(addr).await?;
+    let listen = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
     tracing::info!(%listen, "example upstream listening");
     let token = shutdown::Token::new();
     tokio::spawn(shutdown::on_signal(token.clone()));

@@ -194,6 +194,24 @@ async fn quickstart_answers_the_readme_requests() {
 }
 
 #[tokio::test]
+async fn the_example_upstream_runs_alone() {
+    let q = Running::start(&["example-upstream", "--listen", "127.0.0.1:0"]);
+    let line = q.wait_for("example upstream listening");
+    let addr = line["listen"].as_str().unwrap();
+    let r = get(
+        &format!("http://{addr}/any/path?x=1"),
+        &[("X-Api-Key", "k")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.json()["path"].as_str(), r.json()["query"].as_str()),
+        (Some("/any/path"), Some("x=1"))
+    );
+    q.signal("-TERM");
+}
+
+#[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let up = support::Upstream::start().await;
     let catalog = tempfile::NamedTempFile::new().unwrap();
