@@ -381,3 +381,54 @@ async fn local_policy_enforces_the_limit_while_redis_is_gone_and_recovery_is_aut
         other => panic!("{other:?}"),
     }
 }
+
+/// With Redis' clock, a counter over its limit is answered from the block cache most of the time
+/// (all but the requests near a second boundary), and every answer is still a correct rejection.
+#[tokio::test]
+async fn over_limit_counters_mostly_skip_the_round_trip_with_redis_clock() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Redis)).unwrap();
+    let store = Store::redis(store, FailurePolicy::Closed, Duration::from_millis(50));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let k = key("hog");
+    for _ in 0..2 {
+        assert!(matches!(store.check(&k, 2, now).await, Verdict::Decided(d) if d.allowed));
+    }
+    let calls = || -> u64 {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = calls();
+    let mut retries = Vec::new();
+    // Spread over about a second so that the share near second boundaries is what it is on average.
+    for _ in 0..100 {
+        match store.check(&k, 2, now).await {
+            Verdict::Decided(d) => {
+                assert!(!d.allowed);
+                retries.push(d.retry_after.unwrap());
+            }
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let round_trips = calls() - before;
+    assert!(
+        round_trips <= 60,
+        "{round_trips} of 100 rejections went to Redis"
+    );
+    // Retry-After counts down from about 60 and never goes up.
+    assert!(retries.windows(2).all(|w| w[1] <= w[0]), "{retries:?}");
+    assert!(
+        retries[0] >= 58 && *retries.last().unwrap() >= 56,
+        "{retries:?}"
+    );
+}

@@ -8,6 +8,7 @@
 //! marked down (logged once), requests are decided by the policy without waiting on Redis, and a
 //! background probe pings Redis until it answers again (logged once).
 
+mod blocked;
 pub mod keys;
 pub mod memory;
 pub mod redis;

@@ -20,6 +20,7 @@ use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
 
 use super::StoreError;
+use super::blocked::BlockCache;
 use super::keys::{CounterKey, minute_hash};
 use crate::limiter::Decision;
 
@@ -65,6 +66,8 @@ pub struct RedisStore {
     time_source: TimeSource,
     /// Redis' clock minus ours, in seconds, as last seen in a reply. Only used to guess the minute.
     offset: AtomicI64,
+    /// Counters known to be over their limit: answered without a round trip.
+    blocked: BlockCache,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -97,6 +100,7 @@ impl RedisStore {
             prefix: opts.prefix.clone(),
             time_source: opts.time_source,
             offset: AtomicI64::new(0),
+            blocked: BlockCache::default(),
         })
     }
 
@@ -134,6 +138,13 @@ impl RedisStore {
         limit: u64,
         now: u64,
     ) -> Result<Decision, StoreError> {
+        let caller_second = match self.time_source {
+            TimeSource::Redis => None,
+            TimeSource::Local => Some(i64::try_from(now).unwrap_or(i64::MAX / 2)),
+        };
+        if let Some(d) = self.blocked.check(key, limit, caller_second) {
+            return Ok(d);
+        }
         match tokio::time::timeout(self.timeout, self.hit_inner(key, limit, now)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::timeout()),
@@ -171,11 +182,16 @@ impl RedisStore {
                 [-1, redis_now] => {
                     self.offset.store(redis_now - now, Ordering::Relaxed);
                 }
-                [allowed, remaining, reset, retry, redis_now] => {
-                    if self.time_source == TimeSource::Redis {
+                [allowed, remaining, reset, retry, redis_now, micros] => {
+                    if *micros >= 0 {
                         self.offset.store(redis_now - now, Ordering::Relaxed);
+                        self.blocked.observe_redis_time(*redis_now, *micros);
                     }
                     let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
+                    if *allowed != 1 && *retry > 0 {
+                        self.blocked
+                            .remember(key, limit, *redis_now, nonneg(*retry));
+                    }
                     return Ok(Decision {
                         allowed: *allowed == 1,
                         limit,

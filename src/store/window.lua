@@ -19,14 +19,18 @@
 -- ARGV[3]     the limit: requests per 60 s, at least 1
 -- ARGV[4]     TTL of a minute hash, in seconds
 --
--- Returns {allowed (1|0), remaining, reset, retry_after (-1 when none), now}, or {-1, now} when now's
--- minute is not among KEYS: the caller then retries with the minute it learned.
+-- Returns {allowed (1|0), remaining, reset, retry_after (-1 when none), now, microseconds of TIME
+-- (-1 when ARGV[2] gave the time)}, or {-1, now} when now's minute is not among KEYS: the caller then
+-- retries with the minute it learned.
 -- The Rust twin of this arithmetic is limiter::Window; the store behaviour suite keeps them equal.
 
 local m = tonumber(ARGV[1])
 local t
+local usec = -1
 if ARGV[2] == '' then
-  t = tonumber(redis.call('TIME')[1])
+  local now = redis.call('TIME')
+  t = tonumber(now[1])
+  usec = tonumber(now[2])
 else
   t = tonumber(ARGV[2])
 end
@@ -50,7 +54,7 @@ end
 local sec = t - base
 
 if b and bl == limit and t < b then
-  return {0, 0, b - t, b - t, t}
+  return {0, 0, b - t, b - t, t, usec}
 end
 
 -- The count of absolute second s, for s in [t-59, t].
@@ -127,7 +131,7 @@ if w + 1 > limit then
   end
   redis.call('HSET', cur, 'c', t, 'w', w, 'o', o, 'b', t + retry, 'bl', limit)
   redis.call('EXPIRE', cur, ttl)
-  return {0, 0, retry, retry, t}
+  return {0, 0, retry, retry, t, usec}
 end
 
 redis.call('HINCRBY', cur, sec, 1)
@@ -141,4 +145,4 @@ else
   redis.call('HSET', cur, 'c', t, 'w', w, 'o', o)
 end
 redis.call('EXPIRE', cur, ttl)
-return {1, limit - w, o + 60 - t, -1, t}
+return {1, limit - w, o + 60 - t, -1, t, usec}
