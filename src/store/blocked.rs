@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::keys::CounterKey;
 use crate::limiter::Decision;
@@ -124,7 +124,7 @@ impl BlockCache {
     }
 
     #[cfg(test)]
-    fn shift_start(&mut self, by: Duration) {
+    fn shift_start(&mut self, by: std::time::Duration) {
         self.start -= by;
     }
 }
@@ -132,6 +132,7 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn key(k: &str) -> CounterKey {
         CounterKey::new(k.as_bytes(), "GET /x")
