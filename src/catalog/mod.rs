@@ -12,13 +12,15 @@
 //!
 //! Pure: parsing and building only; reading files is `load_file`'s one I/O call.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::router::{RouteMatch, RouteTable, Template};
+
+pub mod version;
 
 /// Largest catalog file accepted. Default: 64 MiB.
 pub const MAX_CATALOG_BYTES: u64 = 64 * 1024 * 1024;
@@ -34,41 +36,137 @@ pub struct CatalogVersion {
     pub released: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RawCatalog {
+/// A catalog document as written: the DynLimits `APIIndexedLimits` JSON, not yet validated.
+/// Unknown fields are ignored, so catalogs from newer servers still load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<CatalogVersion>,
     #[serde(default)]
-    version: Option<CatalogVersion>,
+    pub methods: Vec<String>,
     #[serde(default)]
-    methods: Vec<String>,
+    pub paths: Vec<String>,
     #[serde(default)]
-    paths: Vec<String>,
+    pub endpoints: Vec<EndpointDef>,
     #[serde(default)]
-    endpoints: Vec<RawEndpoint>,
-    #[serde(default)]
-    apilimits: Vec<RawApiLimits>,
+    pub apilimits: Vec<ApiLimits>,
 }
 
 // Indices and limits are read as i64 so that a negative value is a validation problem with a
 // location, not an opaque parse error.
-#[derive(Debug, Deserialize)]
-struct RawEndpoint {
-    p: i64,
-    m: i64,
-    #[serde(default)]
-    default_rl: Option<i64>,
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointDef {
+    pub p: i64,
+    pub m: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_rl: Option<i64>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RawApiLimits {
-    key: String,
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiLimits {
+    pub key: String,
     #[serde(default)]
-    limits: Vec<RawLimit>,
+    pub limits: Vec<LimitDef>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RawLimit {
-    ep: i64,
-    rl: i64,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitDef {
+    pub ep: i64,
+    pub rl: i64,
+}
+
+/// What changed in the API keys' limits between two catalog versions whose methods, paths and
+/// endpoints are the same (`GET /catalog_diff`, see `docs/catalog-protocol.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogDiff {
+    /// The version hash the diff starts from.
+    pub from: String,
+    /// The version the diff leads to.
+    pub version: CatalogVersion,
+    /// Keys that are new or whose limits changed, with all their limits.
+    #[serde(default)]
+    pub apilimits: Vec<ApiLimits>,
+    /// Keys that are gone.
+    #[serde(default)]
+    pub removed_keys: Vec<String>,
+}
+
+impl CatalogDoc {
+    /// Parses a document; `source` names it in errors.
+    pub fn parse(source: &str, json: &[u8]) -> Result<CatalogDoc, CatalogError> {
+        serde_json::from_slice(json).map_err(|e| CatalogError {
+            source: source.to_owned(),
+            problems: vec![Problem {
+                at: String::new(),
+                reason: format!("not a valid catalog document: {e}"),
+            }],
+        })
+    }
+
+    /// The version's hash, empty when the document has none.
+    pub fn hash(&self) -> &str {
+        self.version.as_ref().map_or("", |v| v.hash.as_str())
+    }
+
+    /// The diff from `self` to `newer`, or `None` when their endpoints differ (a client then needs
+    /// the whole catalog).
+    pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
+        if (&self.methods, &self.paths, &self.endpoints)
+            != (&newer.methods, &newer.paths, &newer.endpoints)
+        {
+            return None;
+        }
+        let old: HashMap<&str, &ApiLimits> =
+            self.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
+        let kept: HashSet<&str> = newer.apilimits.iter().map(|a| a.key.as_str()).collect();
+        Some(CatalogDiff {
+            from: self.hash().to_owned(),
+            version: newer.version.clone().unwrap_or_default(),
+            apilimits: newer
+                .apilimits
+                .iter()
+                .filter(|a| old.get(a.key.as_str()) != Some(a))
+                .cloned()
+                .collect(),
+            removed_keys: self
+                .apilimits
+                .iter()
+                .filter(|a| !kept.contains(a.key.as_str()))
+                .map(|a| a.key.clone())
+                .collect(),
+        })
+    }
+
+    /// This document with `diff` applied. The caller checks that `diff.from` is this version.
+    pub fn apply(&self, diff: &CatalogDiff) -> CatalogDoc {
+        let changed: HashMap<&str, &ApiLimits> =
+            diff.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
+        let removed: HashSet<&str> = diff.removed_keys.iter().map(String::as_str).collect();
+        let present: HashSet<&str> = self.apilimits.iter().map(|a| a.key.as_str()).collect();
+        let mut apilimits: Vec<ApiLimits> = self
+            .apilimits
+            .iter()
+            .filter(|a| !removed.contains(a.key.as_str()))
+            .map(|a| {
+                changed
+                    .get(a.key.as_str())
+                    .map_or_else(|| a.clone(), |c| (*c).clone())
+            })
+            .collect();
+        apilimits.extend(
+            diff.apilimits
+                .iter()
+                .filter(|a| !present.contains(a.key.as_str()))
+                .cloned(),
+        );
+        CatalogDoc {
+            version: Some(diff.version.clone()),
+            methods: self.methods.clone(),
+            paths: self.paths.clone(),
+            endpoints: self.endpoints.clone(),
+            apilimits,
+        }
+    }
 }
 
 /// One thing wrong with a catalog: where, and why.
@@ -138,6 +236,8 @@ type KeyLimits = HashMap<Box<[u8]>, Box<[(u32, u64)]>>;
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub version: CatalogVersion,
+    /// The document this snapshot was built from (diffs apply to it).
+    doc: std::sync::Arc<CatalogDoc>,
     routes: RouteTable,
     endpoints: Vec<Endpoint>,
     keys: KeyLimits,
@@ -146,17 +246,19 @@ pub struct Snapshot {
 impl Snapshot {
     /// Parses and validates a DynLimits catalog. `source` names it in errors.
     pub fn from_json(source: &str, json: &[u8]) -> Result<Snapshot, CatalogError> {
-        let fail = |problems| CatalogError {
+        Snapshot::build(source, CatalogDoc::parse(source, json)?)
+    }
+
+    /// Validates a document and builds its snapshot. `source` names it in errors.
+    pub fn build(source: &str, doc: CatalogDoc) -> Result<Snapshot, CatalogError> {
+        build(doc).map_err(|problems| CatalogError {
             source: source.to_owned(),
             problems,
-        };
-        let raw: RawCatalog = serde_json::from_slice(json).map_err(|e| {
-            fail(vec![Problem {
-                at: String::new(),
-                reason: format!("not a valid catalog document: {e}"),
-            }])
-        })?;
-        build(raw).map_err(fail)
+        })
+    }
+
+    pub fn doc(&self) -> &std::sync::Arc<CatalogDoc> {
+        &self.doc
     }
 
     /// Reads, parses and validates a catalog file.
@@ -222,7 +324,7 @@ fn limit_value(rl: i64) -> Result<u64, String> {
     u64::try_from(rl).map_err(|_| format!("limit {rl} is negative"))
 }
 
-fn build(raw: RawCatalog) -> Result<Snapshot, Vec<Problem>> {
+fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
     let mut problems = Vec::new();
     let mut problem = |at: String, reason: String| problems.push(Problem { at, reason });
 
@@ -315,7 +417,8 @@ fn build(raw: RawCatalog) -> Result<Snapshot, Vec<Problem>> {
         return Err(problems);
     }
     Ok(Snapshot {
-        version: raw.version.unwrap_or_default(),
+        version: raw.version.clone().unwrap_or_default(),
+        doc: std::sync::Arc::new(raw),
         routes,
         endpoints,
         keys,
@@ -438,6 +541,37 @@ mod tests {
         assert!(got[0].contains("not a valid catalog document"));
         let got = problems(r#"[1, 2]"#);
         assert!(got[0].contains("not a valid catalog document"));
+    }
+
+    #[test]
+    fn diffs_carry_key_changes_and_apply_back() {
+        let a = CatalogDoc::parse("a", GOOD.as_bytes()).unwrap();
+        let mut b = a.clone();
+        b.version = Some(CatalogVersion {
+            semver: "v2".into(),
+            hash: "h2".into(),
+            released: None,
+        });
+        b.apilimits[0].limits[0].rl = 99; // k1 changed
+        b.apilimits.remove(1); // k2 removed
+        b.apilimits.push(ApiLimits {
+            key: "k3".into(),
+            limits: vec![LimitDef { ep: 1, rl: 4 }],
+        });
+        let d = a.diff_to(&b).unwrap();
+        assert_eq!(d.from, "h1");
+        assert_eq!(
+            d.apilimits
+                .iter()
+                .map(|k| k.key.as_str())
+                .collect::<Vec<_>>(),
+            ["k1", "k3"]
+        );
+        assert_eq!(d.removed_keys, ["k2"]);
+        assert_eq!(a.apply(&d), b);
+        let mut c = a.clone();
+        c.paths.push("/more".into());
+        assert!(a.diff_to(&c).is_none(), "endpoints changed: no diff");
     }
 
     #[test]
