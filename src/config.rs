@@ -87,11 +87,64 @@ impl Default for UpstreamConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CatalogConfig {
-    /// Catalog file loaded at start-up (DynLimits JSON). Default: none (empty catalog).
+    /// Catalog file loaded at start-up (DynLimits JSON), used until the catalog server answers.
+    /// Default: none.
     pub file: String,
+    /// Base URL of the catalog server to poll. Default: none (no polling).
+    pub server_url: String,
+    /// Header carrying `server_secret` to the catalog server. Default: `X-Api-Key` (DynLimits).
+    pub server_auth_header: String,
+    /// Secret sent to (and, for `quotagate catalog-server`, required by) the catalog server.
+    /// Default: none.
+    pub server_secret: String,
+    /// Time between polls. Default: 10000 ms (DynLimits).
+    pub poll_interval_ms: u64,
+    /// Each wait varies by up to this share of the interval, so instances do not poll in step.
+    /// Default: 10 (%), at most 50.
+    pub poll_jitter_percent: u64,
+    /// Connecting to the catalog server. Default: 2000 ms.
+    pub connect_timeout_ms: u64,
+    /// One request to the catalog server, body included. Default: 10000 ms.
+    pub request_timeout_ms: u64,
+    /// Longest wait between polls while the server fails (the interval doubles per failure).
+    /// Default: 60000 ms.
+    pub backoff_max_ms: u64,
+    /// Request header that forces a catalog fetch when it carries `refresh_secret`.
+    /// Default: `X-Quotagate-Refresh`.
+    pub refresh_header: String,
+    /// Secret of the refresh header. Default: none, which turns the feature off.
+    pub refresh_secret: String,
+    /// Forced fetches start at least this long after the previous fetch. Default: 1000 ms.
+    pub refresh_min_interval_ms: u64,
+    /// How long a request with a valid refresh header waits for the fetch. Default: 2000 ms.
+    pub refresh_wait_ms: u64,
+    /// Redis channel on which instances announce new catalog versions (with `store.kind = "redis"`).
+    /// Default: `quotagate:catalog`.
+    pub announce_channel: String,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig {
+            file: String::new(),
+            server_url: String::new(),
+            server_auth_header: "X-Api-Key".into(),
+            server_secret: String::new(),
+            poll_interval_ms: 10_000,
+            poll_jitter_percent: 10,
+            connect_timeout_ms: 2_000,
+            request_timeout_ms: 10_000,
+            backoff_max_ms: 60_000,
+            refresh_header: "X-Quotagate-Refresh".into(),
+            refresh_secret: String::new(),
+            refresh_min_interval_ms: 1_000,
+            refresh_wait_ms: 2_000,
+            announce_channel: "quotagate:catalog".into(),
+        }
+    }
 }
 
 /// What to do with a request the catalog does not cover.
@@ -310,10 +363,24 @@ impl Config {
             return err("server.max_connections must be at least 1".into());
         }
         UpstreamTarget::parse(&self.upstream.url)?;
-        if http::HeaderName::from_bytes(self.limits.api_key_header.as_bytes()).is_err() {
+        for (name, value) in [
+            ("limits.api_key_header", &self.limits.api_key_header),
+            (
+                "catalog.server_auth_header",
+                &self.catalog.server_auth_header,
+            ),
+            ("catalog.refresh_header", &self.catalog.refresh_header),
+        ] {
+            if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
+                return err(format!("{name}: {value:?} is not a header name"));
+            }
+        }
+        if !self.catalog.server_url.is_empty()
+            && reqwest::Url::parse(&self.catalog.server_url).is_err()
+        {
             return err(format!(
-                "limits.api_key_header: {:?} is not a header name",
-                self.limits.api_key_header
+                "catalog.server_url: {:?} is not a URL",
+                self.catalog.server_url
             ));
         }
         crate::store::keys::check_prefix(&self.store.key_prefix)
@@ -334,6 +401,17 @@ impl Config {
             ),
             ("store.timeout_ms", self.store.timeout_ms),
             ("store.probe_interval_ms", self.store.probe_interval_ms),
+            ("catalog.poll_interval_ms", self.catalog.poll_interval_ms),
+            (
+                "catalog.connect_timeout_ms",
+                self.catalog.connect_timeout_ms,
+            ),
+            (
+                "catalog.request_timeout_ms",
+                self.catalog.request_timeout_ms,
+            ),
+            ("catalog.backoff_max_ms", self.catalog.backoff_max_ms),
+            ("catalog.refresh_wait_ms", self.catalog.refresh_wait_ms),
         ] {
             if v == 0 {
                 return err(format!("{name} must be above 0"));

@@ -1,16 +1,21 @@
-//! gateway: builds the proxy from a configuration and serves it.
+//! gateway: builds the proxy from a configuration, serves it, and runs its background tasks (the
+//! catalog poller and the catalog announcements).
 
 use std::future::Future;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use http::HeaderName;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-use crate::catalog::{CatalogError, Snapshot};
+use crate::catalog::broadcast::{self, RedisAnnounce};
+use crate::catalog::live::Live;
+use crate::catalog::poller::{Announce, Poller, PollerOptions};
+use crate::catalog::{CatalogError, MAX_CATALOG_BYTES, Snapshot};
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, StoreKind};
 use crate::proxy::upstream::Upstream;
-use crate::proxy::{Policy, Proxy};
+use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
 use crate::store::{RedisOptions, RedisStore, Store, StoreError};
 
@@ -34,6 +39,9 @@ pub enum StartError {
 pub struct Gateway {
     pub proxy: Arc<Proxy>,
     settings: HttpSettings,
+    poller: Option<Arc<Poller>>,
+    /// Redis URL and channel of the catalog announcements, when counters are in Redis.
+    announcements: Option<(String, String)>,
 }
 
 /// Builds the configured store.
@@ -54,30 +62,74 @@ pub fn build_store(config: &Config) -> Result<Store, StoreError> {
     })
 }
 
+fn ms(v: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(v)
+}
+
 impl Gateway {
     /// Builds the gateway, loading `catalog.file` when one is configured.
     pub fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Gateway, StartError> {
+        if config.catalog.file.is_empty() && config.catalog.server_url.is_empty() {
+            return Err(ConfigError(
+                "no catalog: set catalog.file, catalog.server_url or both".into(),
+            )
+            .into());
+        }
         let catalog = if config.catalog.file.is_empty() {
-            tracing::warn!(
-                "no catalog file configured: every request gets 404 until a catalog is loaded"
-            );
-            Snapshot::default()
+            None
         } else {
-            Snapshot::load_file(config.catalog.file.as_ref())?
+            Some(Snapshot::load_file(config.catalog.file.as_ref())?)
         };
         Gateway::with_catalog(config, clock, catalog)
     }
 
-    /// Builds the gateway around an already loaded catalog.
+    /// Builds the gateway around an already loaded catalog (`None`: wait for the catalog server).
     pub fn with_catalog(
         config: &Config,
         clock: Arc<dyn Clock>,
-        catalog: Snapshot,
+        catalog: Option<Snapshot>,
     ) -> Result<Gateway, StartError> {
         config.validate()?;
+        let c = &config.catalog;
+        let store = build_store(config)?;
+        let live = Live::new(catalog);
+        let mut announcements = None;
+        let poller = if c.server_url.is_empty() {
+            None
+        } else {
+            let announce: Option<Arc<dyn Announce>> = store.redis_store().map(|r| {
+                announcements = Some((config.store.redis_url.clone(), c.announce_channel.clone()));
+                Arc::new(RedisAnnounce {
+                    store: r,
+                    channel: c.announce_channel.clone(),
+                }) as Arc<dyn Announce>
+            });
+            let opts = PollerOptions {
+                url: c.server_url.clone(),
+                auth_header: c.server_auth_header.clone(),
+                secret: c.server_secret.clone(),
+                interval: ms(c.poll_interval_ms),
+                jitter_percent: c.poll_jitter_percent,
+                connect_timeout: ms(c.connect_timeout_ms),
+                request_timeout: ms(c.request_timeout_ms),
+                backoff_max: ms(c.backoff_max_ms),
+                refresh_min_interval: ms(c.refresh_min_interval_ms),
+                max_bytes: MAX_CATALOG_BYTES,
+            };
+            Some(Arc::new(
+                Poller::new(opts, live.clone(), announce).map_err(ConfigError)?,
+            ))
+        };
+        let refresh = Refresh {
+            header: HeaderName::from_bytes(c.refresh_header.as_bytes())
+                .map_err(|e| ConfigError(e.to_string()))?,
+            secret: (!c.refresh_secret.is_empty()).then(|| c.refresh_secret.clone().into_bytes()),
+            wait: ms(c.refresh_wait_ms),
+        };
         let proxy = Proxy {
-            catalog: ArcSwap::from_pointee(catalog),
-            store: build_store(config)?,
+            catalog: live,
+            refresh,
+            store,
             clock,
             upstream: Upstream::new(&config.upstream, config.server.max_header_bytes)?,
             policy: Policy::new(&config.limits, config.server.max_body_bytes),
@@ -91,7 +143,27 @@ impl Gateway {
         Ok(Gateway {
             proxy: Arc::new(proxy),
             settings,
+            poller,
+            announcements,
         })
+    }
+
+    /// Starts the catalog poller and the announcement listener, which stop on `shutdown`.
+    pub fn spawn_background(&self, shutdown: &CancellationToken) {
+        if let Some(poller) = &self.poller {
+            tokio::spawn(poller.clone().run(shutdown.clone()));
+            if let Some((url, channel)) = &self.announcements {
+                tokio::spawn(broadcast::listen(
+                    url.clone(),
+                    channel.clone(),
+                    self.proxy.catalog.clone(),
+                    shutdown.clone(),
+                ));
+            }
+        }
+        if !self.proxy.catalog.is_ready() {
+            tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
+        }
     }
 
     /// Serves the proxy on `listener` until `shutdown`, then drains. `false` if draining timed out.

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use quotagate::catalog::Snapshot;
+use quotagate::catalog::server::CatalogServer;
 use quotagate::clock::SystemClock;
-use quotagate::config::{Config, UpstreamTarget};
+use quotagate::config::{Config, ConfigError, UpstreamTarget};
 use quotagate::gateway::{self, Gateway, StartError};
 use quotagate::{demo, server, shutdown, telemetry};
 
@@ -32,6 +33,9 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Serve catalogs to gateways (`--catalog FILE|DIR`, `--listen`, default 127.0.0.1:9100); see
+    /// docs/catalog-protocol.md.
+    CatalogServer,
     /// Run the example upstream API alone (a JSON echo of every request) on `--listen`, by default
     /// 127.0.0.1:9000.
     ExampleUpstream,
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
             Command::Quickstart => run(&cli.opts, true).await,
             Command::Validate { files } => return validate(&files),
             Command::ExampleUpstream => example_upstream(&cli.opts).await,
+            Command::CatalogServer => catalog_server(&cli.opts).await,
         }
         .map(|()| ExitCode::SUCCESS)
     });
@@ -124,7 +129,7 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
             "catalogs/quickstart.json (built in)",
             demo::QUICKSTART_CATALOG,
         )?;
-        Gateway::with_catalog(&config, clock, catalog)?
+        Gateway::with_catalog(&config, clock, Some(catalog))?
     } else {
         Gateway::build(&config, clock)?
     };
@@ -136,9 +141,7 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
             .await
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                quotagate::config::ConfigError(format!("cannot resolve {}", upstream.authority))
-            })?;
+            .ok_or_else(|| ConfigError(format!("cannot resolve {}", upstream.authority)))?;
         let up = gateway::bind(addr).await?;
         tracing::info!(%addr, "example upstream listening");
         tokio::spawn(server::serve(
@@ -148,7 +151,7 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
             token.clone().cancelled_owned(),
         ));
     }
-    let snapshot = gateway.proxy.catalog.load();
+    let snapshot = gateway.proxy.catalog.snapshot();
     tracing::info!(
         listen = %listener.local_addr().map_err(|source| StartError::Listen { addr: config.listen_addr(), source })?,
         upstream = %config.upstream.url,
@@ -160,6 +163,7 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     );
     drop(snapshot);
     tokio::spawn(shutdown::on_signal(token.clone()));
+    gateway.spawn_background(&token);
     let drained = gateway.serve(listener, token.cancelled()).await;
     if drained {
         tracing::info!("stopped");
@@ -174,7 +178,7 @@ async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
     telemetry::init(&config.log);
     let raw = opts.listen.as_deref().unwrap_or("127.0.0.1:9000");
     let addr = raw.parse().map_err(|_| {
-        quotagate::config::ConfigError(format!(
+        ConfigError(format!(
             "--listen: {raw:?} is not an address like 127.0.0.1:9000"
         ))
     })?;
@@ -189,6 +193,46 @@ async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
         listener,
         Default::default(),
         demo::echo,
+        token.cancelled_owned(),
+    )
+    .await;
+    Ok(())
+}
+
+async fn catalog_server(opts: &ConfigArgs) -> Result<(), StartError> {
+    let config = opts.load()?;
+    telemetry::init(&config.log);
+    let source = opts
+        .catalog
+        .clone()
+        .ok_or_else(|| ConfigError("catalog-server needs --catalog FILE or DIRECTORY".into()))?;
+    let raw = opts.listen.as_deref().unwrap_or("127.0.0.1:9100");
+    let addr = raw.parse().map_err(|_| {
+        ConfigError(format!(
+            "--listen: {raw:?} is not an address like 127.0.0.1:9100"
+        ))
+    })?;
+    let header = http::HeaderName::from_bytes(config.catalog.server_auth_header.as_bytes())
+        .map_err(|e| ConfigError(e.to_string()))?;
+    let secret =
+        (!config.catalog.server_secret.is_empty()).then(|| config.catalog.server_secret.clone());
+    if secret.is_none() {
+        tracing::warn!(
+            "catalog.server_secret is not set: anyone who can reach this server can read the catalog"
+        );
+    }
+    let server = Arc::new(CatalogServer::new(source.into(), header, secret));
+    let listener = gateway::bind(addr).await?;
+    let listen = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
+    tracing::info!(%listen, "catalog server listening");
+    let token = shutdown::Token::new();
+    tokio::spawn(shutdown::on_signal(token.clone()));
+    server::serve(
+        listener,
+        Default::default(),
+        move |peer, req| server.clone().handle(peer, req),
         token.cancelled_owned(),
     )
     .await;

@@ -123,9 +123,9 @@ fn validate_lists_every_problem_and_fails() {
 fn start_up_errors_are_one_clear_line() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
-            &["--listen", &addr],
+            &["--listen", &addr, "--catalog", "catalogs/quickstart.json"],
             &format!("error: cannot listen on {addr}: "),
         ),
         (
@@ -139,6 +139,10 @@ fn start_up_errors_are_one_clear_line() {
         (
             &["--config", "nope.toml"],
             "error: cannot read config file nope.toml:",
+        ),
+        (
+            &[],
+            "error: no catalog: set catalog.file, catalog.server_url or both",
         ),
     ];
     for (args, want) in cases {

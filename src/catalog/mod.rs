@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::router::{RouteMatch, RouteTable, Template};
 
+pub mod broadcast;
+pub mod live;
+pub mod poller;
+pub mod server;
 pub mod version;
 
 /// Largest catalog file accepted. Default: 64 MiB.

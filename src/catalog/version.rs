@@ -67,6 +67,27 @@ pub fn parse_rfc3339(s: &str) -> Option<i128> {
     Some(i128::from(secs) * 1_000_000_000 + nanos)
 }
 
+/// Formats Unix seconds as RFC 3339 in UTC (`2026-11-21T10:00:00Z`).
+pub fn format_rfc3339(unix: i64) -> String {
+    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
+    // Civil date from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
 impl CatalogVersion {
     /// True when `self` was released strictly before `other`; false when it was not or when the
     /// two cannot be ordered.
@@ -105,6 +126,24 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn formats_and_parses_back() {
+        for t in [
+            0,
+            1_586_733_650,
+            1_795_219_200,
+            951_782_400, /* 2000-02-29 */
+        ] {
+            let s = format_rfc3339(t);
+            assert_eq!(
+                parse_rfc3339(&s),
+                Some(i128::from(t) * 1_000_000_000),
+                "{s}"
+            );
+        }
+        assert_eq!(format_rfc3339(1_795_219_200), "2026-11-21T00:00:00Z");
     }
 
     #[test]

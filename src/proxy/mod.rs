@@ -19,7 +19,6 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, HOST};
 use http::request::Parts;
@@ -27,7 +26,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::catalog::{LimitLookup, Snapshot};
+use crate::catalog::LimitLookup;
+use crate::catalog::live::Live;
 use crate::clock::Clock;
 use crate::config::{HeaderSet, LimitsConfig, Uncovered};
 use crate::limiter::Decision;
@@ -69,11 +69,22 @@ impl Policy {
     }
 }
 
+/// The forced-refresh header.
+#[derive(Debug, Clone)]
+pub struct Refresh {
+    pub header: HeaderName,
+    /// `None`: the feature is off (the header is still removed).
+    pub secret: Option<Vec<u8>>,
+    /// How long the request waits for its fetch.
+    pub wait: std::time::Duration,
+}
+
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
-    /// The current catalog. `ArcSwap`: read on every request without locking; a new catalog is
-    /// swapped in whole, so a request never sees routes of one version and limits of another.
-    pub catalog: ArcSwap<Snapshot>,
+    /// The current catalog: read once per request without locking; a new catalog is swapped in
+    /// whole, so a request never sees routes of one version and limits of another.
+    pub catalog: Arc<Live>,
+    pub refresh: Refresh,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
     pub upstream: Upstream,
@@ -106,7 +117,8 @@ impl Proxy {
         peer: SocketAddr,
         req: Request<Incoming>,
     ) -> Response<Body> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        self.forced_refresh(&mut parts).await;
         let declared = parts
             .headers
             .get(CONTENT_LENGTH)
@@ -147,7 +159,15 @@ impl Proxy {
             Err(e) => return own(problem(StatusCode::BAD_REQUEST, None, &e.to_string(), None)),
         };
 
-        let catalog = self.catalog.load_full();
+        if !self.catalog.is_ready() {
+            return own(problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                "no catalog is loaded yet; try again shortly",
+                None,
+            ));
+        }
+        let catalog = self.catalog.snapshot();
         let Some(route) = catalog.route(parts.method.as_str(), &path) else {
             return match self.policy.unknown_endpoint {
                 Uncovered::Reject => own(problem(
@@ -230,6 +250,35 @@ impl Proxy {
             Some((&endpoint.name, &decision)),
         )
         .await
+    }
+
+    /// Handles the forced-refresh header: always removed, so it never reaches the upstream; with
+    /// the right secret, fetches the catalog (shared with concurrent triggers) and waits for it, so
+    /// this very request sees a key provisioned a moment ago.
+    async fn forced_refresh(&self, parts: &mut Parts) {
+        let values: Vec<http::HeaderValue> = match parts.headers.entry(&self.refresh.header) {
+            http::header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+            http::header::Entry::Vacant(_) => return,
+        };
+        let valid = match (&self.refresh.secret, values.as_slice()) {
+            (Some(secret), [v]) => bool::from(subtle::ConstantTimeEq::ct_eq(
+                v.as_bytes(),
+                secret.as_slice(),
+            )),
+            _ => false,
+        };
+        if valid {
+            if !self.catalog.refresh(self.refresh.wait).await {
+                tracing::debug!(
+                    "forced catalog refresh did not finish in time; using the current catalog"
+                );
+            }
+        } else {
+            self.catalog
+                .invalid_refreshes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!("refresh header without the right secret: ignored");
+        }
     }
 
     /// Forwards the request to `path` on the upstream and relays the answer, adding the rate-limit

@@ -176,6 +176,14 @@ impl Store {
         self.policy
     }
 
+    /// The Redis store, when that is the backend (for catalog announcements).
+    pub fn redis_store(&self) -> Option<Arc<RedisStore>> {
+        match &self.backend {
+            Backend::Redis(r) => Some(r.clone()),
+            Backend::Memory(_) => None,
+        }
+    }
+
     /// True while the shared store is considered down.
     pub fn is_degraded(&self) -> bool {
         self.health.down.load(Ordering::Relaxed)

@@ -212,6 +212,24 @@ impl RedisStore {
         ))
     }
 
+    /// Publishes `message` on `channel`, bounded by the timeout.
+    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), StoreError> {
+        let fut = async {
+            let mut conn = self.connection().await?;
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(|e| self.failed(e))
+        };
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout()),
+        }
+    }
+
     /// One PING, bounded by the timeout: is Redis answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
         let fut = async {

@@ -318,11 +318,13 @@ pub struct TestGateway {
 impl TestGateway {
     pub async fn start(config: Config, catalog_json: &str, clock: FakeClock) -> TestGateway {
         let catalog = Snapshot::from_json("test catalog", catalog_json.as_bytes()).unwrap();
-        let gateway =
-            Arc::new(Gateway::with_catalog(&config, Arc::new(clock.clone()), catalog).unwrap());
+        let gateway = Arc::new(
+            Gateway::with_catalog(&config, Arc::new(clock.clone()), Some(catalog)).unwrap(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let token = CancellationToken::new();
+        gateway.spawn_background(&token);
         let g = gateway.clone();
         let stop = token.clone().cancelled_owned();
         let done = tokio::spawn(async move { g.serve(listener, stop).await });

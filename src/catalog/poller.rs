@@ -1,0 +1,380 @@
+//! poller: keeps the live catalog in step with a catalog server (`docs/catalog-protocol.md`).
+//!
+//! A poll that finds nothing new costs one small request (`GET /latest` answered 304). A new
+//! version is fetched as a diff when the server can give one, else whole; it is validated and built
+//! here, off the request path, then swapped in with one store. Any failure (unreachable, timeout,
+//! error status, truncated or invalid JSON, a catalog that fails validation, an older version) keeps
+//! the current catalog serving; it is logged once per episode and counted, and polls back off
+//! exponentially until the server answers again. A server that only has `/indexed_limits`
+//! (DynLimits) works too.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use http::header::{ETAG, IF_NONE_MATCH};
+use tokio_util::sync::CancellationToken;
+
+use super::live::Live;
+use super::server::content_hash;
+use super::{CatalogDiff, CatalogDoc, CatalogVersion, Snapshot};
+
+/// Triggered fetches (refresh header, pub/sub) wait this long so that triggers arriving together
+/// share one fetch.
+pub const COALESCE: Duration = Duration::from_millis(20);
+
+/// Poller settings (see `[catalog]` in `docs/configuration.md`).
+#[derive(Debug, Clone)]
+pub struct PollerOptions {
+    /// Base URL of the catalog server, e.g. `http://catalog:9100`.
+    pub url: String,
+    pub auth_header: String,
+    /// Sent in `auth_header`; empty: nothing sent.
+    pub secret: String,
+    pub interval: Duration,
+    /// Each wait is the interval plus or minus this share of it (0 to 50).
+    pub jitter_percent: u64,
+    pub connect_timeout: Duration,
+    /// Bound on each request, body included.
+    pub request_timeout: Duration,
+    pub backoff_max: Duration,
+    /// Triggered fetches start at least this long after the previous fetch started.
+    pub refresh_min_interval: Duration,
+    pub max_bytes: u64,
+}
+
+/// Why a poll failed. The current catalog keeps serving.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    #[error("catalog server unreachable: {0}")]
+    Unreachable(String),
+    #[error("catalog server did not answer within the request timeout")]
+    Timeout,
+    #[error("catalog server answered {0}")]
+    Status(u16),
+    #[error("catalog server sent more than {0} bytes")]
+    TooLarge(u64),
+    #[error("catalog server sent an invalid catalog: {0}")]
+    Invalid(String),
+    #[error("catalog server offered version {offered}, older than the current {current}")]
+    Older { offered: String, current: String },
+}
+
+impl PollError {
+    /// A short label for counting failures by kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PollError::Unreachable(_) => "unreachable",
+            PollError::Timeout => "timeout",
+            PollError::Status(_) => "status",
+            PollError::TooLarge(_) => "too_large",
+            PollError::Invalid(_) => "invalid",
+            PollError::Older { .. } => "older",
+        }
+    }
+}
+
+/// What a successful poll did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Unchanged,
+    /// A new version was applied, from a diff or from the whole catalog.
+    Applied {
+        version: CatalogVersion,
+        from_diff: bool,
+    },
+}
+
+/// Told about every version this instance applies (Redis pub/sub, so other instances fetch it too).
+pub trait Announce: Send + Sync {
+    fn announce(&self, hash: &str);
+}
+
+pub struct Poller {
+    client: reqwest::Client,
+    opts: PollerOptions,
+    live: Arc<Live>,
+    announce: Option<Arc<dyn Announce>>,
+    /// The server has no `/latest` (a DynLimits-style server): poll `/indexed_limits` directly.
+    no_latest: AtomicBool,
+    /// ETag of the last whole catalog fetched, for `If-None-Match`.
+    etag: std::sync::Mutex<Option<String>>,
+}
+
+fn jittered(d: Duration, percent: u64) -> Duration {
+    let percent = percent.min(50);
+    if percent == 0 {
+        return d;
+    }
+    let r =
+        std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % (2 * percent + 1);
+    d.mul_f64(1.0 + (r as f64 - percent as f64) / 100.0)
+}
+
+impl Poller {
+    pub fn new(
+        opts: PollerOptions,
+        live: Arc<Live>,
+        announce: Option<Arc<dyn Announce>>,
+    ) -> Result<Poller, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .timeout(opts.request_timeout)
+            .build()
+            .map_err(|e| format!("cannot build the catalog client: {e}"))?;
+        Ok(Poller {
+            client,
+            opts: PollerOptions {
+                url: opts.url.trim_end_matches('/').to_owned(),
+                ..opts
+            },
+            live,
+            announce,
+            no_latest: AtomicBool::new(false),
+            etag: std::sync::Mutex::new(None),
+        })
+    }
+
+    async fn get(
+        &self,
+        path: &str,
+        if_none_match: Option<&str>,
+    ) -> Result<(StatusCode, Option<String>, Bytes), PollError> {
+        let mut req = self.client.get(format!("{}{path}", self.opts.url));
+        if !self.opts.secret.is_empty() {
+            req = req.header(self.opts.auth_header.as_str(), self.opts.secret.as_str());
+        }
+        if let Some(tag) = if_none_match {
+            req = req.header(IF_NONE_MATCH, tag);
+        }
+        let classify = |e: reqwest::Error| {
+            if e.is_timeout() {
+                PollError::Timeout
+            } else {
+                PollError::Unreachable(e.to_string())
+            }
+        };
+        let mut resp = req.send().await.map_err(classify)?;
+        let status = resp.status();
+        let etag = resp
+            .headers()
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if resp
+            .content_length()
+            .is_some_and(|n| n > self.opts.max_bytes)
+        {
+            return Err(PollError::TooLarge(self.opts.max_bytes));
+        }
+        let mut body = BytesMut::new();
+        while let Some(chunk) = resp.chunk().await.map_err(classify)? {
+            if (body.len() + chunk.len()) as u64 > self.opts.max_bytes {
+                return Err(PollError::TooLarge(self.opts.max_bytes));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok((status, etag, body.freeze()))
+    }
+
+    /// One poll: brings the live catalog up to date with the server, or says why it could not.
+    pub async fn poll_once(&self) -> Result<Outcome, PollError> {
+        let current = self.live.snapshot();
+        let ready = self.live.is_ready();
+        let current_hash = if ready {
+            current.version.hash.clone()
+        } else {
+            String::new()
+        };
+        let quoted = (!current_hash.is_empty()).then(|| format!("\"{current_hash}\""));
+
+        if !self.no_latest.load(Ordering::Relaxed) {
+            let (status, _, body) = self.get("/latest", quoted.as_deref()).await?;
+            match status {
+                StatusCode::NOT_MODIFIED => return Ok(Outcome::Unchanged),
+                StatusCode::OK => {
+                    let offered: CatalogVersion = serde_json::from_slice(&body)
+                        .map_err(|e| PollError::Invalid(format!("/latest: {e}")))?;
+                    if !offered.hash.is_empty() && offered.hash == current_hash {
+                        return Ok(Outcome::Unchanged);
+                    }
+                    if ready && offered.is_older_than(&current.version) {
+                        return Err(PollError::Older {
+                            offered: offered.hash,
+                            current: current_hash,
+                        });
+                    }
+                    if !current_hash.is_empty()
+                        && let Some(outcome) = self.try_diff(&current, &current_hash).await?
+                    {
+                        return Ok(outcome);
+                    }
+                }
+                StatusCode::NOT_FOUND => {
+                    tracing::info!(
+                        "the catalog server has no /latest; polling /indexed_limits instead"
+                    );
+                    self.no_latest.store(true, Ordering::Relaxed);
+                }
+                other => return Err(PollError::Status(other.as_u16())),
+            }
+        }
+
+        let etag = if ready {
+            self.etag.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        } else {
+            None
+        };
+        let (status, etag, body) = self.get("/indexed_limits", etag.as_deref()).await?;
+        match status {
+            StatusCode::NOT_MODIFIED => Ok(Outcome::Unchanged),
+            StatusCode::OK => {
+                let mut doc = CatalogDoc::parse("/indexed_limits", &body)
+                    .map_err(|e| PollError::Invalid(e.to_string()))?;
+                if doc.hash().is_empty() {
+                    // A server without versions: the content identifies the version.
+                    let mut v = doc.version.take().unwrap_or_default();
+                    v.hash = content_hash(&body);
+                    doc.version = Some(v);
+                }
+                *self.etag.lock().unwrap_or_else(|e| e.into_inner()) = etag;
+                if ready && doc.hash() == current_hash {
+                    return Ok(Outcome::Unchanged);
+                }
+                let offered = doc.version.clone().unwrap_or_default();
+                if ready && offered.is_older_than(&current.version) {
+                    return Err(PollError::Older {
+                        offered: offered.hash,
+                        current: current_hash,
+                    });
+                }
+                self.apply(doc, false)
+            }
+            other => Err(PollError::Status(other.as_u16())),
+        }
+    }
+
+    /// Tries `/catalog_diff`; `None` means "fetch the whole catalog".
+    async fn try_diff(
+        &self,
+        current: &Snapshot,
+        current_hash: &str,
+    ) -> Result<Option<Outcome>, PollError> {
+        let from: String = current_hash
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        let (status, _, body) = self
+            .get(&format!("/catalog_diff?from={from}"), None)
+            .await?;
+        match status {
+            StatusCode::NOT_MODIFIED => Ok(Some(Outcome::Unchanged)),
+            StatusCode::OK => {
+                let diff: CatalogDiff = serde_json::from_slice(&body)
+                    .map_err(|e| PollError::Invalid(format!("/catalog_diff: {e}")))?;
+                if diff.from != current_hash {
+                    return Ok(None);
+                }
+                self.apply(current.doc().apply(&diff), true).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn apply(&self, doc: CatalogDoc, from_diff: bool) -> Result<Outcome, PollError> {
+        let snapshot =
+            Snapshot::build(&self.opts.url, doc).map_err(|e| PollError::Invalid(e.to_string()))?;
+        let version = snapshot.version.clone();
+        tracing::info!(
+            hash = %version.hash,
+            semver = %version.semver,
+            keys = snapshot.key_count(),
+            endpoints = snapshot.endpoints().len(),
+            from_diff,
+            "catalog updated"
+        );
+        self.live.store(snapshot);
+        if let Some(a) = &self.announce {
+            a.announce(&version.hash);
+        }
+        Ok(Outcome::Applied { version, from_diff })
+    }
+
+    /// Polls until `shutdown`: at start, every interval (with jitter), and at once when woken.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut failures: u32 = 0;
+        let mut last_fetch: Option<Instant> = None;
+        loop {
+            if let Some(last) = last_fetch {
+                let delay = if failures == 0 {
+                    jittered(self.opts.interval, self.opts.jitter_percent)
+                } else {
+                    let factor = 2u32.saturating_pow(failures.min(16));
+                    jittered(
+                        self.opts
+                            .interval
+                            .saturating_mul(factor)
+                            .min(self.opts.backoff_max),
+                        self.opts.jitter_percent,
+                    )
+                };
+                let woken = tokio::select! {
+                    () = tokio::time::sleep(delay) => false,
+                    () = self.live.woken() => true,
+                    () = shutdown.cancelled() => return,
+                };
+                if woken {
+                    let spacing = (last + self.opts.refresh_min_interval)
+                        .saturating_duration_since(Instant::now());
+                    tokio::select! {
+                        () = tokio::time::sleep(spacing.max(COALESCE)) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            }
+            let generation = self.live.fetch_started();
+            last_fetch = Some(Instant::now());
+            let result = self.poll_once().await;
+            self.record(&result, &mut failures);
+            self.live.fetch_finished(generation);
+        }
+    }
+
+    fn record(&self, result: &Result<Outcome, PollError>, failures: &mut u32) {
+        let mut status = self.live.status.lock().unwrap_or_else(|e| e.into_inner());
+        status.polls += 1;
+        status.last_poll = Some(Instant::now());
+        match result {
+            Ok(outcome) => {
+                if *failures > 0 {
+                    tracing::info!(failed_polls = *failures, "catalog server answers again");
+                }
+                *failures = 0;
+                status.last_outcome = match outcome {
+                    Outcome::Unchanged => "unchanged".into(),
+                    Outcome::Applied { .. } => "applied".into(),
+                };
+            }
+            Err(e) => {
+                if *failures == 0 {
+                    let serving = self.live.snapshot().version.hash.clone();
+                    tracing::warn!(error = %e, serving = %serving, ready = self.live.is_ready(), "catalog poll failed; keeping the current catalog and backing off");
+                } else {
+                    tracing::debug!(error = %e, "catalog poll failed again");
+                }
+                *failures = failures.saturating_add(1);
+                status.failures += 1;
+                status.last_outcome = e.kind().into();
+            }
+        }
+    }
+}
