@@ -53,6 +53,8 @@ pub enum PollError {
     Unreachable(String),
     #[error("catalog server did not answer within the request timeout")]
     Timeout,
+    #[error("catalog server's answer was cut off: {0}")]
+    Truncated(String),
     #[error("catalog server answered {0}")]
     Status(u16),
     #[error("catalog server sent more than {0} bytes")]
@@ -69,6 +71,7 @@ impl PollError {
         match self {
             PollError::Unreachable(_) => "unreachable",
             PollError::Timeout => "timeout",
+            PollError::Truncated(_) => "truncated",
             PollError::Status(_) => "status",
             PollError::TooLarge(_) => "too_large",
             PollError::Invalid(_) => "invalid",
@@ -171,7 +174,14 @@ impl Poller {
             return Err(PollError::TooLarge(self.opts.max_bytes));
         }
         let mut body = BytesMut::new();
-        while let Some(chunk) = resp.chunk().await.map_err(classify)? {
+        let cut = |e: reqwest::Error| {
+            if e.is_timeout() {
+                PollError::Timeout
+            } else {
+                PollError::Truncated(e.to_string())
+            }
+        };
+        while let Some(chunk) = resp.chunk().await.map_err(cut)? {
             if (body.len() + chunk.len()) as u64 > self.opts.max_bytes {
                 return Err(PollError::TooLarge(self.opts.max_bytes));
             }

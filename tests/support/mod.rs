@@ -317,10 +317,19 @@ pub struct TestGateway {
 
 impl TestGateway {
     pub async fn start(config: Config, catalog_json: &str, clock: FakeClock) -> TestGateway {
-        let catalog = Snapshot::from_json("test catalog", catalog_json.as_bytes()).unwrap();
-        let gateway = Arc::new(
-            Gateway::with_catalog(&config, Arc::new(clock.clone()), Some(catalog)).unwrap(),
-        );
+        TestGateway::start_with(config, Some(catalog_json), clock).await
+    }
+
+    /// A gateway with a start-up catalog, or none (it then waits for its catalog server).
+    pub async fn start_with(
+        config: Config,
+        catalog_json: Option<&str>,
+        clock: FakeClock,
+    ) -> TestGateway {
+        let catalog =
+            catalog_json.map(|j| Snapshot::from_json("test catalog", j.as_bytes()).unwrap());
+        let gateway =
+            Arc::new(Gateway::with_catalog(&config, Arc::new(clock.clone()), catalog).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let token = CancellationToken::new();
@@ -409,4 +418,199 @@ pub async fn send(
 
 pub async fn get(url: &str, headers: &[(&str, &str)]) -> Got {
     send(&http1_client(), "GET", url, headers, Bytes::new()).await
+}
+
+// ---- catalog servers ----
+
+/// The real catalog server (`quotagate catalog-server`) on port 0, serving a file in a temp dir.
+pub struct CatalogFixture {
+    pub server: Arc<quotagate::catalog::server::CatalogServer>,
+    pub addr: SocketAddr,
+    pub file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    token: CancellationToken,
+    edits: std::sync::atomic::AtomicU64,
+}
+
+pub const CATALOG_SECRET: &str = "catalog-secret";
+
+impl CatalogFixture {
+    pub async fn start(catalog_json: &str) -> CatalogFixture {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("catalog.json");
+        std::fs::write(&file, catalog_json).unwrap();
+        let server = Arc::new(quotagate::catalog::server::CatalogServer::new(
+            file.clone(),
+            http::HeaderName::from_static("x-api-key"),
+            Some(CATALOG_SECRET.into()),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let s = server.clone();
+        tokio::spawn(quotagate::server::serve(
+            listener,
+            Default::default(),
+            move |peer, req| s.clone().handle(peer, req),
+            token.clone().cancelled_owned(),
+        ));
+        CatalogFixture {
+            server,
+            addr,
+            file,
+            _dir: dir,
+            token,
+            edits: Default::default(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replaces the served catalog; the server sees it on its next request.
+    pub fn publish(&self, catalog_json: &str) {
+        std::fs::write(&self.file, catalog_json).unwrap();
+        // A distinct modification time per edit, whatever the file system's timestamp granularity.
+        let n = self.edits.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let when = std::time::SystemTime::now() + Duration::from_secs(n);
+        std::fs::File::options()
+            .write(true)
+            .open(&self.file)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        self.server.recheck();
+    }
+
+    pub fn count(&self, which: &str) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        let s = &self.server.stats;
+        match which {
+            "latest" => s.latest.load(SeqCst),
+            "indexed_limits" => s.indexed_limits.load(SeqCst),
+            "catalog_diff" => s.catalog_diff.load(SeqCst),
+            "unauthorized" => s.unauthorized.load(SeqCst),
+            other => panic!("no counter {other}"),
+        }
+    }
+}
+
+impl Drop for CatalogFixture {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+/// How the scripted catalog server misbehaves.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// Serves this catalog like a DynLimits server: `/indexed_limits` only, no versions, no ETag.
+    DynLimits(String),
+    /// Answers every request with this status.
+    Status(u16),
+    /// Never answers.
+    Hang,
+    /// Promises more body than it sends, then closes.
+    Truncated,
+    /// Serves this text as the catalog (`/latest` says a new version).
+    Body(String),
+}
+
+/// A catalog server whose behaviour a test switches at will.
+pub struct FaultyCatalogServer {
+    pub addr: SocketAddr,
+    pub mode: Arc<Mutex<Fault>>,
+    token: CancellationToken,
+}
+
+impl FaultyCatalogServer {
+    pub async fn start(mode: Fault) -> FaultyCatalogServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(mode));
+        let token = CancellationToken::new();
+        let m = mode.clone();
+        let handler = move |_peer: SocketAddr, req: Request<Incoming>| {
+            let fault = m.lock().unwrap().clone();
+            async move { fault_answer(fault, req.uri().path().to_owned()).await }
+        };
+        tokio::spawn(quotagate::server::serve(
+            listener,
+            Default::default(),
+            handler,
+            token.clone().cancelled_owned(),
+        ));
+        FaultyCatalogServer { addr, mode, token }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set(&self, fault: Fault) {
+        *self.mode.lock().unwrap() = fault;
+    }
+}
+
+impl Drop for FaultyCatalogServer {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+/// A body that sends one chunk and then fails, so the connection is cut mid-body.
+pub struct Cut {
+    sent: bool,
+    /// A pause after the chunk, so the headers and the chunk are on the wire before the cut.
+    pause: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Cut {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.sent {
+            std::task::ready!(std::future::Future::poll(self.pause.as_mut(), cx));
+            return std::task::Poll::Ready(Some(Err(std::io::Error::other("cut"))));
+        }
+        self.sent = true;
+        std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+            br#"{"methods": ["GET"], "paths": ["#,
+        )))))
+    }
+}
+
+async fn fault_answer(
+    fault: Fault,
+    path: String,
+) -> Response<http_body_util::Either<Full<Bytes>, Cut>> {
+    let reply = |status: u16, body: String| {
+        let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(body))));
+        *r.status_mut() = StatusCode::from_u16(status).unwrap();
+        r
+    };
+    match fault {
+        Fault::DynLimits(c) if path == "/indexed_limits" => reply(200, c),
+        Fault::DynLimits(_) => reply(404, String::new()),
+        Fault::Status(s) => reply(s, "{}".into()),
+        Fault::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            reply(200, String::new())
+        }
+        Fault::Truncated => Response::new(http_body_util::Either::Right(Cut {
+            sent: false,
+            pause: Box::pin(tokio::time::sleep(Duration::from_millis(20))),
+        })),
+        Fault::Body(_) if path == "/catalog_diff" => reply(404, String::new()),
+        Fault::Body(b) if path == "/latest" => reply(
+            200,
+            format!(r#"{{"hash": "{:x}"}}"#, b.len() as u64 * 7919 + 1),
+        ),
+        Fault::Body(b) => reply(200, b),
+    }
 }

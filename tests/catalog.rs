@@ -1,0 +1,497 @@
+//! The live catalog at the wire: a real catalog server (and a misbehaving one), real gateways, real
+//! Redis for the announcements between instances.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quotagate::clock::FakeClock;
+use quotagate::config::{Config, StoreKind};
+use quotagate::store::TimeSource;
+use support::{
+    CATALOG_SECRET, CatalogFixture, Fault, FaultyCatalogServer, RedisServer, TestGateway, Upstream,
+    eventually, get, http2_client, send,
+};
+
+const T0: u64 = 1_700_000_040;
+const REFRESH: &str = "X-Quotagate-Refresh";
+const REFRESH_SECRET: &str = "refresh-secret";
+
+/// A catalog with one endpoint, `GET /items/{id}`, and the given (key, limit) pairs.
+fn catalog(released: &str, keys: &[(&str, u64)]) -> String {
+    let apilimits: Vec<String> = keys
+        .iter()
+        .map(|(k, rl)| format!(r#"{{"key": "{k}", "limits": [{{"ep": 0, "rl": {rl}}}]}}"#))
+        .collect();
+    format!(
+        r#"{{"version": {{"semver": "v", "released": "{released}"}}, "methods": ["GET"], "paths": ["/items/{{id}}"],
+            "endpoints": [{{"p": 0, "m": 0}}], "apilimits": [{}]}}"#,
+        apilimits.join(",")
+    )
+}
+
+fn config(up: &Upstream, catalog_url: &str) -> Config {
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    c.catalog.server_url = catalog_url.to_owned();
+    c.catalog.server_secret = CATALOG_SECRET.into();
+    c.catalog.poll_interval_ms = 3_600_000;
+    c.catalog.refresh_secret = REFRESH_SECRET.into();
+    c
+}
+
+async fn status_of(gw: &TestGateway, key: &str) -> u16 {
+    get(&gw.url("/items/1"), &[("X-Api-Key", key)]).await.status
+}
+
+fn last_outcome(gw: &TestGateway) -> String {
+    gw.gateway
+        .proxy
+        .catalog
+        .status
+        .lock()
+        .unwrap()
+        .last_outcome
+        .clone()
+}
+
+#[tokio::test]
+async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry_on() {
+    let up = Upstream::start().await;
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 2)])).await;
+    let mut c = config(&up, &server.url());
+    c.catalog.poll_interval_ms = 100;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    assert_eq!(status_of(&gw, "k1").await, 200);
+    assert_eq!(status_of(&gw, "k1").await, 200);
+    assert_eq!(status_of(&gw, "k1").await, 429);
+
+    server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5)]));
+    let changed = Instant::now();
+    eventually(Duration::from_secs(2), || async {
+        gw.gateway.proxy.catalog.snapshot().limit(b"k1", 0)
+            != quotagate::catalog::LimitLookup::Limit(2)
+    })
+    .await;
+    assert!(
+        changed.elapsed() < Duration::from_millis(100 * 11 / 10 + 300),
+        "{:?}",
+        changed.elapsed()
+    );
+    let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-limit"), Some("5"));
+    assert_eq!(
+        r.header("ratelimit-remaining"),
+        Some("2"),
+        "the two earlier requests still count"
+    );
+    assert_eq!(
+        server.count("indexed_limits"),
+        1,
+        "only the first fetch was whole"
+    );
+    assert!(
+        server.count("catalog_diff") >= 1,
+        "the change came as a diff"
+    );
+}
+
+#[tokio::test]
+async fn a_new_key_is_served_on_the_request_that_carries_the_refresh_header() {
+    let up = Upstream::start().await;
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5)])).await;
+    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5), ("fresh", 3)]));
+    assert_eq!(
+        status_of(&gw, "fresh").await,
+        403,
+        "not polled yet (the interval is an hour)"
+    );
+    let r = get(
+        &gw.url("/items/1"),
+        &[("X-Api-Key", "fresh"), (REFRESH, REFRESH_SECRET)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "served on that very request");
+    assert_eq!(r.header("ratelimit-limit"), Some("3"));
+    assert!(
+        up.last().headers.get(REFRESH).is_none(),
+        "the header never reaches the upstream"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_forced_refreshes_share_one_fetch() {
+    let up = Upstream::start().await;
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
+    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    // One HTTP/2 connection, warmed up, so the 100 requests arrive together.
+    let client = Arc::new(http2_client());
+    let url = gw.url("/items/1");
+    assert_eq!(
+        send(&client, "GET", &url, &[("X-Api-Key", "k1")], Bytes::new())
+            .await
+            .status,
+        200
+    );
+    // Let the start-up fetch's spacing pass, so the burst is not also waiting for it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = server.count("latest");
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                send(
+                    &client,
+                    "GET",
+                    &url,
+                    &[("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)],
+                    Bytes::new(),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(
+        server.count("latest") - before,
+        1,
+        "one fetch for 100 triggers"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstream() {
+    let up = Upstream::start().await;
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
+    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    let before = (server.count("latest"), server.count("indexed_limits"));
+    for secret in ["wrong", "", "refresh-secre", "refresh-secrett"] {
+        let r = get(
+            &gw.url("/items/1"),
+            &[("X-Api-Key", "k1"), (REFRESH, secret)],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert!(up.last().headers.get(REFRESH).is_none());
+    }
+    let r = get(
+        &gw.url("/items/1"),
+        &[
+            ("X-Api-Key", "k1"),
+            (REFRESH, REFRESH_SECRET),
+            (REFRESH, REFRESH_SECRET),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "a repeated header is not valid either");
+    assert_eq!(
+        (server.count("latest"), server.count("indexed_limits")),
+        before,
+        "nothing reached the catalog server"
+    );
+    assert_eq!(
+        gw.gateway
+            .proxy
+            .catalog
+            .invalid_refreshes
+            .load(std::sync::atomic::Ordering::SeqCst),
+        5
+    );
+
+    // With no secret configured the feature is off, and the header is still removed.
+    let mut c = config(&up, &server.url());
+    c.catalog.refresh_secret = String::new();
+    let off = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        off.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    let before = server.count("latest");
+    get(&off.url("/items/1"), &[("X-Api-Key", "k1"), (REFRESH, "")]).await;
+    assert!(up.last().headers.get(REFRESH).is_none());
+    assert_eq!(server.count("latest"), before);
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_converge_within_a_second() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5)])).await;
+    let mut c = config(&up, &server.url());
+    c.store.kind = StoreKind::Redis;
+    c.store.redis_url = redis.url();
+    c.store.time_source = TimeSource::Local;
+    c.catalog.refresh_min_interval_ms = 100;
+    let a = TestGateway::start_with(c.clone(), None, FakeClock::new(T0)).await;
+    let b = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(5), || async {
+            gw.gateway.proxy.catalog.is_ready()
+        })
+        .await;
+    }
+    // Both listen for announcements.
+    eventually(Duration::from_secs(5), || async {
+        redis
+            .cli(&["PUBSUB", "NUMSUB", "quotagate:catalog"])
+            .ends_with('2')
+    })
+    .await;
+
+    server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5), ("fresh", 3)]));
+    let r = get(
+        &a.url("/items/1"),
+        &[("X-Api-Key", "fresh"), (REFRESH, REFRESH_SECRET)],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let applied = Instant::now();
+    eventually(Duration::from_secs(1), || async {
+        status_of(&b, "fresh").await == 200
+    })
+    .await;
+    assert!(applied.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn every_failure_keeps_the_last_good_catalog_serving() {
+    let up = Upstream::start().await;
+    let good = catalog("2026-01-01T00:00:00Z", &[("k1", 7)]);
+    let faulty = FaultyCatalogServer::start(Fault::Body(good.clone())).await;
+    let mut c = config(&up, &faulty.url());
+    c.catalog.poll_interval_ms = 50;
+    c.catalog.backoff_max_ms = 100;
+    c.catalog.request_timeout_ms = 300;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    let served = gw.gateway.proxy.catalog.snapshot().version.hash.clone();
+
+    let older = catalog("2025-01-01T00:00:00Z", &[("k1", 1)]);
+    let broken =
+        r#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 1, "m": 0}]}"#.to_owned();
+    for (fault, kind) in [
+        (Fault::Status(500), "status"),
+        (Fault::Status(503), "status"),
+        (Fault::Hang, "timeout"),
+        (Fault::Truncated, "truncated"),
+        (Fault::Body("{not json".into()), "invalid"),
+        (Fault::Body(broken), "invalid"),
+        (Fault::Body(older), "older"),
+    ] {
+        faulty.set(fault.clone());
+        let started = Instant::now();
+        while last_outcome(&gw) != kind {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{fault:?}: outcome {:?}, want {kind}",
+                last_outcome(&gw)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;
+        assert_eq!(
+            (r.status, r.header("ratelimit-limit")),
+            (200, Some("7")),
+            "{fault:?}"
+        );
+        assert_eq!(
+            gw.gateway.proxy.catalog.snapshot().version.hash,
+            served,
+            "{fault:?}"
+        );
+    }
+    // And once the server is good again, polling resumes and a new version applies.
+    faulty.set(Fault::Body(catalog("2026-02-01T00:00:00Z", &[("k1", 9)])));
+    eventually(Duration::from_secs(5), || async {
+        get(&gw.url("/items/1"), &[("X-Api-Key", "k1")])
+            .await
+            .header("ratelimit-limit")
+            == Some("9")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_leaves_the_start_up_file_serving() {
+    let up = Upstream::start().await;
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut c = config(&up, &format!("http://{dead}"));
+    c.catalog.poll_interval_ms = 50;
+    let gw = TestGateway::start_with(
+        c,
+        Some(&catalog("2026-01-01T00:00:00Z", &[("k1", 4)])),
+        FakeClock::new(T0),
+    )
+    .await;
+    eventually(Duration::from_secs(5), || async {
+        last_outcome(&gw) == "unreachable"
+    })
+    .await;
+    assert_eq!(status_of(&gw, "k1").await, 200);
+}
+
+#[tokio::test]
+async fn without_a_catalog_the_gateway_answers_503_until_one_arrives() {
+    let up = Upstream::start().await;
+    let faulty = FaultyCatalogServer::start(Fault::Status(503)).await;
+    let mut c = config(&up, &faulty.url());
+    c.catalog.poll_interval_ms = 50;
+    c.catalog.backoff_max_ms = 100;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        last_outcome(&gw) == "status"
+    })
+    .await;
+    let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.json()["detail"],
+        "no catalog is loaded yet; try again shortly"
+    );
+    assert!(up.requests().is_empty());
+    faulty.set(Fault::Body(catalog("2026-01-01T00:00:00Z", &[("k1", 4)])));
+    eventually(Duration::from_secs(5), || async {
+        status_of(&gw, "k1").await == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_dynlimits_server_with_only_indexed_limits_works() {
+    let up = Upstream::start().await;
+    let v1 = r#"{"methods": ["GET"], "paths": ["/items/{id}"], "endpoints": [{"p": 0, "m": 0}], "apilimits": [{"key": "k1", "limits": [{"ep": 0, "rl": 3}]}]}"#;
+    let faulty = FaultyCatalogServer::start(Fault::DynLimits(v1.into())).await;
+    let mut c = config(&up, &faulty.url());
+    c.catalog.poll_interval_ms = 50;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        status_of(&gw, "k1").await == 200
+    })
+    .await;
+    faulty.set(Fault::DynLimits(v1.replace("\"rl\": 3", "\"rl\": 8")));
+    eventually(Duration::from_secs(5), || async {
+        get(&gw.url("/items/1"), &[("X-Api-Key", "k1")])
+            .await
+            .header("ratelimit-limit")
+            == Some("8")
+    })
+    .await;
+}
+
+// ---- the catalog server itself ----
+
+async fn ask(server: &CatalogFixture, path: &str, headers: &[(&str, &str)]) -> support::Got {
+    get(&format!("{}{path}", server.url()), headers).await
+}
+
+#[tokio::test]
+async fn catalog_server_speaks_the_protocol() {
+    let server =
+        CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5), ("k2", 6)])).await;
+    let auth = ("X-Api-Key", CATALOG_SECRET);
+    for path in ["/latest", "/indexed_limits", "/catalog_diff?from=x"] {
+        assert_eq!(ask(&server, path, &[]).await.status, 401, "{path}");
+        assert_eq!(
+            ask(&server, path, &[("X-Api-Key", "nope")]).await.status,
+            401,
+            "{path}"
+        );
+    }
+    let latest = ask(&server, "/latest", &[auth]).await;
+    assert_eq!(latest.status, 200);
+    let v1 = latest.json()["hash"].as_str().unwrap().to_owned();
+    assert_eq!(latest.header("etag"), Some(format!("\"{v1}\"").as_str()));
+    assert_eq!(latest.json()["released"], "2026-01-01T00:00:00Z");
+    let tag = format!("\"{v1}\"");
+    assert_eq!(
+        ask(&server, "/latest", &[auth, ("If-None-Match", &tag)])
+            .await
+            .status,
+        304
+    );
+    assert_eq!(
+        ask(&server, "/indexed_limits", &[auth, ("If-None-Match", &tag)])
+            .await
+            .status,
+        304
+    );
+    let full = ask(&server, "/indexed_limits", &[auth]).await;
+    assert_eq!(full.json()["version"]["hash"], v1.as_str());
+
+    // The hash follows the content; a diff carries only what changed.
+    server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 50), ("k3", 1)]));
+    let v2 = ask(&server, "/latest", &[auth]).await.json()["hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(v1, v2);
+    let diff = ask(&server, &format!("/catalog_diff?from={v1}"), &[auth]).await;
+    assert_eq!(diff.status, 200);
+    let d = diff.json();
+    assert_eq!(d["from"], v1.as_str());
+    assert_eq!(d["version"]["hash"], v2.as_str());
+    assert_eq!(
+        d["apilimits"].as_array().unwrap().len(),
+        2,
+        "k1 changed, k3 new"
+    );
+    assert_eq!(d["removed_keys"], serde_json::json!(["k2"]));
+    assert_eq!(
+        ask(&server, &format!("/catalog_diff?from={v2}"), &[auth])
+            .await
+            .status,
+        304
+    );
+    assert_eq!(
+        ask(&server, "/catalog_diff?from=unknown", &[auth])
+            .await
+            .status,
+        404
+    );
+
+    // A changed endpoint list cannot be a diff.
+    server.publish(
+        &catalog("2026-01-01T00:02:00Z", &[("k1", 50)]).replace("/items/{id}", "/things/{id}"),
+    );
+    assert_eq!(
+        ask(&server, &format!("/catalog_diff?from={v2}"), &[auth])
+            .await
+            .status,
+        409
+    );
+
+    // An invalid edit is not served; the last good version stays.
+    let good = ask(&server, "/latest", &[auth]).await.json()["hash"].clone();
+    server.publish("{broken");
+    assert_eq!(ask(&server, "/latest", &[auth]).await.json()["hash"], good);
+}
