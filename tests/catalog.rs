@@ -495,3 +495,33 @@ async fn catalog_server_speaks_the_protocol() {
     server.publish("{broken");
     assert_eq!(ask(&server, "/latest", &[auth]).await.json()["hash"], good);
 }
+
+#[tokio::test]
+async fn forced_fetches_are_spaced_by_the_minimum_interval() {
+    let up = Upstream::start().await;
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
+    let mut c = config(&up, &server.url());
+    c.catalog.refresh_min_interval_ms = 1000;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // past the start-up fetch's spacing
+    let before = server.count("latest");
+    let refresh = [("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)];
+    let started = Instant::now();
+    assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);
+    let first = started.elapsed();
+    assert!(
+        first < Duration::from_millis(500),
+        "the first forced fetch runs at once: {first:?}"
+    );
+    assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);
+    let second = started.elapsed();
+    assert!(
+        second >= Duration::from_millis(950),
+        "the next one waits for the spacing: {second:?}"
+    );
+    assert_eq!(server.count("latest") - before, 2);
+}

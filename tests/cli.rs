@@ -216,6 +216,34 @@ async fn the_example_upstream_runs_alone() {
 }
 
 #[tokio::test]
+async fn the_catalog_server_runs_alone_and_requires_its_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy("catalogs/quickstart.json", dir.path().join("v0001.json")).unwrap();
+    let q = Running::start(&[
+        "catalog-server",
+        "--catalog",
+        dir.path().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--set",
+        "catalog.server_secret=s3cret",
+    ]);
+    let line = q.wait_for("catalog server listening");
+    let base = format!("http://{}", line["listen"].as_str().unwrap());
+    assert_eq!(get(&format!("{base}/latest"), &[]).await.status, 401);
+    let r = get(&format!("{base}/latest"), &[("X-Api-Key", "s3cret")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["semver"], "v1.0.0");
+    let full = get(
+        &format!("{base}/indexed_limits"),
+        &[("X-Api-Key", "s3cret")],
+    )
+    .await;
+    assert_eq!(full.json()["apilimits"][0]["key"], "demo-key");
+    q.signal("-TERM");
+}
+
+#[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let up = support::Upstream::start().await;
     let catalog = tempfile::NamedTempFile::new().unwrap();
