@@ -123,7 +123,9 @@ impl Gateway {
         let refresh = Refresh {
             header: HeaderName::from_bytes(c.refresh_header.as_bytes())
                 .map_err(|e| ConfigError(e.to_string()))?,
-            secret: (!c.refresh_secret.is_empty()).then(|| c.refresh_secret.clone().into_bytes()),
+            // Without a catalog server there is nothing to fetch: the header is only removed.
+            secret: (!c.refresh_secret.is_empty() && poller.is_some())
+                .then(|| c.refresh_secret.clone().into_bytes()),
             wait: ms(c.refresh_wait_ms),
         };
         let proxy = Proxy {

@@ -233,6 +233,29 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
     get(&off.url("/items/1"), &[("X-Api-Key", "k1"), (REFRESH, "")]).await;
     assert!(up.last().headers.get(REFRESH).is_none());
     assert_eq!(server.count("latest"), before);
+
+    // Without a catalog server there is nothing to fetch: a valid header does not wait.
+    let mut c = config(&up, "");
+    c.catalog.server_url = String::new();
+    let alone = TestGateway::start(
+        c,
+        &catalog("2026-01-01T00:00:00Z", &[("k1", 1000)]),
+        FakeClock::new(T0),
+    )
+    .await;
+    let started = Instant::now();
+    let r = get(
+        &alone.url("/items/1"),
+        &[("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(up.last().headers.get(REFRESH).is_none());
 }
 
 #[tokio::test]
