@@ -7,12 +7,14 @@
 //! - [`path`] and [`router`]: the normal form of request paths and the per-method route tables.
 //! - [`limiter`]: the sliding-window arithmetic (pure, `now` injected by a [`clock::Clock`]).
 //! - [`store`]: counters in memory or in Redis, and the failure policy.
+//! - [`divvy`]: the Divvy-compatible quota port (`HIT` line protocol, Divvy rule files).
 //! - [`demo`]: the example upstream API.
 
 pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod divvy;
 pub mod gateway;
 pub mod limiter;
 pub mod path;

@@ -91,9 +91,151 @@ impl MemoryStore {
     }
 }
 
+/// The answer of a fixed window (Divvy): allowed, credit left, seconds until the window resets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedDecision {
+    pub allowed: bool,
+    pub credit: u64,
+    pub reset: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Fixed {
+    expires: u64,
+    credit: u64,
+}
+
+#[derive(Debug)]
+struct FixedShard {
+    windows: HashMap<String, Fixed>,
+    sweep_at: usize,
+    /// When the shard was last swept because it was full: at most once a second.
+    swept_full: u64,
+}
+
+/// Fixed windows that start at their first hit (Divvy's counters), in memory.
+///
+/// Expired windows are swept like idle sliding windows. Actors are whatever clients send, so the
+/// number of live windows is capped at `max`; at the cap, new counters are refused (the request is
+/// denied) until windows expire, rather than letting memory grow without bound.
+#[derive(Debug)]
+pub struct FixedWindows {
+    /// `std::sync::Mutex`: a lookup and an update, never held across an `.await`.
+    shards: Box<[Mutex<FixedShard>]>,
+    hasher: RandomState,
+    max_per_shard: usize,
+    full_logged: std::sync::atomic::AtomicBool,
+}
+
+impl FixedWindows {
+    /// At most `max` live windows.
+    pub fn new(max: usize) -> Self {
+        FixedWindows {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(FixedShard {
+                        windows: HashMap::new(),
+                        sweep_at: MIN_SWEEP_AT,
+                        swept_full: 0,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+            max_per_shard: (max / SHARDS).max(1),
+            full_logged: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// One hit at `now` (seconds) on the window `key` of `limit` hits per `reset` seconds (both > 0).
+    pub fn hit(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
+        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let mut guard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
+        let shard = &mut *guard;
+        let map = &mut shard.windows;
+        if let Some(w) = map.get_mut(key).filter(|w| now < w.expires) {
+            let ttl = (w.expires - now) as i64;
+            if w.credit == 0 {
+                return FixedDecision {
+                    allowed: false,
+                    credit: 0,
+                    reset: ttl,
+                };
+            }
+            w.credit -= 1;
+            return FixedDecision {
+                allowed: true,
+                credit: w.credit,
+                reset: ttl,
+            };
+        }
+        let full = map.len() >= self.max_per_shard && now > shard.swept_full;
+        if map.len() >= shard.sweep_at || full {
+            map.retain(|_, w| now < w.expires);
+            shard.sweep_at = (map.len() * 2).max(MIN_SWEEP_AT);
+            if full {
+                shard.swept_full = now;
+            }
+        }
+        if map.len() >= self.max_per_shard && !map.contains_key(key) {
+            if !self
+                .full_logged
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "divvy memory store is full: new counters are denied until windows expire"
+                );
+            }
+            return FixedDecision {
+                allowed: false,
+                credit: 0,
+                reset: reset as i64,
+            };
+        }
+        map.insert(
+            key.to_owned(),
+            Fixed {
+                expires: now + reset,
+                credit: limit - 1,
+            },
+        );
+        FixedDecision {
+            allowed: true,
+            credit: limit - 1,
+            reset: reset as i64,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_windows_start_at_the_first_hit_and_are_bounded() {
+        let f = FixedWindows::new(SHARDS * 2);
+        let d = |allowed, credit, reset| FixedDecision {
+            allowed,
+            credit,
+            reset,
+        };
+        assert_eq!(f.hit("a", 2, 10, 100), d(true, 1, 10));
+        assert_eq!(f.hit("a", 2, 10, 103), d(true, 0, 7));
+        assert_eq!(f.hit("a", 2, 10, 109), d(false, 0, 1));
+        assert_eq!(
+            f.hit("a", 2, 10, 110),
+            d(true, 1, 10),
+            "a fresh window after expiry"
+        );
+        // At the cap, new counters are denied, old ones keep working, expired ones make room.
+        for i in 0..10_000 {
+            f.hit(&format!("k{i}"), 5, 60, 200);
+        }
+        assert!(!f.hit("newcomer", 5, 60, 200).allowed);
+        assert!(
+            f.hit("newcomer", 5, 60, 260).allowed,
+            "expired windows make room"
+        );
+    }
 
     #[test]
     fn memory_stays_flat_under_a_stream_of_distinct_counters() {

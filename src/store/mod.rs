@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use keys::CounterKey;
-pub use memory::MemoryStore;
+pub use memory::{FixedDecision, FixedWindows, MemoryStore};
 pub use redis::{RedisOptions, RedisStore, TimeSource};
 
 use crate::limiter::Decision;
@@ -104,13 +104,13 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The answer for one request.
+/// The answer for one request (`D`: a sliding-window [`Decision`] or a Divvy [`FixedDecision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Verdict<D = Decision> {
     /// Decided by the configured store.
-    Decided(Decision),
+    Decided(D),
     /// Decided in this instance's memory because the shared store is down (policy `local`).
-    Local(Decision),
+    Local(D),
     /// The shared store is down and the policy is `open`.
     Open,
     /// The shared store is down and the policy is `closed`.
@@ -118,9 +118,13 @@ pub enum Verdict {
 }
 
 enum Backend {
-    Memory(MemoryStore),
+    Memory(MemoryStore, FixedWindows),
     Redis(Arc<RedisStore>),
 }
+
+/// Live Divvy windows kept in memory at most (memory store, and the `local` fallback). Default:
+/// 1,000,000.
+pub const MAX_FIXED_WINDOWS: usize = 1_000_000;
 
 /// Health of the shared store, shared with the probe task.
 struct Health {
@@ -133,6 +137,7 @@ pub struct Store {
     policy: FailurePolicy,
     /// Per-instance counters used while Redis is down under policy `local`.
     fallback: MemoryStore,
+    fallback_fixed: FixedWindows,
     health: Arc<Health>,
     probe_interval: Duration,
 }
@@ -141,7 +146,7 @@ impl Store {
     /// The embedded in-memory store.
     pub fn memory() -> Store {
         Store::with_backend(
-            Backend::Memory(MemoryStore::new()),
+            Backend::Memory(MemoryStore::new(), FixedWindows::new(MAX_FIXED_WINDOWS)),
             FailurePolicy::Local,
             Duration::from_secs(1),
         )
@@ -157,6 +162,7 @@ impl Store {
             backend,
             policy,
             fallback: MemoryStore::new(),
+            fallback_fixed: FixedWindows::new(MAX_FIXED_WINDOWS),
             health: Arc::new(Health {
                 down: AtomicBool::new(false),
             }),
@@ -167,7 +173,7 @@ impl Store {
     /// `memory` or `redis`.
     pub fn kind(&self) -> &'static str {
         match self.backend {
-            Backend::Memory(_) => "memory",
+            Backend::Memory(..) => "memory",
             Backend::Redis(_) => "redis",
         }
     }
@@ -180,7 +186,7 @@ impl Store {
     pub fn redis_store(&self) -> Option<Arc<RedisStore>> {
         match &self.backend {
             Backend::Redis(r) => Some(r.clone()),
-            Backend::Memory(_) => None,
+            Backend::Memory(..) => None,
         }
     }
 
@@ -195,7 +201,7 @@ impl Store {
             return Verdict::Decided(Decision::zero_limit());
         }
         let redis = match &self.backend {
-            Backend::Memory(m) => return Verdict::Decided(m.hit(key, limit, now)),
+            Backend::Memory(m, _) => return Verdict::Decided(m.hit(key, limit, now)),
             Backend::Redis(r) => r,
         };
         if !self.is_degraded() {
@@ -206,6 +212,32 @@ impl Store {
         }
         match self.policy {
             FailurePolicy::Local => Verdict::Local(self.fallback.hit(key, limit, now)),
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
+        }
+    }
+
+    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
+    /// the window starting at its first hit.
+    pub async fn check_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        now: u64,
+    ) -> Verdict<FixedDecision> {
+        let redis = match &self.backend {
+            Backend::Memory(_, f) => return Verdict::Decided(f.hit(key, limit, reset, now)),
+            Backend::Redis(r) => r,
+        };
+        if !self.is_degraded() {
+            match redis.hit_fixed(key, limit, reset).await {
+                Ok(d) => return Verdict::Decided(d),
+                Err(e) => self.mark_down(redis, &e),
+            }
+        }
+        match self.policy {
+            FailurePolicy::Local => Verdict::Local(self.fallback_fixed.hit(key, limit, reset, now)),
             FailurePolicy::Open => Verdict::Open,
             FailurePolicy::Closed => Verdict::Closed,
         }

@@ -22,9 +22,11 @@ use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
 use super::StoreError;
 use super::blocked::BlockCache;
 use super::keys::{CounterKey, minute_hash};
+use super::memory::FixedDecision;
 use crate::limiter::Decision;
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
+static DIVVY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("divvy.lua")));
 
 /// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
 /// during which the hash is still read as the previous minute.
@@ -210,6 +212,39 @@ impl RedisStore {
         Err(StoreError::reply(
             "the minute moved twice during one call".into(),
         ))
+    }
+
+    /// One hit on Divvy's fixed window `key` (`limit` and `reset` both above 0).
+    pub async fn hit_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+    ) -> Result<FixedDecision, StoreError> {
+        let fut = async {
+            let mut conn = self.connection().await?;
+            let reply: Vec<i64> = DIVVY
+                .key(key)
+                .arg(limit)
+                .arg(reset)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.failed(e))?;
+            match reply.as_slice() {
+                [allowed, credit, ttl] => Ok(FixedDecision {
+                    allowed: *allowed == 1,
+                    credit: u64::try_from(*credit).unwrap_or(0),
+                    reset: *ttl,
+                }),
+                other => Err(StoreError::reply(format!(
+                    "unexpected script reply {other:?}"
+                ))),
+            }
+        };
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout()),
+        }
     }
 
     /// Publishes `message` on `channel`, bounded by the timeout.

@@ -1,0 +1,82 @@
+//! divvy: the Divvy-compatible quota port. Services that do not sit behind the proxy ask for quota
+//! with `HIT key=value ...` lines over TCP and get `OK <allowed> <credit> <resetSeconds>`.
+//!
+//! - [`protocol`]: parsing and formatting lines (pure).
+//! - [`rules`]: rule files and which rules a request matches (pure).
+//! - [`server`]: the TCP server: framing, ordering, limits.
+//!
+//! Counting is Divvy's fixed window from the first hit, in the shared [`Store`] (memory or Redis,
+//! with Divvy's own Redis keys), under the same failure policy as the gateway.
+
+pub mod protocol;
+pub mod rules;
+pub mod server;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::store::{Store, Verdict};
+use protocol::{ProtoError, Reply};
+use rules::{Rule, RuleSet};
+
+/// The quota service behind the port.
+pub struct Divvy {
+    pub rules: RuleSet,
+    pub store: Arc<Store>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Divvy {
+    /// Answers one `HIT`: every matching canary consumes its own quota, then the deciding rule
+    /// answers.
+    pub async fn hit(&self, operation: &HashMap<String, String>) -> Reply {
+        let now = self.clock.now();
+        let mut reply = Reply::Err(ProtoError::Unknown("no rule matched".into()));
+        for rule in self.rules.matching(operation) {
+            reply = self.evaluate(rule, operation, now).await;
+        }
+        reply
+    }
+
+    async fn evaluate(&self, rule: &Rule, operation: &HashMap<String, String>, now: u64) -> Reply {
+        if rule.credit_limit == 0 {
+            return Reply::Ok {
+                allowed: false,
+                credit: 0,
+                reset: -1,
+            };
+        }
+        if rule.reset_seconds == 0 {
+            return Reply::Ok {
+                allowed: true,
+                credit: rule.credit_limit,
+                reset: 0,
+            };
+        }
+        let key = format!(
+            "divvy:{}:{}:{}:{}",
+            rule.bucket(),
+            rule.actor(operation),
+            rule.credit_limit,
+            rule.reset_seconds
+        );
+        match self
+            .store
+            .check_fixed(&key, rule.credit_limit, rule.reset_seconds, now)
+            .await
+        {
+            Verdict::Decided(d) | Verdict::Local(d) => Reply::Ok {
+                allowed: d.allowed,
+                credit: d.credit,
+                reset: d.reset,
+            },
+            Verdict::Open => Reply::Ok {
+                allowed: true,
+                credit: rule.credit_limit,
+                reset: -1,
+            },
+            Verdict::Closed => Reply::Err(ProtoError::Unknown("quota store unavailable".into())),
+        }
+    }
+}
