@@ -27,7 +27,35 @@ pub struct Config {
     pub catalog: CatalogConfig,
     pub limits: LimitsConfig,
     pub store: StoreConfig,
+    pub divvy: DivvyConfig,
     pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DivvyConfig {
+    /// Divvy rule file (`.ini` or `.json`); the Divvy port runs when one is set. Default: none.
+    pub rules: String,
+    /// Address of the Divvy port. Default: `127.0.0.1:8321`.
+    pub listen: String,
+    /// Longest request line. Default: 1048576 bytes (1 MiB).
+    pub max_line_bytes: usize,
+    /// Open connections at most. Default: 10000.
+    pub max_connections: usize,
+    /// Requests per connection waiting for their reply, at most. Default: 1024.
+    pub max_in_flight: usize,
+}
+
+impl Default for DivvyConfig {
+    fn default() -> Self {
+        DivvyConfig {
+            rules: String::new(),
+            listen: "127.0.0.1:8321".into(),
+            max_line_bytes: 1024 * 1024,
+            max_connections: 10_000,
+            max_in_flight: 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -355,6 +383,18 @@ impl Config {
                 "server.listen: {:?} is not an address like 127.0.0.1:8080",
                 self.server.listen
             ));
+        }
+        if self.divvy.listen.parse::<SocketAddr>().is_err() {
+            return err(format!(
+                "divvy.listen: {:?} is not an address like 127.0.0.1:8321",
+                self.divvy.listen
+            ));
+        }
+        if self.divvy.max_line_bytes < 1024
+            || self.divvy.max_connections == 0
+            || self.divvy.max_in_flight == 0
+        {
+            return err("divvy.max_line_bytes must be at least 1024, and divvy.max_connections and divvy.max_in_flight at least 1".into());
         }
         if self.server.max_header_bytes < 8192 {
             return err("server.max_header_bytes must be at least 8192".into());

@@ -14,6 +14,9 @@ use crate::catalog::poller::{Announce, Poller, PollerOptions};
 use crate::catalog::{CatalogError, MAX_CATALOG_BYTES, Snapshot};
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, StoreKind};
+use crate::divvy::rules::RuleSet;
+use crate::divvy::server::DivvySettings;
+use crate::divvy::{self, Divvy};
 use crate::proxy::upstream::Upstream;
 use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
@@ -42,6 +45,9 @@ pub struct Gateway {
     poller: Option<Arc<Poller>>,
     /// Redis URL and channel of the catalog announcements, when counters are in Redis.
     announcements: Option<(String, String)>,
+    /// The Divvy port's service, when a rule file is configured.
+    pub divvy: Option<Arc<Divvy>>,
+    divvy_settings: DivvySettings,
 }
 
 /// Builds the configured store.
@@ -91,7 +97,18 @@ impl Gateway {
     ) -> Result<Gateway, StartError> {
         config.validate()?;
         let c = &config.catalog;
-        let store = build_store(config)?;
+        let store = Arc::new(build_store(config)?);
+        let divvy = if config.divvy.rules.is_empty() {
+            None
+        } else {
+            let rules = RuleSet::load(config.divvy.rules.as_ref())
+                .map_err(|e| ConfigError(e.to_string()))?;
+            Some(Arc::new(Divvy {
+                rules,
+                store: store.clone(),
+                clock: clock.clone(),
+            }))
+        };
         let live = Live::new(catalog);
         let mut announcements = None;
         let poller = if c.server_url.is_empty() {
@@ -147,6 +164,12 @@ impl Gateway {
             settings,
             poller,
             announcements,
+            divvy,
+            divvy_settings: DivvySettings {
+                max_line_bytes: config.divvy.max_line_bytes,
+                max_connections: config.divvy.max_connections,
+                max_in_flight: config.divvy.max_in_flight,
+            },
         })
     }
 
@@ -165,6 +188,19 @@ impl Gateway {
         }
         if !self.proxy.catalog.is_ready() {
             tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
+        }
+    }
+
+    /// Serves the Divvy port on `listener` until `shutdown` (when a rule file is configured).
+    pub async fn serve_divvy(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        if let Some(divvy) = &self.divvy {
+            divvy::server::serve(
+                listener,
+                divvy.clone(),
+                self.divvy_settings.clone(),
+                shutdown,
+            )
+            .await;
         }
     }
 

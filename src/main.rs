@@ -9,6 +9,9 @@ use quotagate::catalog::Snapshot;
 use quotagate::catalog::server::CatalogServer;
 use quotagate::clock::SystemClock;
 use quotagate::config::{Config, ConfigError, UpstreamTarget};
+use quotagate::divvy::Divvy;
+use quotagate::divvy::rules::RuleSet;
+use quotagate::divvy::server::DivvySettings;
 use quotagate::gateway::{self, Gateway, StartError};
 use quotagate::{demo, server, shutdown, telemetry};
 
@@ -28,6 +31,9 @@ enum Command {
     Run,
     /// Run the gateway with the built-in example catalog in front of the example upstream.
     Quickstart,
+    /// Run only the Divvy quota port, as a drop-in for Divvy: reads `PORT` (default 8321),
+    /// `REDIS_HOST` and `REDIS_PORT` (memory store when neither is set), listens on all interfaces.
+    Divvy { rules: PathBuf },
     /// Check catalog files and report every problem; exit status 1 if any is invalid.
     Validate {
         #[arg(required = true)]
@@ -108,6 +114,7 @@ fn main() -> ExitCode {
             Command::Validate { files } => return validate(&files),
             Command::ExampleUpstream => example_upstream(&cli.opts).await,
             Command::CatalogServer => catalog_server(&cli.opts).await,
+            Command::Divvy { rules } => divvy_alone(&cli.opts, &rules).await,
         }
         .map(|()| ExitCode::SUCCESS)
     });
@@ -164,6 +171,18 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     drop(snapshot);
     tokio::spawn(shutdown::on_signal(token.clone()));
     gateway.spawn_background(&token);
+    let gateway = Arc::new(gateway);
+    if gateway.divvy.is_some() {
+        let addr: std::net::SocketAddr = config
+            .divvy
+            .listen
+            .parse()
+            .map_err(|_| ConfigError("divvy.listen".into()))?;
+        let divvy_listener = gateway::bind(addr).await?;
+        tracing::info!(listen = %addr, rules = %config.divvy.rules, "divvy port listening");
+        let (g, stop) = (gateway.clone(), token.clone());
+        tokio::spawn(async move { g.serve_divvy(divvy_listener, stop.cancelled_owned()).await });
+    }
     let drained = gateway.serve(listener, token.cancelled()).await;
     if drained {
         tracing::info!("stopped");
@@ -239,9 +258,85 @@ async fn catalog_server(opts: &ConfigArgs) -> Result<(), StartError> {
     Ok(())
 }
 
+async fn divvy_alone(opts: &ConfigArgs, rules: &std::path::Path) -> Result<(), StartError> {
+    let mut config = opts.load()?;
+    telemetry::init(&config.log);
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let port: u16 = match env("PORT") {
+        Some(p) => p
+            .parse()
+            .map_err(|_| ConfigError(format!("PORT: {p:?} is not a port number")))?,
+        None => 8321,
+    };
+    let redis = (env("REDIS_HOST").is_some() || env("REDIS_PORT").is_some()).then(|| {
+        let host = env("REDIS_HOST").unwrap_or_else(|| "localhost".into());
+        let rport = env("REDIS_PORT").unwrap_or_else(|| "6379".into());
+        (host, rport)
+    });
+    if let Some((host, rport)) = &redis {
+        config.store.kind = quotagate::config::StoreKind::Redis;
+        config.store.redis_url = format!("redis://{host}:{rport}");
+    }
+    let rules = RuleSet::load(rules).map_err(|e| ConfigError(e.to_string()))?;
+    let store = Arc::new(gateway::build_store(&config)?);
+    let divvy = Arc::new(Divvy {
+        rules,
+        store,
+        clock: Arc::new(SystemClock::new()),
+    });
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let listener = gateway::bind(addr).await?;
+    let port = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?
+        .port();
+    // Divvy's own start-up line, which deployment scripts may wait for.
+    match &redis {
+        Some((host, rport)) => {
+            println!("Listening on port TCP port {port}, Redis host {host}:{rport}")
+        }
+        None => println!("Listening on port TCP port {port}, memory store"),
+    }
+    let token = shutdown::Token::new();
+    tokio::spawn(shutdown::on_signal(token.clone()));
+    let settings = DivvySettings {
+        max_line_bytes: config.divvy.max_line_bytes,
+        max_connections: config.divvy.max_connections,
+        max_in_flight: config.divvy.max_in_flight,
+    };
+    quotagate::divvy::server::serve(listener, divvy, settings, token.cancelled_owned()).await;
+    Ok(())
+}
+
+/// Rule files are `.ini`, or `.json` with Divvy's `overrides`/`default`; other files are catalogs.
+fn is_rule_file(path: &std::path::Path) -> bool {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("ini") => true,
+        Some("json") => std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v.get("overrides").is_some() || v.get("default").is_some()),
+        _ => false,
+    }
+}
+
 fn validate(files: &[PathBuf]) -> Result<ExitCode, StartError> {
     let mut ok = true;
     for f in files {
+        if is_rule_file(f) {
+            match RuleSet::load(f) {
+                Ok(r) => println!(
+                    "{}: valid rule file ({} rules)",
+                    f.display(),
+                    r.rules().len()
+                ),
+                Err(e) => {
+                    ok = false;
+                    println!("{e}");
+                }
+            }
+            continue;
+        }
         match Snapshot::load_file(f) {
             Ok(s) => println!(
                 "{}: valid catalog ({} endpoints, {} API keys)",

@@ -85,7 +85,7 @@ pub struct Proxy {
     /// whole, so a request never sees routes of one version and limits of another.
     pub catalog: Arc<Live>,
     pub refresh: Refresh,
-    pub store: Store,
+    pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub upstream: Upstream,
     pub policy: Policy,
