@@ -1,19 +1,23 @@
 //! server: the Divvy TCP port.
 //!
-//! Each connection has a reader that frames lines and starts each request at once (requests run
-//! concurrently), and a writer that sends the replies strictly in request order. At most
-//! `max_in_flight` requests per connection are pending: a client that does not read its replies
-//! stops being read, so its memory stays bounded and other connections are unaffected. After an
+//! Each connection frames lines and starts each request at once: requests overlap (a slow store call
+//! does not hold up the ones behind it), are executed in request order, and are answered strictly
+//! in request order. At most `max_in_flight` requests per connection are pending: a client that
+//! does not read its replies stops being read, so its memory stays bounded and other connections
+//! are unaffected. After an
 //! `ERR` reply the connection closes and later lines are not executed. A line longer than
 //! `max_line_bytes` is answered with an `ERR` as soon as it passes the limit, without buffering it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Divvy;
@@ -78,9 +82,16 @@ pub async fn serve(
     stop.cancel();
 }
 
-/// What the reader hands the writer: a reply to wait for, in order.
-type Pending = oneshot::Receiver<Reply>;
+type Pending = Pin<Box<dyn Future<Output = Reply> + Send>>;
 
+fn ready(reply: Reply) -> Pending {
+    Box::pin(std::future::ready(reply))
+}
+
+/// One connection, driven by one task. Each request's future is pushed in request order and first
+/// polled in that order, so its store command is queued (to Redis, on the shared multiplexed
+/// connection) in request order and executed in that order, while the requests still overlap;
+/// `FuturesOrdered` hands the replies back in request order.
 async fn connection(
     stream: TcpStream,
     divvy: Arc<Divvy>,
@@ -88,93 +99,88 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let (mut rd, wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Pending>(settings.max_in_flight.max(1));
-    let writer = tokio::spawn(async move {
-        let mut out = BufWriter::new(wr);
-        while let Some(pending) = rx.recv().await {
-            let Ok(reply) = pending.await else { break };
-            let last = matches!(reply, Reply::Err(_));
-            if out.write_all(reply.to_line().as_bytes()).await.is_err() {
-                return;
-            }
-            if (last || rx.is_empty()) && out.flush().await.is_err() {
-                return;
-            }
-            if last {
-                break;
-            }
-        }
-        let _ = out.flush().await;
-        let _ = out.shutdown().await;
-    });
-
-    let ready = |reply: Reply| {
-        let (t, r) = oneshot::channel();
-        let _ = t.send(reply);
-        r
-    };
+    let mut out = BufWriter::new(wr);
+    let mut pending: FuturesOrdered<Pending> = FuturesOrdered::new();
     let mut buf = BytesMut::with_capacity(8 * 1024);
-    let mut scanned = 0; // bytes of `buf` known to hold no '\n'
-    'conn: loop {
-        while let Some(i) = buf[scanned..].iter().position(|&b| b == b'\n') {
+    let mut scanned = 0; // bytes at the start of `buf` known to hold no '\n'
+    let mut reading = true; // false after EOF, an error, or shutdown: only replies are left to send
+    loop {
+        // Turn complete lines into requests, as long as there is room in flight.
+        while reading && pending.len() < settings.max_in_flight {
+            let Some(i) = buf[scanned..].iter().position(|&b| b == b'\n') else {
+                scanned = buf.len();
+                if buf.len() > settings.max_line_bytes {
+                    let reason = format!(
+                        "Line too long: more than {} bytes.",
+                        settings.max_line_bytes
+                    );
+                    pending.push_back(ready(Reply::Err(ProtoError::Unknown(reason))));
+                    reading = false;
+                }
+                break;
+            };
             let line = buf.split_to(scanned + i + 1);
             scanned = 0;
             let text = String::from_utf8_lossy(&line[..line.len() - 1]);
-            match protocol::parse_line(&text) {
-                Ok(Request::Empty) => {}
-                Ok(Request::Hit(op)) => {
-                    let (t, r) = oneshot::channel();
-                    if tx.send(r).await.is_err() {
-                        break 'conn;
-                    }
-                    let divvy = divvy.clone();
-                    tokio::spawn(async move {
-                        let _ = t.send(divvy.hit(&op).await);
-                    });
-                }
-                Err(e) => {
-                    let _ = tx.send(ready(Reply::Err(e))).await;
-                    break 'conn;
-                }
+            if let Some(request) = request(&divvy, &text) {
+                reading = !matches!(request.1, Kind::Error);
+                pending.push_back(request.0);
             }
         }
-        scanned = buf.len();
-        if buf.len() > settings.max_line_bytes {
-            let reason = format!(
-                "Line too long: more than {} bytes.",
-                settings.max_line_bytes
-            );
-            let _ = tx
-                .send(ready(Reply::Err(ProtoError::Unknown(reason))))
-                .await;
+        if !reading && pending.is_empty() {
             break;
         }
-        buf.reserve(8 * 1024);
-        let n = tokio::select! {
-            r = rd.read_buf(&mut buf) => r,
-            () = stop.cancelled() => break,
-        };
-        match n {
-            Ok(0) => {
-                // Half-closed: a last line without '\n' is still answered.
-                if !buf.is_empty() {
-                    let text = String::from_utf8_lossy(&buf).into_owned();
-                    match protocol::parse_line(&text) {
-                        Ok(Request::Hit(op)) => {
-                            let _ = tx.send(ready(divvy.hit(&op).await)).await;
-                        }
-                        Ok(Request::Empty) => {}
-                        Err(e) => {
-                            let _ = tx.send(ready(Reply::Err(e))).await;
+        let may_read = reading && pending.len() < settings.max_in_flight;
+        if may_read {
+            buf.reserve(8 * 1024);
+        }
+        tokio::select! {
+            r = rd.read_buf(&mut buf), if may_read => match r {
+                Ok(0) => {
+                    // Half-closed: a last line without '\n' is still answered.
+                    reading = false;
+                    if !buf.is_empty() {
+                        let text = String::from_utf8_lossy(&buf).into_owned();
+                        if let Some(request) = request(&divvy, &text) {
+                            pending.push_back(request.0);
                         }
                     }
                 }
-                break;
+                Ok(_) => {}
+                Err(_) => return,
+            },
+            Some(reply) = pending.next(), if !pending.is_empty() => {
+                let last = matches!(reply, Reply::Err(_));
+                if out.write_all(reply.to_line().as_bytes()).await.is_err() {
+                    return;
+                }
+                if last {
+                    break;
+                }
+                if pending.is_empty() && out.flush().await.is_err() {
+                    return;
+                }
             }
-            Ok(_) => {}
-            Err(_) => break,
+            () = stop.cancelled(), if reading => reading = false,
         }
     }
-    drop(tx);
-    let _ = writer.await;
+    let _ = out.flush().await;
+    let _ = out.shutdown().await;
+}
+
+enum Kind {
+    Hit,
+    Error,
+}
+
+/// The future answering one line, or `None` for an empty line.
+fn request(divvy: &Arc<Divvy>, text: &str) -> Option<(Pending, Kind)> {
+    match protocol::parse_line(text) {
+        Ok(Request::Empty) => None,
+        Ok(Request::Hit(op)) => {
+            let divvy = divvy.clone();
+            Some((Box::pin(async move { divvy.hit(&op).await }), Kind::Hit))
+        }
+        Err(e) => Some((ready(Reply::Err(e)), Kind::Error)),
+    }
 }

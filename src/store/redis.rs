@@ -63,6 +63,10 @@ pub struct RedisStore {
     /// The connection the hot path uses; `None` after it broke, refilled from the pool.
     /// `ArcSwapOption`: read on every request, written only on failure.
     conn: ArcSwapOption<MultiplexedConnection>,
+    /// Held while the slot is refilled, so concurrent callers share one new connection (and their
+    /// commands stay in the order they were issued) instead of each checking one out of the pool.
+    /// `tokio::sync::Mutex`: held across the pool's `.await`, and fair (FIFO).
+    refill: tokio::sync::Mutex<()>,
     timeout: Duration,
     prefix: String,
     time_source: TimeSource,
@@ -98,6 +102,7 @@ impl RedisStore {
         Ok(RedisStore {
             pool,
             conn: ArcSwapOption::empty(),
+            refill: tokio::sync::Mutex::new(()),
             timeout: opts.timeout,
             prefix: opts.prefix.clone(),
             time_source: opts.time_source,
@@ -110,8 +115,20 @@ impl RedisStore {
         if let Some(c) = self.conn.load_full() {
             return Ok((*c).clone());
         }
+        let _refilling = self.refill.lock().await;
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
         let pooled = self.pool.get().await.map_err(StoreError::pool)?;
-        let c: MultiplexedConnection = (*pooled).clone();
+        let mut c: MultiplexedConnection = (*pooled).clone();
+        // Load the scripts before anyone uses the connection: a NOSCRIPT retry would let later
+        // commands overtake earlier ones. (A later SCRIPT FLUSH is still healed by invoke_async.)
+        for script in [&*WINDOW, &*DIVVY] {
+            script
+                .load_async(&mut c)
+                .await
+                .map_err(|e| self.failed(e))?;
+        }
         self.conn.store(Some(Arc::new(c.clone())));
         Ok(c)
     }

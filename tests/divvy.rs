@@ -1,0 +1,456 @@
+//! The Divvy port at the wire: raw bytes over real TCP, on the memory store and on a private
+//! redis-server, with the same cases for both.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotagate::clock::FakeClock;
+use quotagate::divvy::Divvy;
+use quotagate::divvy::rules::RuleSet;
+use quotagate::divvy::server::{DivvySettings, serve};
+use quotagate::store::{FailurePolicy, RedisOptions, RedisStore, Store, TimeSource};
+use support::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+const README_RULES: &str = include_str!("../examples/divvy-example.ini");
+
+const TEST_RULES: &str = "
+[k=exact]
+creditLimit = 100
+resetSeconds = 600
+
+[k=short]
+creditLimit = 2
+resetSeconds = 10
+
+[k=always]
+creditLimit = 5
+resetSeconds = 0
+
+[tier=*]
+creditLimit = 2
+resetSeconds = 60
+matchPolicy = canary
+label = watch
+
+[k=deny]
+creditLimit = 0
+
+[default]
+creditLimit = 1000
+resetSeconds = 60
+";
+
+/// A Divvy port on port 0 in front of one store, stopped on drop.
+struct Port {
+    addr: std::net::SocketAddr,
+    clock: FakeClock,
+    redis: Option<RedisServer>,
+    store: Arc<Store>,
+    token: CancellationToken,
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+impl Port {
+    async fn start(rules: &str, redis: Option<RedisServer>, settings: DivvySettings) -> Port {
+        Port::start_with(rules, redis, settings, FailurePolicy::Closed).await
+    }
+
+    async fn start_with(
+        rules: &str,
+        redis: Option<RedisServer>,
+        settings: DivvySettings,
+        policy: FailurePolicy,
+    ) -> Port {
+        let store = Arc::new(match &redis {
+            None => Store::memory(),
+            Some(r) => {
+                let s = RedisStore::connect(&RedisOptions {
+                    url: r.url(),
+                    timeout: Duration::from_millis(250),
+                    pool_size: 8,
+                    prefix: "unused".into(),
+                    time_source: TimeSource::Local,
+                })
+                .unwrap();
+                Store::redis(s, policy, Duration::from_millis(50))
+            }
+        });
+        let clock = FakeClock::new(1_700_000_000);
+        let divvy = Arc::new(Divvy {
+            rules: RuleSet::parse("rules.ini", rules).unwrap(),
+            store: store.clone(),
+            clock: Arc::new(clock.clone()),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            divvy,
+            settings,
+            token.clone().cancelled_owned(),
+        ));
+        Port {
+            addr,
+            clock,
+            redis,
+            store,
+            token,
+        }
+    }
+
+    /// Lets `seconds` pass for the windows: the fake clock for memory, shorter TTLs in Redis.
+    fn advance(&self, seconds: u64) {
+        self.clock.advance(seconds);
+        if let Some(r) = &self.redis {
+            let script = "for _, k in ipairs(redis.call('KEYS', 'divvy:*')) do
+                local left = redis.call('PTTL', k) - tonumber(ARGV[1])
+                if left <= 0 then redis.call('DEL', k) else redis.call('PEXPIRE', k, left) end
+            end";
+            r.cli(&["EVAL", script, "0", &(seconds * 1000).to_string()]);
+        }
+    }
+
+    /// Sends `bytes` on a new connection, closes the writing side, and returns everything read.
+    async fn exchange(&self, bytes: &[u8]) -> String {
+        let mut tcp = TcpStream::connect(self.addr).await.unwrap();
+        tcp.write_all(bytes).await.unwrap();
+        tcp.shutdown().await.unwrap();
+        read_all(&mut tcp).await
+    }
+}
+
+async fn read_all(tcp: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
+        .await
+        .expect("the server closed the connection")
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn memory() -> Option<RedisServer> {
+    None
+}
+
+fn redis() -> Option<RedisServer> {
+    Some(RedisServer::start())
+}
+
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
+        mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
+    };
+}
+
+on_every_store!(
+    the_readme_walkthrough,
+    windows_start_at_the_first_hit_and_are_not_extended,
+    pipelined_replies_come_back_in_order,
+    errors_close_the_connection_and_later_lines_are_not_executed,
+    canaries_consume_quota_but_never_decide,
+    fifty_connections_never_get_more_than_the_limit,
+);
+
+async fn the_readme_walkthrough(redis: Option<RedisServer>) {
+    let p = Port::start(README_RULES, redis, DivvySettings::default()).await;
+    let got = p
+        .exchange(
+            b"HIT method=GET path=/status\n\
+              HIT method=GET path=/pantry/cookies ip=192.168.1.1\n\
+              HIT method=GET path=/pantry/cookies ip=192.168.1.1\n\
+              HIT method=GET path=/pantry/cookies ip=192.168.1.1\n\
+              HIT method=GET path=/pantry/cookies ip=192.168.1.1\n\
+              HIT method=GET path=/pantry/cookies ip=4.3.2.1\n\
+              HIT method=\"POST\" path=\"/cgi-bin/upload.cgi\"\n\
+              HIT method=\"DELETE\" path=\"/index.html\"\n",
+        )
+        .await;
+    assert_eq!(
+        got,
+        "OK true 999 60\nOK true 2 3600\nOK true 1 3600\nOK true 0 3600\nOK false 0 3600\nOK true 2 3600\nOK true 59 60\nOK false 0 -1\n"
+    );
+    if let Some(r) = &p.redis {
+        // The original Divvy's key layout, so both can share one Redis.
+        assert_eq!(
+            r.cli(&[
+                "GET",
+                "divvy:ip=* method=GET path=/pantry/cookies:192.168.1.1:3:3600"
+            ]),
+            "0"
+        );
+        assert_eq!(
+            r.cli(&["GET", "divvy:method=GET path=/status::1000:60"]),
+            "999"
+        );
+    }
+}
+
+async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<RedisServer>) {
+    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 1 10\n");
+    p.advance(3);
+    assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 0 7\n");
+    p.advance(3);
+    assert_eq!(
+        p.exchange(b"HIT k=short\nHIT k=short\n").await,
+        "OK false 0 4\nOK false 0 4\n"
+    );
+    p.advance(4);
+    assert_eq!(
+        p.exchange(b"HIT k=short\n").await,
+        "OK true 1 10\n",
+        "a fresh full window"
+    );
+    assert_eq!(
+        p.exchange(b"HIT k=always\nHIT k=always\n").await,
+        "OK true 5 0\nOK true 5 0\n"
+    );
+    assert_eq!(p.exchange(b"HIT k=deny\n").await, "OK false 0 -1\n");
+}
+
+async fn pipelined_replies_come_back_in_order(redis: Option<RedisServer>) {
+    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    // Denials need no store call and finish first; they must still be answered in order.
+    let mut req = String::new();
+    let mut want = String::new();
+    for i in 0..200 {
+        if i % 3 == 0 {
+            req.push_str("HIT k=deny\n");
+            want.push_str("OK false 0 -1\n");
+        } else {
+            req.push_str("hit k=exact\r\n");
+        }
+    }
+    req.push_str("\n\r\n"); // empty lines: ignored
+    let got = p.exchange(req.as_bytes()).await;
+    let lines: Vec<&str> = got.lines().collect();
+    assert_eq!(lines.len(), 200);
+    // Replies in request order, and hits executed in request order too (as Divvy does): the
+    // credits count down line by line, with the store-free denials at their own positions.
+    let mut credit = 100;
+    for (i, line) in lines.iter().enumerate() {
+        if i % 3 == 0 {
+            assert_eq!(*line, "OK false 0 -1", "line {i}");
+        } else if credit > 0 {
+            credit -= 1;
+            assert_eq!(*line, format!("OK true {credit} 600"), "line {i}");
+        } else {
+            assert_eq!(*line, "OK false 0 600", "line {i}");
+        }
+    }
+}
+
+async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Option<RedisServer>) {
+    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let got = p.exchange(b"HIT k=short\nBOGUS\nHIT k=short\n").await;
+    assert_eq!(
+        got,
+        "OK true 1 10\nERR unknown-command \"Unrecognized command: BOGUS\"\n"
+    );
+    assert_eq!(
+        p.exchange(b"HIT k=short\n").await,
+        "OK true 0 10\n",
+        "the line after the error consumed nothing"
+    );
+    assert_eq!(
+        p.exchange(b"HIT a=b=c\nHIT k=short\n").await,
+        "ERR unknown \"Expected whitespace, found '='\"\n"
+    );
+    assert_eq!(p.exchange(b"HIT k=short\n").await, "OK false 0 10\n");
+}
+
+async fn canaries_consume_quota_but_never_decide(redis: Option<RedisServer>) {
+    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let got = p
+        .exchange(b"HIT tier=gold\nHIT tier=gold\nHIT tier=gold\n")
+        .await;
+    assert_eq!(
+        got, "OK true 999 60\nOK true 998 60\nOK true 997 60\n",
+        "the default rule decides"
+    );
+    if let Some(r) = &p.redis {
+        assert_eq!(
+            r.cli(&["GET", "divvy:tier=*::2:60"]),
+            "0",
+            "the canary spent its own quota"
+        );
+    }
+}
+
+async fn fifty_connections_never_get_more_than_the_limit(redis: Option<RedisServer>) {
+    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let addr = p.addr;
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut tcp = TcpStream::connect(addr).await.unwrap();
+                tcp.write_all("HIT k=exact\n".repeat(6).as_bytes())
+                    .await
+                    .unwrap();
+                tcp.shutdown().await.unwrap();
+                read_all(&mut tcp).await
+            })
+        })
+        .collect();
+    let mut credits = Vec::new();
+    let mut denied = 0;
+    for t in tasks {
+        for line in t.await.unwrap().lines() {
+            match line
+                .strip_prefix("OK true ")
+                .and_then(|r| r.strip_suffix(" 600"))
+            {
+                Some(c) => credits.push(c.parse::<u64>().unwrap()),
+                None => {
+                    assert_eq!(line, "OK false 0 600");
+                    denied += 1;
+                }
+            }
+        }
+    }
+    credits.sort_unstable();
+    assert_eq!(
+        credits,
+        (0..100).collect::<Vec<_>>(),
+        "exactly 100 granted, credits 99..0 once each"
+    );
+    assert_eq!(denied, 200);
+}
+
+// ---- robustness (memory store: these are about the server, not the store) ----
+
+fn small_lines() -> DivvySettings {
+    DivvySettings {
+        max_line_bytes: 4096,
+        ..DivvySettings::default()
+    }
+}
+
+#[tokio::test]
+async fn an_over_long_line_gets_an_error_without_waiting_for_its_end() {
+    let p = Port::start(TEST_RULES, None, small_lines()).await;
+    let mut tcp = TcpStream::connect(p.addr).await.unwrap();
+    // 1 MiB without a newline, and the connection left open: the answer must not wait for more.
+    let long = format!("HIT k={}", "x".repeat(1024 * 1024));
+    let _ = tcp.write_all(long.as_bytes()).await;
+    let got = read_all(&mut tcp).await;
+    assert_eq!(
+        got,
+        "ERR unknown \"Line too long: more than 4096 bytes.\"\n"
+    );
+    // Lines up to the limit are fine.
+    let ok = format!("HIT k={}\n", "y".repeat(4000));
+    assert_eq!(p.exchange(ok.as_bytes()).await, "OK true 999 60\n");
+}
+
+#[tokio::test]
+async fn binary_junk_and_invalid_utf8_get_an_error_and_others_carry_on() {
+    let p = Port::start(TEST_RULES, None, DivvySettings::default()).await;
+    let got = p.exchange(b"\xff\xfe\x00junk\nHIT k=exact\n").await;
+    assert_eq!(
+        got,
+        "ERR unknown-command \"Unrecognized command: \u{fffd}\u{fffd}\u{0}JUNK\"\n"
+    );
+    assert_eq!(
+        p.exchange(b"HIT who=\xc3\x28\n").await,
+        "OK true 999 60\n",
+        "invalid UTF-8 in a value is replaced"
+    );
+    assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 99 600\n");
+}
+
+#[tokio::test]
+async fn a_dripping_client_and_a_half_closed_one_are_answered() {
+    let p = Port::start(TEST_RULES, None, DivvySettings::default()).await;
+    let mut drip = TcpStream::connect(p.addr).await.unwrap();
+    for b in b"HIT k=exact\n" {
+        drip.write_all(&[*b]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // others are served meanwhile
+    }
+    assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 1 10\n");
+    let mut line = [0u8; 15];
+    drip.read_exact(&mut line).await.unwrap();
+    assert_eq!(&line, b"OK true 99 600\n");
+    // A last line without '\n' before FIN is answered too.
+    assert_eq!(
+        p.exchange(b"HIT k=exact\nHIT k=exact").await,
+        "OK true 98 600\nOK true 97 600\n"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_stall_others() {
+    let settings = DivvySettings {
+        max_in_flight: 64,
+        ..DivvySettings::default()
+    };
+    let p = Port::start(TEST_RULES, None, settings).await;
+    let addr = p.addr;
+    // Writes far more than the socket buffers hold and never reads a reply.
+    let hog = tokio::spawn(async move {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let burst = "HIT k=exact\n".repeat(10_000);
+        for _ in 0..1000 {
+            if tcp.write_all(burst.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+        tcp
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !hog.is_finished(),
+        "the server stopped reading the hog: its writes block"
+    );
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        assert!(p.exchange(b"HIT k=short\n").await.starts_with("OK "));
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+    hog.abort();
+}
+
+#[tokio::test]
+async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
+    let p = Port::start(TEST_RULES, redis(), DivvySettings::default()).await;
+    assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 99 600\n");
+    let r = p.redis.as_ref().unwrap();
+    assert_eq!(r.cli(&["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 98 600\n");
+    r.pause();
+    assert_eq!(
+        p.exchange(b"HIT k=exact\nHIT k=exact\n").await,
+        "ERR unknown \"quota store unavailable\"\n"
+    );
+    r.resume();
+    support::eventually(Duration::from_secs(5), || async { !p.store.is_degraded() }).await;
+
+    let local = Port::start_with(
+        TEST_RULES,
+        redis(),
+        DivvySettings::default(),
+        FailurePolicy::Local,
+    )
+    .await;
+    local.redis.as_ref().unwrap().pause();
+    assert_eq!(
+        local
+            .exchange(b"HIT k=short\nHIT k=short\nHIT k=short\n")
+            .await,
+        "OK true 1 10\nOK true 0 10\nOK false 0 10\n"
+    );
+    local.redis.as_ref().unwrap().resume();
+}
