@@ -105,6 +105,67 @@ fn validate_accepts_the_shipped_catalogs() {
 }
 
 #[test]
+fn validate_checks_divvy_rule_files() {
+    let out = quotagate(&["validate", "examples/divvy-example.ini"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "examples/divvy-example.ini: valid rule file (5 rules)\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.ini");
+    std::fs::write(&bad, "[a=1]\ncreditLimit=1\nresetSeconds=1\n[a=1 b=2]\ncreditLimit=1\nresetSeconds=1\n[default]\ncreditLimit=0\n").unwrap();
+    let out = quotagate(&["validate", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let want = format!(
+        "rule file {}: rule [a=1 b=2] (line 4) is unreachable: every request it matches is taken by the earlier rule [a=1]\n",
+        bad.display()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
+
+#[tokio::test]
+async fn divvy_runs_alone_as_a_drop_in() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut child = Command::new(BIN)
+        .args(["divvy", "examples/divvy-example.ini"])
+        .env("PORT", "0")
+        .env_remove("REDIS_HOST")
+        .env_remove("REDIS_PORT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let port: u16 = first
+        .strip_prefix("Listening on port TCP port ")
+        .and_then(|r| r.strip_suffix(", memory store\n"))
+        .unwrap_or_else(|| panic!("start-up line: {first:?}"))
+        .parse()
+        .unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"HIT method=GET path=/pantry/cookies ip=1.2.3.4\nHIT method=DELETE path=/index.html\n",
+    )
+    .await
+    .unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "OK true 2 3600\nOK false 0 -1\n");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
 fn validate_lists_every_problem_and_fails() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
