@@ -34,6 +34,20 @@ enum Command {
     /// Run only the Divvy quota port, as a drop-in for Divvy: reads `PORT` (default 8321),
     /// `REDIS_HOST` and `REDIS_PORT` (memory store when neither is set), listens on all interfaces.
     Divvy { rules: PathBuf },
+    /// Load a Divvy port you run: N connections, D pipelined hits each, a mix of allowed and denied.
+    DivvyLoad {
+        #[arg(long, default_value = "127.0.0.1:8321")]
+        addr: std::net::SocketAddr,
+        #[arg(long, default_value_t = 50)]
+        connections: usize,
+        #[arg(long, default_value_t = 16)]
+        depth: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Share of hits sent to `bench=deny` (0 to 100).
+        #[arg(long, default_value_t = 30)]
+        deny_percent: u64,
+    },
     /// Check catalog files and report every problem; exit status 1 if any is invalid.
     Validate {
         #[arg(required = true)]
@@ -114,7 +128,32 @@ fn main() -> ExitCode {
             Command::Validate { files } => return validate(&files),
             Command::ExampleUpstream => example_upstream(&cli.opts).await,
             Command::CatalogServer => catalog_server(&cli.opts).await,
-            Command::Divvy { rules } => divvy_alone(&cli.opts, &rules).await,
+                        Command::Divvy { rules } => divvy_alone(&cli.opts, &rules).await,
+            Command::DivvyLoad { addr, connections, depth, seconds, deny_percent } => {
+                let opts = quotagate::divvy::load::LoadOptions {
+                    addr,
+                    connections,
+                    depth,
+                    duration: std::time::Duration::from_secs(seconds),
+                    deny_percent: deny_percent.min(100),
+                };
+                let r = quotagate::divvy::load::run(opts)
+                    .await
+                    .map_err(|e| ConfigError(format!("load against {addr} failed: {e}")))?;
+                println!(
+                    "hits={} seconds={:.2} hits_per_s={:.0} p50_ms={:.3} p99_ms={:.3} p999_ms={:.3} allowed={} denied={} errors={}",
+                    r.hits,
+                    r.elapsed.as_secs_f64(),
+                    r.hits_per_second(),
+                    r.p50_us as f64 / 1000.0,
+                    r.p99_us as f64 / 1000.0,
+                    r.p999_us as f64 / 1000.0,
+                    r.allowed,
+                    r.denied,
+                    r.errors
+                );
+                Ok(())
+            }
         }
         .map(|()| ExitCode::SUCCESS)
     });

@@ -8,6 +8,7 @@
 //! Counting is Divvy's fixed window from the first hit, in the shared [`Store`] (memory or Redis,
 //! with Divvy's own Redis keys), under the same failure policy as the gateway.
 
+pub mod load;
 pub mod protocol;
 pub mod rules;
 pub mod server;
