@@ -103,11 +103,13 @@ impl Gateway {
         } else {
             let rules = RuleSet::load(config.divvy.rules.as_ref())
                 .map_err(|e| ConfigError(e.to_string()))?;
-            Some(Arc::new(Divvy {
+            let statsd = crate::divvy::metrics::Statsd::from_env(|k| std::env::var(k).ok());
+            Some(Arc::new(Divvy::new(
                 rules,
-                store: store.clone(),
-                clock: clock.clone(),
-            }))
+                store.clone(),
+                clock.clone(),
+                statsd,
+            )))
         };
         let live = Live::new(catalog);
         let mut announcements = None;

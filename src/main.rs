@@ -318,11 +318,13 @@ async fn divvy_alone(opts: &ConfigArgs, rules: &std::path::Path) -> Result<(), S
     }
     let rules = RuleSet::load(rules).map_err(|e| ConfigError(e.to_string()))?;
     let store = Arc::new(gateway::build_store(&config)?);
-    let divvy = Arc::new(Divvy {
+    let statsd = quotagate::divvy::metrics::Statsd::from_env(env);
+    let divvy = Arc::new(Divvy::new(
         rules,
         store,
-        clock: Arc::new(SystemClock::new()),
-    });
+        Arc::new(SystemClock::new()),
+        statsd,
+    ));
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
     let listener = gateway::bind(addr).await?;
     let port = listener

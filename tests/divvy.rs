@@ -71,6 +71,16 @@ impl Port {
         settings: DivvySettings,
         policy: FailurePolicy,
     ) -> Port {
+        Port::start_full(rules, redis, settings, policy, None).await
+    }
+
+    async fn start_full(
+        rules: &str,
+        redis: Option<RedisServer>,
+        settings: DivvySettings,
+        policy: FailurePolicy,
+        statsd: Option<quotagate::divvy::metrics::Statsd>,
+    ) -> Port {
         let store = Arc::new(match &redis {
             None => Store::memory(),
             Some(r) => {
@@ -86,11 +96,12 @@ impl Port {
             }
         });
         let clock = FakeClock::new(1_700_000_000);
-        let divvy = Arc::new(Divvy {
-            rules: RuleSet::parse("rules.ini", rules).unwrap(),
-            store: store.clone(),
-            clock: Arc::new(clock.clone()),
-        });
+        let divvy = Arc::new(Divvy::new(
+            RuleSet::parse("rules.ini", rules).unwrap(),
+            store.clone(),
+            Arc::new(clock.clone()),
+            statsd,
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let token = CancellationToken::new();
@@ -453,4 +464,62 @@ async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
         "OK true 1 10\nOK true 0 10\nOK false 0 10\n"
     );
     local.redis.as_ref().unwrap().resume();
+}
+
+#[tokio::test]
+async fn statsd_gets_divvys_metric_names() {
+    let sink = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let statsd = quotagate::divvy::metrics::Statsd::from_env(|k| match k {
+        "STATSD_HOST" => Some("127.0.0.1".into()),
+        "STATSD_PORT" => Some(sink.local_addr().unwrap().port().to_string()),
+        "STATSD_PREFIX" => Some("qg".into()),
+        _ => None,
+    })
+    .unwrap();
+    let p = Port::start_full(
+        README_RULES,
+        None,
+        DivvySettings::default(),
+        FailurePolicy::Local,
+        Some(statsd),
+    )
+    .await;
+    let got = p
+        .exchange(
+            b"HIT method=GET path=/pantry/cookies ip=1.1.1.1\nHIT method=GET path=/pantry/cookies ip=1.1.1.1\n\
+              HIT method=GET path=/pantry/cookies ip=1.1.1.1\nHIT method=GET path=/pantry/cookies ip=1.1.1.1\nNOPE\n",
+        )
+        .await;
+    assert!(
+        got.ends_with("ERR unknown-command \"Unrecognized command: NOPE\"\n"),
+        "{got}"
+    );
+    let mut seen = std::collections::HashMap::<String, u32>::new();
+    let mut buf = [0u8; 512];
+    let want = [
+        ("qg.hit.accepted:1|c", 3),
+        ("qg.hit.accepted.cookies:1|c", 3),
+        ("qg.hit.rejected:1|c", 1),
+        ("qg.hit.rejected.cookies:1|c", 1),
+        ("qg.error.unknown-command:1|c", 1),
+        ("qg.connections:1|g", 1),
+        ("qg.connections:0|g", 1),
+    ];
+    let done = |seen: &std::collections::HashMap<String, u32>| {
+        want.iter().all(|(m, n)| seen.get(*m) == Some(n))
+    };
+    let mut timers = 0;
+    while !done(&seen) {
+        let n = tokio::time::timeout(Duration::from_secs(5), sink.recv(&mut buf))
+            .await
+            .expect("statsd metrics arrive")
+            .unwrap();
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if m.starts_with("qg.hit:") && m.ends_with("|ms") {
+            timers += 1;
+        } else {
+            *seen.entry(m).or_default() += 1;
+        }
+    }
+    assert!(timers >= 3, "a timer per answered hit: {timers}");
 }

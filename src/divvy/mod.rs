@@ -9,6 +9,7 @@
 //! with Divvy's own Redis keys), under the same failure policy as the gateway.
 
 pub mod load;
+pub mod metrics;
 pub mod protocol;
 pub mod rules;
 pub mod server;
@@ -18,24 +19,58 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::store::{Store, Verdict};
+use metrics::{DivvyMetrics, Statsd};
 use protocol::{ProtoError, Reply};
-use rules::{Rule, RuleSet};
+use rules::{MatchPolicy, Rule, RuleSet};
+use std::time::Instant;
 
 /// The quota service behind the port.
 pub struct Divvy {
     pub rules: RuleSet,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    pub metrics: DivvyMetrics,
 }
 
 impl Divvy {
+    /// The service; with `statsd`, metrics also go there.
+    pub fn new(
+        rules: RuleSet,
+        store: Arc<Store>,
+        clock: Arc<dyn Clock>,
+        statsd: Option<Statsd>,
+    ) -> Divvy {
+        let labels = rules
+            .rules()
+            .iter()
+            .map(|r| r.label.clone().unwrap_or_default())
+            .collect();
+        Divvy {
+            rules,
+            store,
+            clock,
+            metrics: DivvyMetrics::new(labels, statsd),
+        }
+    }
+
     /// Answers one `HIT`: every matching canary consumes its own quota, then the deciding rule
     /// answers.
     pub async fn hit(&self, operation: &HashMap<String, String>) -> Reply {
+        let started = Instant::now();
         let now = self.clock.now();
         let mut reply = Reply::Err(ProtoError::Unknown("no rule matched".into()));
         for rule in self.rules.matching(operation) {
             reply = self.evaluate(rule, operation, now).await;
+            if let Reply::Ok { allowed, .. } = reply {
+                self.metrics.hit(
+                    rule.index,
+                    rule.match_policy == MatchPolicy::Canary,
+                    allowed,
+                );
+            }
+        }
+        if matches!(reply, Reply::Ok { .. }) {
+            self.metrics.duration(started.elapsed());
         }
         reply
     }

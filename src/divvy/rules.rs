@@ -72,6 +72,8 @@ pub enum MatchPolicy {
 /// One rule.
 #[derive(Debug, Clone)]
 pub struct Rule {
+    /// Position in the rule file (0-based).
+    pub index: usize,
     /// (key, value text), sorted by key.
     operation: Vec<(String, String)>,
     patterns: Vec<(String, Pattern)>,
@@ -343,6 +345,7 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
             .map(|(k, v)| (k.clone(), Pattern::new(v)))
             .collect();
         let rule = Rule {
+            index: rules.len(),
             operation,
             patterns,
             credit_limit,

@@ -98,6 +98,17 @@ async fn connection(
     settings: &DivvySettings,
     stop: CancellationToken,
 ) {
+    divvy.metrics.connection(true);
+    serve_connection(stream, &divvy, settings, stop).await;
+    divvy.metrics.connection(false);
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    divvy: &Arc<Divvy>,
+    settings: &DivvySettings,
+    stop: CancellationToken,
+) {
     let (mut rd, wr) = stream.into_split();
     let mut out = BufWriter::new(wr);
     let mut pending: FuturesOrdered<Pending> = FuturesOrdered::new();
@@ -114,6 +125,7 @@ async fn connection(
                         "Line too long: more than {} bytes.",
                         settings.max_line_bytes
                     );
+                    divvy.metrics.error(false);
                     pending.push_back(ready(Reply::Err(ProtoError::Unknown(reason))));
                     reading = false;
                 }
@@ -122,7 +134,7 @@ async fn connection(
             let line = buf.split_to(scanned + i + 1);
             scanned = 0;
             let text = String::from_utf8_lossy(&line[..line.len() - 1]);
-            if let Some(request) = request(&divvy, &text) {
+            if let Some(request) = request(divvy, &text) {
                 reading = !matches!(request.1, Kind::Error);
                 pending.push_back(request.0);
             }
@@ -141,7 +153,7 @@ async fn connection(
                     reading = false;
                     if !buf.is_empty() {
                         let text = String::from_utf8_lossy(&buf).into_owned();
-                        if let Some(request) = request(&divvy, &text) {
+                        if let Some(request) = request(divvy, &text) {
                             pending.push_back(request.0);
                         }
                     }
@@ -181,6 +193,11 @@ fn request(divvy: &Arc<Divvy>, text: &str) -> Option<(Pending, Kind)> {
             let divvy = divvy.clone();
             Some((Box::pin(async move { divvy.hit(&op).await }), Kind::Hit))
         }
-        Err(e) => Some((ready(Reply::Err(e)), Kind::Error)),
+        Err(e) => {
+            divvy
+                .metrics
+                .error(matches!(e, ProtoError::UnknownCommand(_)));
+            Some((ready(Reply::Err(e)), Kind::Error))
+        }
     }
 }
