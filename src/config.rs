@@ -28,7 +28,26 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub store: StoreConfig,
     pub divvy: DivvyConfig,
+    pub admin: AdminConfig,
     pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Serve `/metrics`, `/healthz` and `/readyz`. Default: `true`.
+    pub enabled: bool,
+    /// Address of the admin listener. Default: `127.0.0.1:8081` (loopback only).
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            listen: "127.0.0.1:8081".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -291,6 +310,8 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// Level filter in `RUST_LOG` syntax; `RUST_LOG` itself wins when set. Default: `info`.
     pub level: String,
+    /// One line per request (target `quotagate::access`). Default: `false`.
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -298,6 +319,7 @@ impl Default for LogConfig {
         LogConfig {
             format: LogFormat::Text,
             level: "info".into(),
+            access: false,
         }
     }
 }
@@ -384,6 +406,12 @@ impl Config {
                 self.server.listen
             ));
         }
+        if self.admin.listen.parse::<SocketAddr>().is_err() {
+            return err(format!(
+                "admin.listen: {:?} is not an address like 127.0.0.1:8081",
+                self.admin.listen
+            ));
+        }
         if self.divvy.listen.parse::<SocketAddr>().is_err() {
             return err(format!(
                 "divvy.listen: {:?} is not an address like 127.0.0.1:8321",
@@ -458,6 +486,24 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The configuration as one line of JSON, secrets and Redis passwords replaced by `***`.
+    pub fn redacted_json(&self) -> String {
+        let mut c = self.clone();
+        for secret in [&mut c.catalog.server_secret, &mut c.catalog.refresh_secret] {
+            if !secret.is_empty() {
+                *secret = "***".into();
+            }
+        }
+        // redis://user:password@host -> redis://user:***@host
+        if let Some((scheme, rest)) = c.store.redis_url.split_once("://")
+            && let Some((auth, host)) = rest.rsplit_once('@')
+        {
+            let user = auth.split_once(':').map_or("", |(u, _)| u);
+            c.store.redis_url = format!("{scheme}://{user}:***@{host}");
+        }
+        serde_json::to_string(&c).unwrap_or_default()
     }
 
     pub fn listen_addr(&self) -> SocketAddr {

@@ -8,6 +8,7 @@ use http::HeaderName;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
 use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
@@ -17,10 +18,12 @@ use crate::config::{Config, ConfigError, StoreKind};
 use crate::divvy::rules::RuleSet;
 use crate::divvy::server::DivvySettings;
 use crate::divvy::{self, Divvy};
+use crate::metrics::Metrics;
 use crate::proxy::upstream::Upstream;
 use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
 use crate::store::{RedisOptions, RedisStore, Store, StoreError};
+use std::sync::atomic::AtomicBool;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -147,19 +150,29 @@ impl Gateway {
                 .then(|| c.refresh_secret.clone().into_bytes()),
             wait: ms(c.refresh_wait_ms),
         };
+        let mut metrics = Metrics::new(live.clone(), store.clone());
+        if let Some(d) = &divvy {
+            d.metrics.register(metrics.registry_mut());
+        }
+        let metrics = Arc::new(metrics);
+        let mut policy = Policy::new(&config.limits, config.server.max_body_bytes);
+        policy.access_log = config.log.access;
         let proxy = Proxy {
+            metrics: metrics.clone(),
+            upstream_failing: AtomicBool::new(false),
             catalog: live,
             refresh,
             store,
             clock,
             upstream: Upstream::new(&config.upstream, config.server.max_header_bytes)?,
-            policy: Policy::new(&config.limits, config.server.max_body_bytes),
+            policy,
         };
         let settings = HttpSettings {
             header_read_timeout: config.header_read_timeout(),
             max_header_bytes: config.server.max_header_bytes,
             max_connections: config.server.max_connections,
             drain_timeout: config.drain_timeout(),
+            connections: Some(metrics.open_connections.clone()),
         };
         Ok(Gateway {
             proxy: Arc::new(proxy),
@@ -191,6 +204,15 @@ impl Gateway {
         if !self.proxy.catalog.is_ready() {
             tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
         }
+    }
+
+    /// The admin endpoints of this gateway.
+    pub fn admin(&self) -> Arc<Admin> {
+        Arc::new(Admin {
+            metrics: self.proxy.metrics.clone(),
+            catalog: self.proxy.catalog.clone(),
+            store: self.proxy.store.clone(),
+        })
     }
 
     /// Serves the Divvy port on `listener` until `shutdown` (when a rule file is configured).

@@ -10,6 +10,7 @@
 //! - [`divvy`]: the Divvy-compatible quota port (`HIT` line protocol, Divvy rule files).
 //! - [`demo`]: the example upstream API.
 
+pub mod admin;
 pub mod catalog;
 pub mod clock;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod demo;
 pub mod divvy;
 pub mod gateway;
 pub mod limiter;
+pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod router;

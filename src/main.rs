@@ -169,6 +169,7 @@ fn main() -> ExitCode {
 async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     let config = opts.load()?;
     telemetry::init(&config.log);
+    tracing::info!(config = %config.redacted_json(), "effective configuration");
     let clock = Arc::new(SystemClock::new());
     let gateway = if quickstart && config.catalog.file.is_empty() {
         let catalog = Snapshot::from_json(
@@ -211,6 +212,22 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     tokio::spawn(shutdown::on_signal(token.clone()));
     gateway.spawn_background(&token);
     let gateway = Arc::new(gateway);
+    if config.admin.enabled {
+        let addr: std::net::SocketAddr = config
+            .admin
+            .listen
+            .parse()
+            .map_err(|_| ConfigError("admin.listen".into()))?;
+        let admin_listener = gateway::bind(addr).await?;
+        tracing::info!(listen = %addr, "admin listening: /metrics /healthz /readyz");
+        let (admin, stop) = (gateway.admin(), token.clone());
+        tokio::spawn(server::serve(
+            admin_listener,
+            Default::default(),
+            move |peer, req| admin.clone().handle(peer, req),
+            stop.cancelled_owned(),
+        ));
+    }
     if gateway.divvy.is_some() {
         let addr: std::net::SocketAddr = config
             .divvy

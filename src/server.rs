@@ -30,6 +30,8 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// How long in-flight requests may take to finish after shutdown begins. Default: 10 s.
     pub drain_timeout: Duration,
+    /// Counts open connections, when given (a metric).
+    pub connections: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Default for HttpSettings {
@@ -39,6 +41,7 @@ impl Default for HttpSettings {
             max_header_bytes: 64 * 1024,
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(10),
+            connections: None,
         }
     }
 }
@@ -94,8 +97,15 @@ where
             async move { Ok::<_, Infallible>(fut.await) }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), svc).into_owned());
+        let gauge = settings.connections.clone();
+        if let Some(g) = &gauge {
+            g.inc();
+        }
         tokio::spawn(async move {
             let _ = conn.await;
+            if let Some(g) = gauge {
+                g.dec();
+            }
             drop(permit);
         });
     }

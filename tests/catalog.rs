@@ -212,12 +212,14 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
         before,
         "nothing reached the catalog server"
     );
+    let invalid = quotagate::metrics::OutcomeLabels { outcome: "invalid" };
     assert_eq!(
         gw.gateway
             .proxy
             .catalog
-            .invalid_refreshes
-            .load(std::sync::atomic::Ordering::SeqCst),
+            .refreshes
+            .get_or_create(&invalid)
+            .get(),
         5
     );
 

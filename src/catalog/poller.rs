@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::live::Live;
 use super::server::content_hash;
 use super::{CatalogDiff, CatalogDoc, CatalogVersion, Snapshot};
+use crate::metrics::OutcomeLabels;
 
 /// Triggered fetches (refresh header, pub/sub) wait this long so that triggers arriving together
 /// share one fetch.
@@ -360,6 +361,15 @@ impl Poller {
     }
 
     fn record(&self, result: &Result<Outcome, PollError>, failures: &mut u32) {
+        let outcome = match result {
+            Ok(Outcome::Unchanged) => "unchanged",
+            Ok(Outcome::Applied { .. }) => "applied",
+            Err(e) => e.kind(),
+        };
+        self.live
+            .polls
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
         let mut status = self.live.status.lock().unwrap_or_else(|e| e.into_inner());
         status.polls += 1;
         status.last_poll = Some(Instant::now());

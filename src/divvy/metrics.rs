@@ -7,8 +7,14 @@
 //! `error.unknown-command` and `error.unknown`, under `STATSD_PREFIX`. Sending never blocks a
 //! request: metrics that do not fit the queue are dropped.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -81,52 +87,95 @@ impl Statsd {
     }
 }
 
-/// The Divvy port's counters.
-#[derive(Debug)]
-pub struct DivvyMetrics {
-    /// Per rule (by index in the rule file), per status.
-    hits: Vec<[AtomicU64; 4]>,
-    labels: Vec<String>,
-    /// `unknown-command`, `unknown`.
-    errors: [AtomicU64; 2],
-    connections: AtomicI64,
-    /// Cumulative counts per bucket of [`DURATION_BUCKETS`], then +Inf.
-    durations: [AtomicU64; 7],
-    duration_sum_us: AtomicU64,
-    statsd: Option<Statsd>,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HitLabels {
+    pub status: &'static str,
+    pub rule_label: String,
 }
 
-/// A snapshot, for the admin endpoint.
-#[derive(Debug, Clone, Default)]
-pub struct DivvyCounts {
-    /// (status, rule label, count), only non-zero ones.
-    pub hits: Vec<(&'static str, String, u64)>,
-    pub errors_unknown_command: u64,
-    pub errors_unknown: u64,
-    pub connections: i64,
-    /// Cumulative bucket counts (last is +Inf), sum in seconds.
-    pub duration_buckets: [u64; 7],
-    pub duration_sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: &'static str,
+}
+
+/// The Divvy port's counters, with Divvy's Prometheus names.
+#[derive(Debug)]
+pub struct DivvyMetrics {
+    hits_family: Family<HitLabels, Counter>,
+    /// Per rule (by index in the rule file), per status: handles into `hits_family`, resolved once
+    /// so a hit costs no label hashing.
+    hits: Vec<[Counter; 4]>,
+    labels: Vec<String>,
+    errors_family: Family<CodeLabels, Counter>,
+    /// `unknown-command`, `unknown`.
+    errors: [Counter; 2],
+    connections: Gauge,
+    durations: Histogram,
+    statsd: Option<Statsd>,
 }
 
 impl DivvyMetrics {
     /// Counters for rules labelled `labels` (`""` for none), in rule-file order.
     pub fn new(labels: Vec<String>, statsd: Option<Statsd>) -> Self {
+        let hits_family: Family<HitLabels, Counter> = Family::default();
+        let hits = labels
+            .iter()
+            .map(|l| {
+                std::array::from_fn(|i| {
+                    hits_family.get_or_create_owned(&HitLabels {
+                        status: STATUSES[i],
+                        rule_label: l.clone(),
+                    })
+                })
+            })
+            .collect();
+        let errors_family: Family<CodeLabels, Counter> = Family::default();
+        let errors = [
+            errors_family.get_or_create_owned(&CodeLabels {
+                code: "unknown-command",
+            }),
+            errors_family.get_or_create_owned(&CodeLabels { code: "unknown" }),
+        ];
         DivvyMetrics {
-            hits: labels.iter().map(|_| Default::default()).collect(),
+            hits_family,
+            hits,
             labels,
-            errors: Default::default(),
-            connections: AtomicI64::new(0),
-            durations: Default::default(),
-            duration_sum_us: AtomicU64::new(0),
+            errors_family,
+            errors,
+            connections: Gauge::default(),
+            durations: Histogram::new(DURATION_BUCKETS),
             statsd,
         }
+    }
+
+    /// Registers the metrics under Divvy's names.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "divvy_hits",
+            "Evaluated Divvy rules by status and rule label",
+            self.hits_family.clone(),
+        );
+        registry.register(
+            "divvy_errors",
+            "Divvy protocol errors by code",
+            self.errors_family.clone(),
+        );
+        registry.register(
+            "divvy_tcp_connections_total",
+            "Open Divvy connections",
+            self.connections.clone(),
+        );
+        registry.register(
+            "divvy_hit_duration_seconds",
+            "Time to answer a HIT",
+            self.durations.clone(),
+        );
     }
 
     pub fn hit(&self, rule: usize, canary: bool, allowed: bool) {
         let status = usize::from(!allowed) + if canary { 2 } else { 0 };
         if let Some(c) = self.hits.get(rule) {
-            c[status].fetch_add(1, Ordering::Relaxed);
+            c[status].inc();
         }
         if let Some(s) = &self.statsd {
             s.send(format_args!("hit.{}:1|c", STATUSES[status]));
@@ -137,23 +186,15 @@ impl DivvyMetrics {
     }
 
     pub fn duration(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, le) in DURATION_BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.durations[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.durations[6].fetch_add(1, Ordering::Relaxed);
-        self.duration_sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.durations.observe(d.as_secs_f64());
         if let Some(s) = &self.statsd {
-            s.send(format_args!("hit:{:.3}|ms", secs * 1000.0));
+            s.send(format_args!("hit:{:.3}|ms", d.as_secs_f64() * 1000.0));
         }
     }
 
     /// A protocol error: `unknown-command` or `unknown`.
     pub fn error(&self, unknown_command: bool) {
-        self.errors[usize::from(!unknown_command)].fetch_add(1, Ordering::Relaxed);
+        self.errors[usize::from(!unknown_command)].inc();
         if let Some(s) = &self.statsd {
             let code = if unknown_command {
                 "unknown-command"
@@ -166,32 +207,12 @@ impl DivvyMetrics {
 
     pub fn connection(&self, opened: bool) {
         let now = if opened {
-            self.connections.fetch_add(1, Ordering::Relaxed) + 1
+            self.connections.inc() + 1
         } else {
-            self.connections.fetch_sub(1, Ordering::Relaxed) - 1
+            self.connections.dec() - 1
         };
         if let Some(s) = &self.statsd {
             s.send(format_args!("connections:{now}|g"));
-        }
-    }
-
-    pub fn counts(&self) -> DivvyCounts {
-        let mut hits = Vec::new();
-        for (rule, per_status) in self.hits.iter().enumerate() {
-            for (i, c) in per_status.iter().enumerate() {
-                let n = c.load(Ordering::Relaxed);
-                if n > 0 {
-                    hits.push((STATUSES[i], self.labels[rule].clone(), n));
-                }
-            }
-        }
-        DivvyCounts {
-            hits,
-            errors_unknown_command: self.errors[0].load(Ordering::Relaxed),
-            errors_unknown: self.errors[1].load(Ordering::Relaxed),
-            connections: self.connections.load(Ordering::Relaxed),
-            duration_buckets: std::array::from_fn(|i| self.durations[i].load(Ordering::Relaxed)),
-            duration_sum: self.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 }

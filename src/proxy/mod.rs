@@ -25,6 +25,10 @@ use http::request::Parts;
 use http::{HeaderName, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::metrics::{ClassLabels, Metrics, RequestLabels, status_class};
 
 use crate::catalog::LimitLookup;
 use crate::catalog::live::Live;
@@ -51,6 +55,8 @@ pub struct Policy {
     pub headers: HeaderSet,
     pub escaped_slashes: EscapedSlashes,
     pub max_body_bytes: u64,
+    /// One log line per request (`log.access`).
+    pub access_log: bool,
 }
 
 impl Policy {
@@ -65,6 +71,7 @@ impl Policy {
             headers: limits.headers,
             escaped_slashes: limits.escaped_slashes,
             max_body_bytes,
+            access_log: false,
         }
     }
 }
@@ -79,6 +86,53 @@ pub struct Refresh {
     pub wait: std::time::Duration,
 }
 
+/// Where a request goes upstream, and the rate-limit fields its answer gets.
+struct Target<'a> {
+    path: &'a str,
+    /// The endpoint's canonical method, replacing the client's spelling.
+    method: Option<Method>,
+    /// The endpoint's name and the decision, for the rate-limit fields.
+    limit: Option<(&'a str, &'a Decision)>,
+}
+
+impl<'a> Target<'a> {
+    fn plain(path: &'a str) -> Self {
+        Target {
+            path,
+            method: None,
+            limit: None,
+        }
+    }
+
+    fn endpoint(path: &'a str, method: Method, limit: Option<(&'a str, &'a Decision)>) -> Self {
+        Target {
+            path,
+            method: Some(method),
+            limit,
+        }
+    }
+}
+
+/// What happened to one request, for metrics and the access log.
+#[derive(Debug)]
+struct Outcome {
+    decision: &'static str,
+    /// The endpoint's name, empty when none matched.
+    endpoint: String,
+    /// The API key's fingerprint (access log only).
+    key: Option<String>,
+}
+
+impl Default for Outcome {
+    fn default() -> Self {
+        Outcome {
+            decision: "bad_request",
+            endpoint: String::new(),
+            key: None,
+        }
+    }
+}
+
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
     /// The current catalog: read once per request without locking; a new catalog is swapped in
@@ -89,6 +143,9 @@ pub struct Proxy {
     pub clock: Arc<dyn Clock>,
     pub upstream: Upstream,
     pub policy: Policy,
+    pub metrics: Arc<Metrics>,
+    /// Set while upstream requests fail, so the failure is logged once per episode.
+    pub upstream_failing: AtomicBool,
 }
 
 fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
@@ -117,6 +174,44 @@ impl Proxy {
         peer: SocketAddr,
         req: Request<Incoming>,
     ) -> Response<Body> {
+        let started = Instant::now();
+        let access = self
+            .policy
+            .access_log
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let mut out = Outcome::default();
+        let resp = self.respond(peer, req, &mut out).await;
+        let elapsed = started.elapsed();
+        self.metrics.request_seconds.observe(elapsed.as_secs_f64());
+        if let Some((method, path)) = access {
+            tracing::info!(
+                target: "quotagate::access",
+                %method,
+                path,
+                status = resp.status().as_u16(),
+                decision = out.decision,
+                endpoint = out.endpoint,
+                key = out.key.as_deref().unwrap_or(""),
+                ms = elapsed.as_secs_f64() * 1000.0,
+                "request"
+            );
+        }
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                decision: out.decision,
+                endpoint: out.endpoint,
+            })
+            .inc();
+        resp
+    }
+
+    async fn respond(
+        &self,
+        peer: SocketAddr,
+        req: Request<Incoming>,
+        out: &mut Outcome,
+    ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         self.forced_refresh(&mut parts).await;
         let declared = parts
@@ -125,6 +220,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > self.policy.max_body_bytes) {
+            out.decision = "too_large";
             return own(problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 None,
@@ -136,13 +232,17 @@ impl Proxy {
             ));
         }
         if !self.policy.enabled {
+            out.decision = "unlimited";
             let path = parts.uri.path().to_owned();
-            return self.forward(parts, body, peer, &path, None, None).await;
+            return self
+                .forward(parts, body, peer, Target::plain(&path), out)
+                .await;
         }
 
         let key = match api_key(&parts, &self.policy.api_key_header) {
             ApiKey::Present(k) => k,
             ApiKey::Missing => {
+                out.decision = "missing_key";
                 let detail = format!(
                     "send your API key in the {} header",
                     self.policy.api_key_label
@@ -150,16 +250,21 @@ impl Proxy {
                 return own(problem(StatusCode::UNAUTHORIZED, None, &detail, None));
             }
             ApiKey::Repeated => {
+                out.decision = "bad_request";
                 let detail = format!("send the {} header once", self.policy.api_key_label);
                 return own(problem(StatusCode::BAD_REQUEST, None, &detail, None));
             }
         };
         let path = match path::normalize(parts.uri.path(), self.policy.escaped_slashes) {
             Ok(p) => p,
-            Err(e) => return own(problem(StatusCode::BAD_REQUEST, None, &e.to_string(), None)),
+            Err(e) => {
+                out.decision = "bad_request";
+                return own(problem(StatusCode::BAD_REQUEST, None, &e.to_string(), None));
+            }
         };
 
         if !self.catalog.is_ready() {
+            out.decision = "not_ready";
             return own(problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 None,
@@ -169,6 +274,7 @@ impl Proxy {
         }
         let catalog = self.catalog.snapshot();
         let Some(route) = catalog.route(parts.method.as_str(), &path) else {
+            out.decision = "unknown_endpoint";
             return match self.policy.unknown_endpoint {
                 Uncovered::Reject => own(problem(
                     StatusCode::NOT_FOUND,
@@ -178,15 +284,21 @@ impl Proxy {
                 )),
                 Uncovered::Forward => {
                     let p = path.to_path();
-                    self.forward(parts, body, peer, &p, None, None).await
+                    self.forward(parts, body, peer, Target::plain(&p), out)
+                        .await
                 }
             };
         };
         let endpoint = &catalog.endpoints()[route.endpoint];
+        out.endpoint.clone_from(&endpoint.name);
+        if self.policy.access_log {
+            out.key = Some(crate::telemetry::fingerprint(key));
+        }
         let method = endpoint.method.clone();
         let limit = match catalog.limit(key, route.endpoint) {
             LimitLookup::Limit(rl) => rl,
             LimitLookup::UnknownKey | LimitLookup::NoLimit => {
+                out.decision = "no_limit";
                 return match self.policy.no_limit {
                     Uncovered::Reject => own(problem(
                         StatusCode::FORBIDDEN,
@@ -195,22 +307,41 @@ impl Proxy {
                         None,
                     )),
                     Uncovered::Forward => {
-                        self.forward(parts, body, peer, &route.path, Some(method), None)
-                            .await
+                        self.forward(
+                            parts,
+                            body,
+                            peer,
+                            Target::endpoint(&route.path, method, None),
+                            out,
+                        )
+                        .await
                     }
                 };
             }
         };
 
         let counter = CounterKey::new(key, &endpoint.name);
-        let decision = match self.store.check(&counter, limit, self.clock.now()).await {
+        let asked = Instant::now();
+        let verdict = self.store.check(&counter, limit, self.clock.now()).await;
+        self.metrics
+            .decision_seconds
+            .observe(asked.elapsed().as_secs_f64());
+        let decision = match verdict {
             Verdict::Decided(d) | Verdict::Local(d) => d,
             Verdict::Open => {
+                out.decision = "store_open";
                 return self
-                    .forward(parts, body, peer, &route.path, Some(method), None)
+                    .forward(
+                        parts,
+                        body,
+                        peer,
+                        Target::endpoint(&route.path, method, None),
+                        out,
+                    )
                     .await;
             }
             Verdict::Closed => {
+                out.decision = "store_unavailable";
                 return own(problem(
                     StatusCode::SERVICE_UNAVAILABLE,
                     None,
@@ -220,6 +351,7 @@ impl Proxy {
             }
         };
         if !decision.allowed {
+            out.decision = "limited";
             let detail = match decision.retry_after {
                 Some(s) => format!(
                     "{} allows {} requests per 60 s; retry after {s} s",
@@ -241,15 +373,9 @@ impl Proxy {
             );
             return own(resp);
         }
-        self.forward(
-            parts,
-            body,
-            peer,
-            &route.path,
-            Some(method),
-            Some((&endpoint.name, &decision)),
-        )
-        .await
+        out.decision = "allowed";
+        let target = Target::endpoint(&route.path, method, Some((&endpoint.name, &decision)));
+        self.forward(parts, body, peer, target, out).await
     }
 
     /// Handles the forced-refresh header: always removed, so it never reaches the upstream; with
@@ -267,18 +393,21 @@ impl Proxy {
             )),
             _ => false,
         };
-        if valid {
-            if !self.catalog.refresh(self.refresh.wait).await {
-                tracing::debug!(
-                    "forced catalog refresh did not finish in time; using the current catalog"
-                );
-            }
-        } else {
-            self.catalog
-                .invalid_refreshes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let outcome = if !valid {
             tracing::debug!("refresh header without the right secret: ignored");
-        }
+            "invalid"
+        } else if self.catalog.refresh(self.refresh.wait).await {
+            "fetched"
+        } else {
+            tracing::debug!(
+                "forced catalog refresh did not finish in time; using the current catalog"
+            );
+            "timed_out"
+        };
+        self.catalog
+            .refreshes
+            .get_or_create(&crate::metrics::OutcomeLabels { outcome })
+            .inc();
     }
 
     /// Forwards the request to `path` on the upstream and relays the answer, adding the rate-limit
@@ -288,10 +417,14 @@ impl Proxy {
         mut parts: Parts,
         body: Incoming,
         peer: SocketAddr,
-        path: &str,
-        method: Option<Method>,
-        limit: Option<(&str, &Decision)>,
+        target: Target<'_>,
+        out: &mut Outcome,
     ) -> Response<Body> {
+        let Target {
+            path,
+            method,
+            limit,
+        } = target;
         let Some(uri) = self.upstream.uri(path, parts.uri.query()) else {
             return own(problem(
                 StatusCode::BAD_REQUEST,
@@ -322,6 +455,17 @@ impl Proxy {
         );
         match self.upstream.send(req).await {
             Ok(resp) => {
+                if self.upstream_failing.load(Ordering::Relaxed)
+                    && self.upstream_failing.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!("upstream answers again");
+                }
+                self.metrics
+                    .upstream_responses
+                    .get_or_create(&ClassLabels {
+                        class: status_class(resp.status().as_u16()),
+                    })
+                    .inc();
                 let (mut head, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut head.headers);
                 if let Some((name, d)) = limit {
@@ -346,6 +490,17 @@ impl Proxy {
                         "the request body is too large",
                     ),
                 };
+                if e != UpstreamError::BodyTooLarge {
+                    out.decision = "upstream_error";
+                    if !self.upstream_failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            error = detail,
+                            "upstream failing; answering 502/504 until it answers again"
+                        );
+                    }
+                } else {
+                    out.decision = "too_large";
+                }
                 own(problem(status, None, detail, None))
             }
         }

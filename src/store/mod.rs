@@ -91,6 +91,16 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Local => "local",
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed => "closed",
+        }
+    }
+}
+
 /// What to do with a request when the shared store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -140,6 +150,8 @@ pub struct Store {
     fallback_fixed: FixedWindows,
     health: Arc<Health>,
     probe_interval: Duration,
+    /// Failed or timed-out store calls (a metric).
+    pub errors: prometheus_client::metrics::counter::Counter,
 }
 
 impl Store {
@@ -167,6 +179,7 @@ impl Store {
                 down: AtomicBool::new(false),
             }),
             probe_interval,
+            errors: Default::default(),
         }
     }
 
@@ -244,6 +257,7 @@ impl Store {
     }
 
     fn mark_down(&self, redis: &Arc<RedisStore>, e: &StoreError) {
+        self.errors.inc();
         if self.health.down.swap(true, Ordering::SeqCst) {
             return; // already down; the probe is running
         }
