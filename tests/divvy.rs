@@ -48,6 +48,7 @@ resetSeconds = 60
 /// A Divvy port on port 0 in front of one store, stopped on drop.
 struct Port {
     addr: std::net::SocketAddr,
+    divvy: Arc<Divvy>,
     clock: FakeClock,
     redis: Option<RedisServer>,
     store: Arc<Store>,
@@ -107,12 +108,13 @@ impl Port {
         let token = CancellationToken::new();
         tokio::spawn(serve(
             listener,
-            divvy,
+            divvy.clone(),
             settings,
             token.clone().cancelled_owned(),
         ));
         Port {
             addr,
+            divvy,
             clock,
             redis,
             store,
@@ -522,4 +524,30 @@ async fn statsd_gets_divvys_metric_names() {
         }
     }
     assert!(timers >= 3, "a timer per answered hit: {timers}");
+}
+
+#[tokio::test]
+async fn prometheus_names_are_divvys() {
+    let p = Port::start(README_RULES, None, DivvySettings::default()).await;
+    p.exchange(
+        b"HIT method=GET path=/pantry/cookies ip=1.1.1.1\nHIT method=GET path=/status\nNOPE\n",
+    )
+    .await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    p.divvy.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"divvy_hits_total{status="accepted",rule_label="cookies"} 1"#,
+        r#"divvy_hits_total{status="accepted",rule_label=""} 1"#,
+        r#"divvy_errors_total{code="unknown-command"} 1"#,
+        "divvy_tcp_connections_total 0",
+        "divvy_hit_duration_seconds_count 2",
+        r#"divvy_hit_duration_seconds_bucket{le="0.001"}"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "{line} missing from:\n{text}"
+        );
+    }
 }

@@ -625,3 +625,129 @@ async fn shutdown_stops_accepting_and_drains_in_flight_requests() {
     let mut gw = gw;
     assert!((&mut gw.done).await.unwrap(), "drained within the timeout");
 }
+
+// ---- operating it: metrics and health over HTTP ----
+
+#[tokio::test]
+async fn metrics_move_as_requests_flow_and_health_is_reported() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let gw = gateway(redis_config(&up, &redis, FailurePolicy::Local)).await;
+    let health = get(&format!("http://{}/healthz", gw.admin), &[]).await;
+    assert_eq!(
+        (health.status, health.body.as_ref()),
+        (200, b"ok\n".as_ref())
+    );
+    let ready = get(&format!("http://{}/readyz", gw.admin), &[]).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&ready.body),
+        "ready: catalog v1 h1\n"
+    );
+
+    let before = support::scrape(gw.admin).await;
+    for _ in 0..4 {
+        get(&gw.url("/users/1/prefs"), &[KEY]).await; // 3 allowed, then limited
+    }
+    get(&gw.url("/users/1/prefs"), &[]).await; // missing key
+    get(&gw.url("/nope"), &[KEY]).await; // unknown endpoint
+    get(&gw.url("/users/1/prefs"), &[("X-Api-Key", "stranger")]).await; // no limit
+    let after = support::scrape(gw.admin).await;
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let ep = r#"endpoint="GET /users/{id}/prefs""#;
+    assert_eq!(
+        delta(&format!(
+            r#"quotagate_requests_total{{decision="allowed",{ep}}}"#
+        )),
+        3.0
+    );
+    assert_eq!(
+        delta(&format!(
+            r#"quotagate_requests_total{{decision="limited",{ep}}}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        delta(&format!(
+            r#"quotagate_requests_total{{decision="no_limit",{ep}}}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        delta(r#"quotagate_requests_total{decision="missing_key",endpoint=""}"#),
+        1.0
+    );
+    assert_eq!(
+        delta(r#"quotagate_requests_total{decision="unknown_endpoint",endpoint=""}"#),
+        1.0
+    );
+    assert_eq!(
+        delta(r#"quotagate_upstream_responses_total{class="2xx"}"#),
+        3.0
+    );
+    assert_eq!(delta("quotagate_request_duration_seconds_count"), 7.0);
+    assert_eq!(delta("quotagate_decision_duration_seconds_count"), 4.0);
+    assert_eq!(
+        after[r#"quotagate_catalog_info{hash="h1",semver="v1"}"#],
+        1.0
+    );
+    assert_eq!(after["quotagate_catalog_ready"], 1.0);
+    assert_eq!(
+        after[r#"quotagate_store_info{kind="redis",policy="local"}"#],
+        1.0
+    );
+    assert_eq!(after["quotagate_store_degraded"], 0.0);
+    assert!(after["quotagate_open_connections"] >= 0.0);
+    assert!(
+        !after.keys().any(|k| k.contains("k1")),
+        "no API key in any label"
+    );
+
+    // A down store: still ready (the gateway answers), but says it is degraded.
+    redis.pause();
+    assert_eq!(
+        get(&gw.url("/users/2/prefs"), &[("X-Api-Key", "k2")])
+            .await
+            .status,
+        200
+    );
+    let ready = get(&format!("http://{}/readyz", gw.admin), &[]).await;
+    assert_eq!(ready.status, 200);
+    assert!(
+        String::from_utf8_lossy(&ready.body)
+            .contains("degraded: the redis store is unreachable; failure policy local applies")
+    );
+    let m = support::scrape(gw.admin).await;
+    assert_eq!(m["quotagate_store_degraded"], 1.0);
+    assert!(m["quotagate_store_errors_total"] >= 1.0);
+    redis.resume();
+}
+
+#[tokio::test]
+async fn readyz_says_not_ready_until_a_catalog_is_loaded() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.catalog.server_url = "http://127.0.0.1:9".into(); // nothing listens there
+    c.catalog.poll_interval_ms = 50;
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    let ready = get(&format!("http://{}/readyz", gw.admin), &[]).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(
+        String::from_utf8_lossy(&ready.body),
+        "not ready: no catalog loaded yet\n"
+    );
+    support::eventually(Duration::from_secs(5), || async {
+        support::scrape(gw.admin)
+            .await
+            .get(r#"quotagate_catalog_polls_total{outcome="unreachable"}"#)
+            .copied()
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+    assert_eq!(
+        support::scrape(gw.admin).await["quotagate_catalog_ready"],
+        0.0
+    );
+}

@@ -309,6 +309,8 @@ impl http_body::Body for Chunks {
 /// A gateway on port 0 with a fake clock, stopped on drop.
 pub struct TestGateway {
     pub addr: SocketAddr,
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`).
+    pub admin: SocketAddr,
     pub clock: FakeClock,
     pub gateway: Arc<Gateway>,
     pub token: CancellationToken,
@@ -337,8 +339,18 @@ impl TestGateway {
         let g = gateway.clone();
         let stop = token.clone().cancelled_owned();
         let done = tokio::spawn(async move { g.serve(listener, stop).await });
+        let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = admin_listener.local_addr().unwrap();
+        let handler = gateway.admin();
+        tokio::spawn(quotagate::server::serve(
+            admin_listener,
+            Default::default(),
+            move |peer, req| handler.clone().handle(peer, req),
+            token.clone().cancelled_owned(),
+        ));
         TestGateway {
             addr,
+            admin,
             clock,
             gateway,
             token,
@@ -613,4 +625,24 @@ async fn fault_answer(
         ),
         Fault::Body(b) => reply(200, b),
     }
+}
+
+/// Reads `/metrics` from an admin listener: sample (`name{labels}`) to value.
+pub async fn scrape(admin: SocketAddr) -> std::collections::HashMap<String, f64> {
+    let got = get(&format!("http://{admin}/metrics"), &[]).await;
+    assert_eq!(got.status, 200);
+    assert!(
+        got.header("content-type")
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = String::from_utf8(got.body.to_vec()).unwrap();
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (sample, value) = l.rsplit_once(' ').expect("sample value");
+            (sample.to_owned(), value.parse().expect("a number"))
+        })
+        .collect()
 }
