@@ -730,6 +730,36 @@ mod example_tests {
     use super::*;
 
     #[test]
+    fn the_demo_configs_load_natively_and_with_the_compose_overrides() {
+        let compose = [
+            ("QUOTAGATE_SERVER_LISTEN", "0.0.0.0:8080"),
+            ("QUOTAGATE_ADMIN_LISTEN", "0.0.0.0:8081"),
+            ("QUOTAGATE_DIVVY_LISTEN", "0.0.0.0:8321"),
+            ("QUOTAGATE_UPSTREAM_URL", "http://upstream:9000"),
+            ("QUOTAGATE_CATALOG_SERVER_URL", "http://catalog:9100"),
+            ("QUOTAGATE_STORE_REDIS_URL", "redis://redis:6379"),
+        ];
+        for name in ["gateway-a.toml", "gateway-b.toml", "catalog-server.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/demo")
+                .join(name);
+            Config::load(Some(&path), |_| None, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let c = Config::load(
+                Some(&path),
+                |k| {
+                    compose
+                        .iter()
+                        .find(|(v, _)| *v == k)
+                        .map(|(_, x)| x.to_string())
+                },
+                &[],
+            )
+            .unwrap();
+            assert_eq!(c.upstream.url, "http://upstream:9000", "{name}");
+        }
+    }
+
+    #[test]
     fn the_example_file_is_exactly_the_defaults() {
         let path = Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -48,6 +48,11 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         deny_percent: u64,
     },
+    /// Exit 0 if `URL` answers 200 within 2 s (the container image's health check).
+    Health {
+        #[arg(default_value = "http://127.0.0.1:8081/healthz")]
+        url: String,
+    },
     /// Check catalog files and report every problem; exit status 1 if any is invalid.
     Validate {
         #[arg(required = true)]
@@ -125,7 +130,15 @@ fn main() -> ExitCode {
         match cli.command.unwrap_or(Command::Run) {
             Command::Run => run(&cli.opts, false).await,
             Command::Quickstart => run(&cli.opts, true).await,
-            Command::Validate { files } => return validate(&files),
+                        Command::Validate { files } => return validate(&files),
+            Command::Health { url } => {
+                let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(2)).build();
+                let ok = match client {
+                    Ok(c) => c.get(&url).send().await.is_ok_and(|r| r.status().is_success()),
+                    Err(_) => false,
+                };
+                return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+            }
             Command::ExampleUpstream => example_upstream(&cli.opts).await,
             Command::CatalogServer => catalog_server(&cli.opts).await,
                         Command::Divvy { rules } => divvy_alone(&cli.opts, &rules).await,

@@ -336,3 +336,109 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     assert!(q.wait_exit().success(), "exit status 0");
     q.wait_for("stopped");
 }
+
+/// The demo topology (examples/demo.sh, the same config files as docker-compose.yml) end to end:
+/// a limit shared by two instances, a 429 with its headers, a live limit change through the refresh
+/// header that the other instance picks up, a HIT on the Divvy port, and the metrics moving.
+#[tokio::test]
+async fn the_demo_tells_the_whole_story() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = Command::new("bash")
+        .arg("examples/demo.sh")
+        .env("QUOTAGATE_BIN", BIN)
+        .env("DEMO_DIR", dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(demo.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("quotagate demo is running"), "{first:?}");
+    struct Stop(Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(demo);
+    let (a, b) = ("http://127.0.0.1:8080", "http://127.0.0.1:8090");
+    let key = ("X-Api-Key", "demo-key");
+
+    // One limit (10 a minute) shared by both instances.
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(get(&format!("{a}/items/1"), &[key]).await.status);
+        statuses.push(get(&format!("{b}/items/1"), &[key]).await.status);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    let limited = get(&format!("{b}/items/1"), &[key]).await;
+    assert_eq!(limited.status, 429);
+    assert!(limited.header("retry-after").is_some());
+    assert_eq!(limited.header("ratelimit-limit"), Some("10"));
+
+    // A live limit change: gold-key goes from 100 to 3; the refresh header applies it on A at once,
+    // and B hears of it through Redis.
+    let served = dir.path().join("catalogs/v0001.json");
+    let catalog_auth = ("X-Api-Key", "demo-catalog-secret");
+    let old = get("http://127.0.0.1:9100/latest", &[catalog_auth])
+        .await
+        .json()["hash"]
+        .clone();
+    let text = std::fs::read_to_string(&served)
+        .unwrap()
+        .replace("\"rl\": 100", "\"rl\": 3");
+    std::fs::write(&served, text).unwrap();
+    // The catalog server looks at its files at most every 200 ms: wait until it serves the edit.
+    support::eventually(Duration::from_secs(2), || async {
+        get("http://127.0.0.1:9100/latest", &[catalog_auth])
+            .await
+            .json()["hash"]
+            != old
+    })
+    .await;
+    let gold = ("X-Api-Key", "gold-key");
+    let r = get(
+        &format!("{a}/items/1"),
+        &[gold, ("X-Quotagate-Refresh", "demo-refresh-secret")],
+    )
+    .await;
+    assert_eq!((r.status, r.header("ratelimit-limit")), (200, Some("3")));
+    support::eventually(Duration::from_secs(2), || async {
+        get(&format!("{b}/items/2"), &[gold])
+            .await
+            .header("ratelimit-limit")
+            == Some("3")
+    })
+    .await;
+
+    // The Divvy port on A.
+    let mut tcp = tokio::net::TcpStream::connect("127.0.0.1:8321")
+        .await
+        .unwrap();
+    tcp.write_all(b"HIT method=GET path=/status\n")
+        .await
+        .unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut reply = String::new();
+    tcp.read_to_string(&mut reply).await.unwrap();
+    assert_eq!(reply, "OK true 999 60\n");
+
+    // The metrics moved.
+    let m = support::scrape("127.0.0.1:8081".parse().unwrap()).await;
+    assert!(m[r#"quotagate_requests_total{decision="allowed",endpoint="GET /items/{id}"}"#] >= 5.0);
+    assert_eq!(
+        m[r#"divvy_hits_total{status="accepted",rule_label=""}"#],
+        1.0
+    );
+}

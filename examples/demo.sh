@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The docker-compose demo, natively: Redis, the example upstream API, the catalog server, two
+# quotagate instances sharing Redis (A on 8080, B on 8090), and the Divvy port on A (8321).
+# Same config files as docker-compose.yml (examples/demo/).
+#
+#   examples/demo.sh          Ctrl-C stops everything
+#
+# QUOTAGATE_BIN: the binary to run (default: build target/release/quotagate).
+# DEMO_DIR: where the served catalogs and the logs go (default: a new temporary directory). Edit
+#           $DEMO_DIR/catalogs/v0001.json (or add v0002.json) to change limits live.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v redis-server >/dev/null || { echo "the demo needs redis-server (apt-get install redis-server)" >&2; exit 1; }
+BIN=${QUOTAGATE_BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=target/release/quotagate
+fi
+DEMO_DIR=${DEMO_DIR:-$(mktemp -d -t quotagate-demo.XXXXXX)}
+mkdir -p "$DEMO_DIR/catalogs" "$DEMO_DIR/redis"
+cp examples/demo/catalogs/*.json "$DEMO_DIR/catalogs/"
+
+PIDS=()
+stop() {
+  trap - EXIT INT TERM
+  kill "${PIDS[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+}
+trap stop EXIT INT TERM
+
+wait_port() {
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $1; see the logs in $DEMO_DIR" >&2
+  exit 1
+}
+wait_ready() {
+  for _ in $(seq 200); do
+        status=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET /readyz HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3) 2>/dev/null || true)
+    case "$status" in *" 200 "*) return 0 ;; esac
+    sleep 0.05
+  done
+  echo "the gateway with admin port $1 never became ready; see the logs in $DEMO_DIR" >&2
+  exit 1
+}
+
+redis-server --port 6390 --bind 127.0.0.1 --save "" --appendonly no --dir "$DEMO_DIR/redis" >"$DEMO_DIR/redis.log" 2>&1 &
+PIDS+=($!)
+"$BIN" example-upstream --listen 127.0.0.1:9000 2>"$DEMO_DIR/upstream.log" &
+PIDS+=($!)
+"$BIN" catalog-server --catalog "$DEMO_DIR/catalogs" --listen 127.0.0.1:9100 --config examples/demo/catalog-server.toml 2>"$DEMO_DIR/catalog-server.log" &
+PIDS+=($!)
+wait_port 6390
+wait_port 9000
+wait_port 9100
+"$BIN" --config examples/demo/gateway-a.toml 2>"$DEMO_DIR/gateway-a.log" &
+PIDS+=($!)
+"$BIN" --config examples/demo/gateway-b.toml 2>"$DEMO_DIR/gateway-b.log" &
+PIDS+=($!)
+wait_ready 8081
+wait_ready 8091
+
+cat <<EOF
+quotagate demo is running (logs and served catalogs in $DEMO_DIR):
+  gateway A  http://127.0.0.1:8080   admin http://127.0.0.1:8081   Divvy port 127.0.0.1:8321
+  gateway B  http://127.0.0.1:8090   admin http://127.0.0.1:8091
+  upstream   http://127.0.0.1:9000   catalog server http://127.0.0.1:9100   Redis 127.0.0.1:6390
+
+Try (the README's "Demo" section explains each):
+  for i in \$(seq 6); do curl -s -o /dev/null -w '%{http_code} ' -H 'X-Api-Key: demo-key' http://127.0.0.1:8080/items/1; \\
+                          curl -s -o /dev/null -w '%{http_code} ' -H 'X-Api-Key: demo-key' http://127.0.0.1:8090/items/1; done
+  curl -i -H 'X-Api-Key: demo-key' http://127.0.0.1:8090/items/1
+  sed -i 's/"rl": 100/"rl": 3/' $DEMO_DIR/catalogs/v0001.json
+  curl -i -H 'X-Api-Key: gold-key' -H 'X-Quotagate-Refresh: demo-refresh-secret' http://127.0.0.1:8080/items/1
+    printf 'HIT method=GET path=/status\n' | nc -q 1 127.0.0.1 8321     # nc: apt-get install netcat-openbsd
+  curl -s http://127.0.0.1:8081/metrics | grep quotagate_requests_total
+Ctrl-C stops everything.
+EOF
+wait
