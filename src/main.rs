@@ -370,6 +370,49 @@ async fn divvy_alone(opts: &ConfigArgs, rules: &std::path::Path) -> Result<(), S
     }
     let token = shutdown::Token::new();
     tokio::spawn(shutdown::on_signal(token.clone()));
+    // Divvy's metrics server: HTTP_SERVICE_PORT and PROMETHEUS_METRICS_PATH, both needed.
+    match (env("HTTP_SERVICE_PORT"), env("PROMETHEUS_METRICS_PATH")) {
+        (Some(p), Some(path)) => {
+            let hport: u16 = p.parse().map_err(|_| {
+                ConfigError(format!("HTTP_SERVICE_PORT: {p:?} is not a port number"))
+            })?;
+            let haddr = std::net::SocketAddr::from(([0, 0, 0, 0], hport));
+            let hlistener = gateway::bind(haddr).await?;
+            let mut registry = prometheus_client::registry::Registry::default();
+            divvy.metrics.register(&mut registry);
+            let registry = Arc::new(registry);
+            let path = if path.starts_with('/') {
+                path
+            } else {
+                format!("/{path}")
+            };
+            tracing::info!(port = hport, %path, "serving Divvy metrics");
+            tokio::spawn(server::serve(
+                hlistener,
+                Default::default(),
+                move |_peer, req: http::Request<hyper::body::Incoming>| {
+                    let (registry, path) = (registry.clone(), path.clone());
+                    async move {
+                        let mut resp =
+                            http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+                        if req.uri().path() == path {
+                            let mut text = String::new();
+                            let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+                            *resp.body_mut() = http_body_util::Full::new(bytes::Bytes::from(text));
+                        } else {
+                            *resp.status_mut() = http::StatusCode::NOT_FOUND;
+                        }
+                        resp
+                    }
+                },
+                token.clone().cancelled_owned(),
+            ));
+        }
+        (None, None) => {}
+        _ => tracing::warn!(
+            "set both HTTP_SERVICE_PORT and PROMETHEUS_METRICS_PATH to serve metrics"
+        ),
+    }
     let settings = DivvySettings {
         max_line_bytes: config.divvy.max_line_bytes,
         max_connections: config.divvy.max_connections,

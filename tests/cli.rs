@@ -127,9 +127,12 @@ fn validate_checks_divvy_rule_files() {
 #[tokio::test]
 async fn divvy_runs_alone_as_a_drop_in() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let metrics_port = free_port();
     let mut child = Command::new(BIN)
         .args(["divvy", "examples/divvy-example.ini"])
         .env("PORT", "0")
+        .env("HTTP_SERVICE_PORT", metrics_port.to_string())
+        .env("PROMETHEUS_METRICS_PATH", "/metrics")
         .env_remove("REDIS_HOST")
         .env_remove("REDIS_PORT")
         .stdout(Stdio::piped())
@@ -158,6 +161,16 @@ async fn divvy_runs_alone_as_a_drop_in() {
     let mut out = String::new();
     tcp.read_to_string(&mut out).await.unwrap();
     assert_eq!(out, "OK true 2 3600\nOK false 0 -1\n");
+    let m = get(&format!("http://127.0.0.1:{metrics_port}/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&m.body).into_owned();
+    assert!(
+        text.contains(r#"divvy_hits_total{status="accepted",rule_label="cookies"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"divvy_hits_total{status="rejected",rule_label=""} 1"#),
+        "{text}"
+    );
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
