@@ -371,6 +371,11 @@ async fn the_demo_tells_the_whole_story() {
         .read_line(&mut first)
         .unwrap();
     assert!(first.starts_with("quotagate demo is running"), "{first:?}");
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    assert!(
+        readme.contains("examples/demo.sh")
+            && readme.contains("X-Quotagate-Refresh: demo-refresh-secret")
+    );
     struct Stop(Child);
     impl Drop for Stop {
         fn drop(&mut self) {
