@@ -182,6 +182,7 @@ fn main() -> ExitCode {
 async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
     let config = opts.load()?;
     telemetry::init(&config.log);
+    let token = shutdown::on_signal();
     tracing::info!(config = %config.redacted_json(), "effective configuration");
     let clock = Arc::new(SystemClock::new());
     let gateway = if quickstart && config.catalog.file.is_empty() {
@@ -194,7 +195,6 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
         Gateway::build(&config, clock)?
     };
     let listener = gateway::bind(config.listen_addr()).await?;
-    let token = shutdown::Token::new();
     if quickstart {
         let upstream = UpstreamTarget::parse(&config.upstream.url)?;
         let addr = tokio::net::lookup_host(upstream.authority.as_str())
@@ -222,7 +222,6 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
         "quotagate listening"
     );
     drop(snapshot);
-    tokio::spawn(shutdown::on_signal(token.clone()));
     gateway.spawn_background(&token);
     let gateway = Arc::new(gateway);
     if config.admin.enabled {
@@ -264,6 +263,7 @@ async fn run(opts: &ConfigArgs, quickstart: bool) -> Result<(), StartError> {
 async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
     let config = opts.load()?;
     telemetry::init(&config.log);
+    let token = shutdown::on_signal();
     let raw = opts.listen.as_deref().unwrap_or("127.0.0.1:9000");
     let addr = raw.parse().map_err(|_| {
         ConfigError(format!(
@@ -275,8 +275,6 @@ async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
         .local_addr()
         .map_err(|source| StartError::Listen { addr, source })?;
     tracing::info!(%listen, "example upstream listening");
-    let token = shutdown::Token::new();
-    tokio::spawn(shutdown::on_signal(token.clone()));
     server::serve(
         listener,
         Default::default(),
@@ -290,6 +288,7 @@ async fn example_upstream(opts: &ConfigArgs) -> Result<(), StartError> {
 async fn catalog_server(opts: &ConfigArgs) -> Result<(), StartError> {
     let config = opts.load()?;
     telemetry::init(&config.log);
+    let token = shutdown::on_signal();
     let source = opts
         .catalog
         .clone()
@@ -315,8 +314,6 @@ async fn catalog_server(opts: &ConfigArgs) -> Result<(), StartError> {
         .local_addr()
         .map_err(|source| StartError::Listen { addr, source })?;
     tracing::info!(%listen, "catalog server listening");
-    let token = shutdown::Token::new();
-    tokio::spawn(shutdown::on_signal(token.clone()));
     server::serve(
         listener,
         Default::default(),
@@ -330,6 +327,7 @@ async fn catalog_server(opts: &ConfigArgs) -> Result<(), StartError> {
 async fn divvy_alone(opts: &ConfigArgs, rules: &std::path::Path) -> Result<(), StartError> {
     let mut config = opts.load()?;
     telemetry::init(&config.log);
+    let token = shutdown::on_signal();
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let port: u16 = match env("PORT") {
         Some(p) => p
@@ -368,8 +366,6 @@ async fn divvy_alone(opts: &ConfigArgs, rules: &std::path::Path) -> Result<(), S
         }
         None => println!("Listening on port TCP port {port}, memory store"),
     }
-    let token = shutdown::Token::new();
-    tokio::spawn(shutdown::on_signal(token.clone()));
     // Divvy's metrics server: HTTP_SERVICE_PORT and PROMETHEUS_METRICS_PATH, both needed.
     match (env("HTTP_SERVICE_PORT"), env("PROMETHEUS_METRICS_PATH")) {
         (Some(p), Some(path)) => {

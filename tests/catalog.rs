@@ -80,7 +80,7 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     })
     .await;
     assert!(
-        changed.elapsed() < Duration::from_millis(100 * 11 / 10 + 300),
+        changed.elapsed() < Duration::from_millis(100 * 11 / 10 + 700),
         "{:?}",
         changed.elapsed()
     );
@@ -253,7 +253,7 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
     .await;
     assert_eq!(r.status, 200);
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < Duration::from_millis(1500),
         "{:?}",
         started.elapsed()
     );
@@ -539,7 +539,7 @@ async fn forced_fetches_are_spaced_by_the_minimum_interval() {
     assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);
     let first = started.elapsed();
     assert!(
-        first < Duration::from_millis(500),
+        first < Duration::from_millis(900),
         "the first forced fetch runs at once: {first:?}"
     );
     assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);

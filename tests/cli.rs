@@ -135,8 +135,9 @@ async fn divvy_runs_alone_as_a_drop_in() {
         .env("PROMETHEUS_METRICS_PATH", "/metrics")
         .env_remove("REDIS_HOST")
         .env_remove("REDIS_PORT")
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut first = String::new();
@@ -175,7 +176,13 @@ async fn divvy_runs_alone_as_a_drop_in() {
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
-    assert!(child.wait().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -247,6 +254,8 @@ async fn quickstart_answers_the_readme_requests() {
     let (gw, up) = (free_port(), free_port());
     let mut q = Running::start(&[
         "quickstart",
+        "--set",
+        "admin.listen=127.0.0.1:0",
         "--listen",
         &format!("127.0.0.1:{gw}"),
         "--upstream",
@@ -327,6 +336,8 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     )
     .unwrap();
     let mut q = Running::start(&[
+        "--set",
+        "admin.listen=127.0.0.1:0",
         "--listen",
         "127.0.0.1:0",
         "--upstream",

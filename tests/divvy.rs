@@ -428,10 +428,16 @@ async fn a_client_that_never_reads_does_not_stall_others() {
         !hog.is_finished(),
         "the server stopped reading the hog: its writes block"
     );
+    // Others are answered meanwhile. (A stall would hang; the bound only has to be far below that,
+    // with room for a loaded machine.)
     for _ in 0..20 {
         let started = std::time::Instant::now();
         assert!(p.exchange(b"HIT k=short\n").await.starts_with("OK "));
-        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
     }
     hog.abort();
 }

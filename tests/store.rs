@@ -325,7 +325,7 @@ async fn a_hung_redis_costs_at_most_the_timeout_then_the_policy_applies() {
         let started = Instant::now();
         let v = store.check(&k, 2, T0).await;
         assert!(
-            started.elapsed() < Duration::from_millis(250 + 150),
+            started.elapsed() < Duration::from_millis(250 + 400),
             "waited {:?}",
             started.elapsed()
         );

@@ -217,17 +217,10 @@ impl Store {
             Backend::Memory(m, _) => return Verdict::Decided(m.hit(key, limit, now)),
             Backend::Redis(r) => r,
         };
-        if !self.is_degraded() {
-            match redis.hit(key, limit, now).await {
-                Ok(d) => return Verdict::Decided(d),
-                Err(e) => self.mark_down(redis, &e),
-            }
-        }
-        match self.policy {
-            FailurePolicy::Local => Verdict::Local(self.fallback.hit(key, limit, now)),
-            FailurePolicy::Open => Verdict::Open,
-            FailurePolicy::Closed => Verdict::Closed,
-        }
+        self.with_policy(redis, redis.hit(key, limit, now), || {
+            self.fallback.hit(key, limit, now)
+        })
+        .await
     }
 
     /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
@@ -243,14 +236,27 @@ impl Store {
             Backend::Memory(_, f) => return Verdict::Decided(f.hit(key, limit, reset, now)),
             Backend::Redis(r) => r,
         };
+        let local = || self.fallback_fixed.hit(key, limit, reset, now);
+        self.with_policy(redis, redis.hit_fixed(key, limit, reset), local)
+            .await
+    }
+
+    /// Asks Redis unless it is known to be down; on failure, or while down, applies the policy
+    /// (`local` answers with `local()`).
+    async fn with_policy<D>(
+        &self,
+        redis: &Arc<RedisStore>,
+        call: impl Future<Output = Result<D, StoreError>>,
+        local: impl FnOnce() -> D,
+    ) -> Verdict<D> {
         if !self.is_degraded() {
-            match redis.hit_fixed(key, limit, reset).await {
+            match call.await {
                 Ok(d) => return Verdict::Decided(d),
                 Err(e) => self.mark_down(redis, &e),
             }
         }
         match self.policy {
-            FailurePolicy::Local => Verdict::Local(self.fallback_fixed.hit(key, limit, reset, now)),
+            FailurePolicy::Local => Verdict::Local(local()),
             FailurePolicy::Open => Verdict::Open,
             FailurePolicy::Closed => Verdict::Closed,
         }

@@ -164,10 +164,7 @@ impl RedisStore {
         if let Some(d) = self.blocked.check(key, limit, caller_second) {
             return Ok(d);
         }
-        match tokio::time::timeout(self.timeout, self.hit_inner(key, limit, now)).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::timeout()),
-        }
+        self.bounded(self.hit_inner(key, limit, now)).await
     }
 
     async fn hit_inner(
@@ -258,43 +255,38 @@ impl RedisStore {
                 ))),
             }
         };
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::timeout()),
-        }
+        self.bounded(fut).await
     }
 
     /// Publishes `message` on `channel`, bounded by the timeout.
     pub async fn publish(&self, channel: &str, message: &str) -> Result<(), StoreError> {
-        let fut = async {
-            let mut conn = self.connection().await?;
-            redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg(message)
-                .query_async::<i64>(&mut conn)
-                .await
-                .map(drop)
-                .map_err(|e| self.failed(e))
-        };
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::timeout()),
-        }
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(channel).arg(message);
+        self.command::<i64>(cmd).await.map(drop)
     }
 
     /// One PING, bounded by the timeout: is Redis answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let fut = async {
+        self.command::<String>(redis::cmd("PING")).await.map(drop)
+    }
+
+    async fn command<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        self.bounded(async {
             let mut conn = self.connection().await?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
+            cmd.query_async::<T>(&mut conn)
                 .await
-                .map(drop)
                 .map_err(|e| self.failed(e))
-        };
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::timeout()),
-        }
+        })
+        .await
+    }
+
+    /// Runs a store call within the store timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 }
