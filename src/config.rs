@@ -324,6 +324,20 @@ impl Default for LogConfig {
     }
 }
 
+/// Largest configuration file accepted. Default: 1 MiB.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// Reads a text file of at most `max` bytes.
+pub fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
+    let len = std::fs::metadata(path)?.len();
+    if len > max {
+        return Err(std::io::Error::other(format!(
+            "it is {len} bytes; at most {max} are accepted"
+        )));
+    }
+    std::fs::read_to_string(path)
+}
+
 /// Prefix of the environment variables that override options.
 pub const ENV_PREFIX: &str = "QUOTAGATE_";
 
@@ -341,7 +355,7 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut table = match file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
+                let text = read_capped(path, MAX_CONFIG_BYTES).map_err(|e| {
                     ConfigError(format!("cannot read config file {}: {e}", path.display()))
                 })?;
                 // Parse into the typed struct first: that gives line and column for mistakes.

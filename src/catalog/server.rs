@@ -135,6 +135,10 @@ impl CatalogServer {
             return;
         }
         st.seen = Some(stamp);
+        if meta.len() > super::MAX_CATALOG_BYTES {
+            tracing::warn!(file = %file.display(), bytes = meta.len(), "catalog source is larger than 64 MiB; still serving the last good version");
+            return;
+        }
         let Ok(bytes) = std::fs::read(&file) else {
             return;
         };

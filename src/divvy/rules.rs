@@ -12,6 +12,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
+/// Largest rule file accepted. Default: 16 MiB.
+pub const MAX_RULE_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// How a rule value is compared with the request's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Pattern {
@@ -395,10 +398,11 @@ impl RuleSet {
     /// Reads a `.ini` or `.json` rule file.
     pub fn load(path: &Path) -> Result<RuleSet, RuleError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| RuleError {
-            file: name.clone(),
-            reason: format!("cannot read it: {e}"),
-        })?;
+        let text =
+            crate::config::read_capped(path, MAX_RULE_FILE_BYTES).map_err(|e| RuleError {
+                file: name.clone(),
+                reason: format!("cannot read it: {e}"),
+            })?;
         RuleSet::parse(&name, &text)
     }
 
