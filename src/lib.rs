@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod catalog;
 pub mod clock;
+pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod divvy;

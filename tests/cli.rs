@@ -327,6 +327,44 @@ async fn the_catalog_server_runs_alone_and_requires_its_secret() {
 }
 
 #[tokio::test]
+async fn the_health_command_checks_a_url() {
+    let admin = free_port();
+    let mut q = Running::start(&[
+        "quickstart",
+        "--set",
+        &format!("admin.listen=127.0.0.1:{admin}"),
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &format!("http://127.0.0.1:{}", free_port()),
+    ]);
+    q.wait_for("quotagate listening");
+    let health = |url: String| {
+        tokio::task::spawn_blocking(move || quotagate(&["health", &url]).status.code())
+    };
+    assert_eq!(
+        health(format!("http://127.0.0.1:{admin}/healthz"))
+            .await
+            .unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        health(format!("http://127.0.0.1:{admin}/nope"))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        health(format!("http://127.0.0.1:{}/healthz", free_port()))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    q.signal("-TERM");
+    assert!(q.wait_exit().success());
+}
+
+#[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let up = support::Upstream::start().await;
     let catalog = tempfile::NamedTempFile::new().unwrap();
