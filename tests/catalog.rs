@@ -42,6 +42,16 @@ fn config(up: &Upstream, catalog_url: &str) -> Config {
     c
 }
 
+/// A gateway with no start-up catalog, once it has fetched one from its catalog server.
+async fn ready_gateway(c: Config) -> TestGateway {
+    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
+    eventually(Duration::from_secs(5), || async {
+        gw.gateway.proxy.catalog.is_ready()
+    })
+    .await;
+    gw
+}
+
 async fn status_of(gw: &TestGateway, key: &str) -> u16 {
     get(&gw.url("/items/1"), &[("X-Api-Key", key)]).await.status
 }
@@ -63,11 +73,7 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 2)])).await;
     let mut c = config(&up, &server.url());
     c.catalog.poll_interval_ms = 100;
-    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(c).await;
     assert_eq!(status_of(&gw, "k1").await, 200);
     assert_eq!(status_of(&gw, "k1").await, 200);
     assert_eq!(status_of(&gw, "k1").await, 429);
@@ -107,11 +113,7 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
 async fn a_new_key_is_served_on_the_request_that_carries_the_refresh_header() {
     let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5)])).await;
-    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(config(&up, &server.url())).await;
     server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5), ("fresh", 3)]));
     assert_eq!(
         status_of(&gw, "fresh").await,
@@ -135,11 +137,7 @@ async fn a_new_key_is_served_on_the_request_that_carries_the_refresh_header() {
 async fn concurrent_forced_refreshes_share_one_fetch() {
     let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
-    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(config(&up, &server.url())).await;
     // One HTTP/2 connection, warmed up, so the 100 requests arrive together.
     let client = Arc::new(http2_client());
     let url = gw.url("/items/1");
@@ -182,11 +180,7 @@ async fn concurrent_forced_refreshes_share_one_fetch() {
 async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstream() {
     let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
-    let gw = TestGateway::start_with(config(&up, &server.url()), None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(config(&up, &server.url())).await;
     let before = (server.count("latest"), server.count("indexed_limits"));
     for secret in ["wrong", "", "refresh-secre", "refresh-secrett"] {
         let r = get(
@@ -226,11 +220,7 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
     // With no secret configured the feature is off, and the header is still removed.
     let mut c = config(&up, &server.url());
     c.catalog.refresh_secret = String::new();
-    let off = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        off.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let off = ready_gateway(c).await;
     let before = server.count("latest");
     get(&off.url("/items/1"), &[("X-Api-Key", "k1"), (REFRESH, "")]).await;
     assert!(up.last().headers.get(REFRESH).is_none());
@@ -310,11 +300,7 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
     c.catalog.poll_interval_ms = 50;
     c.catalog.backoff_max_ms = 100;
     c.catalog.request_timeout_ms = 300;
-    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(c).await;
     let served = gw.gateway.proxy.catalog.snapshot().version.hash.clone();
 
     let older = catalog("2025-01-01T00:00:00Z", &[("k1", 1)]);
@@ -527,11 +513,7 @@ async fn forced_fetches_are_spaced_by_the_minimum_interval() {
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
     let mut c = config(&up, &server.url());
     c.catalog.refresh_min_interval_ms = 1000;
-    let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
-    eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
-    })
-    .await;
+    let gw = ready_gateway(c).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // past the start-up fetch's spacing
     let before = server.count("latest");
     let refresh = [("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)];
