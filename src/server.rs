@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
-    /// Time a client has to send a request's headers. Default: 10 s.
+    /// Time a client has to send its first byte, and each request's headers. Default: 10 s.
     pub header_read_timeout: Duration,
     /// Largest request header section, in bytes (HTTP/1 read buffer, HTTP/2 header list). Default: 64 KiB.
     pub max_header_bytes: usize,
@@ -96,13 +96,26 @@ where
             let fut = h(peer, req);
             async move { Ok::<_, Infallible>(fut.await) }
         });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), svc).into_owned());
-        let gauge = settings.connections.clone();
-        if let Some(g) = &gauge {
-            g.inc();
-        }
+        let (http, watcher, gauge) = (
+            http.clone(),
+            graceful.watcher(),
+            settings.connections.clone(),
+        );
+        let first_byte = settings.header_read_timeout;
         tokio::spawn(async move {
-            let _ = conn.await;
+            // hyper's header timer starts with the first byte: a client that connects and sends
+            // nothing would hold a connection slot forever.
+            // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
+            match tokio::time::timeout(first_byte, tcp.peek(&mut [0u8; 1])).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+            if let Some(g) = &gauge {
+                g.inc();
+            }
+            let _ = watcher
+                .watch(http.serve_connection(TokioIo::new(tcp), svc).into_owned())
+                .await;
             if let Some(g) = gauge {
                 g.dec();
             }

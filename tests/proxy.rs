@@ -751,3 +751,28 @@ async fn readyz_says_not_ready_until_a_catalog_is_loaded() {
         0.0
     );
 }
+
+#[tokio::test]
+async fn silent_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::AsyncReadExt;
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.server.header_read_timeout_ms = 300;
+    let gw = gateway(c).await;
+    // Connects and never sends a byte: without this, it would hold a connection slot forever.
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+        .await
+        .expect("the gateway closes a silent connection")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    // A client that does talk is served as before.
+    assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+}
