@@ -341,7 +341,8 @@ pub fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
 /// Prefix of the environment variables that override options.
 pub const ENV_PREFIX: &str = "QUOTAGATE_";
 
-fn ms(v: u64) -> Duration {
+/// A duration from an option's milliseconds.
+pub(crate) fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 

@@ -14,7 +14,7 @@ use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
 use crate::catalog::{CatalogError, MAX_CATALOG_BYTES, Snapshot};
 use crate::clock::Clock;
-use crate::config::{Config, ConfigError, StoreKind};
+use crate::config::{Config, ConfigError, StoreKind, ms};
 use crate::divvy::rules::RuleSet;
 use crate::divvy::server::DivvySettings;
 use crate::divvy::{self, Divvy};
@@ -69,10 +69,6 @@ pub fn build_store(config: &Config) -> Result<Store, StoreError> {
             Store::redis(redis, s.failure_policy, s.probe_interval())
         }
     })
-}
-
-fn ms(v: u64) -> std::time::Duration {
-    std::time::Duration::from_millis(v)
 }
 
 impl Gateway {
