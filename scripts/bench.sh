@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# Benchmark: requests/s and latency of the example upstream alone and through quotagate.
+# The request-path benchmark: quotagate side by side with nginx proxy_pass and HAProxy, in one run.
 #
 #   scripts/bench.sh [DURATION_SECONDS] [CONNECTIONS]      (defaults: 10 s, 64 connections)
 #
-# Builds release binaries, starts the example upstream, a private redis-server (TCP on a free loopback
-# port) and quotagate in each configuration, loads each with wrk (installed from Debian's packages if
-# missing), prints one table and appends it, with the date, machine and command, to
-# docs/benchmarks.md. Everything runs on this machine, so the load generator, the gateway, the
-# upstream and Redis share its cores: compare rows with each other, not with other machines.
+# Installs nginx, HAProxy and wrk from Debian's packages when missing, builds the release binary,
+# starts the example upstream and a private redis-server, then loads every row with
+# `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, or one key far over its limit). For each row it
+# reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
+# requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
+# the upstream; HAProxy: 1 thread). Prints the table and appends it, with the machine and the
+# command, to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that; CI's smoke run sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 
 DURATION=${1:-10}
 CONNS=${2:-64}
 THREADS=2
 
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "installing wrk (Debian package)" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-fi
+ensure_debian_packages wrk:wrk nginx:nginx-light haproxy:haproxy
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 cargo build --release --quiet
 BIN=target/release/quotagate
@@ -32,78 +34,136 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
-
 # A catalog with 1000 keys far under their limits, and one key ("hog") with a limit of 10 per minute.
-python3 - "$WORK/catalog.json" <<'EOF'
+python3 - "$WORK/catalog.json" <<'PY'
 import json, sys
 keys = [{"key": f"key-{i:04d}", "limits": [{"ep": 0, "rl": 1_000_000_000}]} for i in range(1000)]
 keys.append({"key": "hog", "limits": [{"ep": 0, "rl": 10}]})
 json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
            "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
-EOF
-# wrk script: every request uses one of the 1000 keys, round robin per thread.
-cat > "$WORK/many-keys.lua" <<'EOF'
+PY
+# Every request uses one of the 1000 keys, round robin per wrk thread.
+cat > "$WORK/many-keys.lua" <<'LUA'
 local n = 0
 request = function()
   n = n + 1
   return wrk.format("GET", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000) })
 end
-EOF
+LUA
 
 UP_PORT=$(free_port)
 "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
+UP_PID=$!
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
+REDIS_PID=$!
 wait_port "$UP_PORT"; wait_port "$REDIS_PORT"
 
-ROWS=()
-# run_wrk NAME PORT [wrk args...]: appends a table row.
-run_wrk() {
-  local name=$1 port=$2; shift 2
-  local out
+# Result lines: name|rps|us_per_request|p50|p99|rejected|redis_us_per_request
+RESULTS=()
+
+# measure NAME PORT PIDS WRK_ARGS...: one wrk run against PORT, CPU of PIDS (space-separated).
+measure() {
+  local name=$1 port=$2 pids=$3; shift 3
+  local before rbefore out after rafter
+  # shellcheck disable=SC2086
+  before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID")
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/users/1")
-  ROWS+=("$(python3 scripts/parse_wrk.py "$name" <<<"$out")")
+  # shellcheck disable=SC2086
+  after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID")
+  RESULTS+=("$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" <<<"$out")")
 }
 
-# gateway NAME ARGS...: starts quotagate with ARGS, runs wrk against it, stops it.
+MANY=(-s "$WORK/many-keys.lua")
+HOG=(-H "X-Api-Key: hog")
+
+# gateway NAME WRK_ARGS_NAME ARGS...: starts quotagate with ARGS, measures it, stops it.
 gateway() {
-  local name=$1; shift
+  local name=$1 wrkargs=$2; shift 2
   local port; port=$(free_port)
   "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
-    --set log.level=warn "$@" 2>"$WORK/gw.log" & local pid=$!
+    --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & local pid=$!
   wait_port "$port"
-  run_wrk "$name" "$port" "${WRK_ARGS[@]}"
+  local -n args=$wrkargs
+  measure "$name" "$port" "$pid" "${args[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
-REDIS="--store redis --redis-url redis://127.0.0.1:$REDIS_PORT"
-WRK_ARGS=(-H "X-Api-Key: key-0001")
-run_wrk "upstream directly" "$UP_PORT"
-gateway "quotagate, limits disabled" --set limits.enabled=false
-WRK_ARGS=(-s "$WORK/many-keys.lua")
-gateway "quotagate, memory store, 1000 keys under their limits"
-# shellcheck disable=SC2086
-gateway "quotagate, Redis store, 1000 keys under their limits" $REDIS
-WRK_ARGS=(-H "X-Api-Key: hog")
-gateway "quotagate, memory store, one key far over its limit"
-# shellcheck disable=SC2086
-gateway "quotagate, Redis store, one key far over its limit" $REDIS
+nginx_row() {
+  local port; port=$(free_port)
+  mkdir -p "$WORK/nginx"
+  cat > "$WORK/nginx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log stderr warn;
+events { worker_connections 10240; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  upstream api { server 127.0.0.1:$UP_PORT; keepalive 128; }
+  server {
+    listen 127.0.0.1:$port;
+    location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+  "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & local pid=$!
+  wait_port "$port"
+  measure "nginx proxy_pass (1 worker)" "$port" "$pid" "${MANY[@]}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
 
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
-TABLE=$(
-  echo "| scenario | requests/s | p50 ms | p99 ms | answered 429 |"
-  echo "|---|---:|---:|---:|---:|"
-  printf '%s\n' "${ROWS[@]}"
-)
+haproxy_row() {
+  local name=$1 extra=$2
+  local port; port=$(free_port)
+  cat > "$WORK/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$port
+$extra
+  default_backend be
+backend be
+  server api 127.0.0.1:$UP_PORT
+CONF
+  "$HAPROXY" -db -f "$WORK/haproxy.cfg" 2>"$WORK/haproxy.log" & local pid=$!
+  wait_port "$port"
+  measure "$name" "$port" "$pid" "${MANY[@]}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+REDIS=(--store redis --redis-url "redis://127.0.0.1:$REDIS_PORT")
+measure "upstream directly" "$UP_PORT" "$UP_PID" "${MANY[@]}"
+nginx_row
+haproxy_row "HAProxy (1 thread), plain proxy" ""
+haproxy_row "HAProxy (1 thread), per-key stick table" "  stick-table type string len 64 size 100k expire 60s store http_req_rate(60s)
+  http-request track-sc0 req.hdr(X-Api-Key)
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
+gateway "quotagate, limits off" MANY --set limits.enabled=false
+gateway "quotagate, memory store, 1000 keys under limit" MANY
+gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
+gateway "quotagate, memory store, one key over its limit" HOG
+gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
+
+TABLE=$(printf '%s\n' "${RESULTS[@]}" | python3 scripts/bench_table.py "nginx proxy_pass (1 worker)")
 echo "$TABLE"
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo
-  echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s). Machine: $(nproc) cores ($CPU), $(free -g | awk '/Mem:/{print $2}') GiB; wrk, quotagate, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
-  echo
-  echo "$TABLE"
-} >> docs/benchmarks.md
-echo "appended to docs/benchmarks.md"
+if [ -z "${BENCH_NO_RECORD:-}" ]; then
+  {
+    echo
+    echo "## Request path, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
+    echo
+    echo "$TABLE"
+  } >> docs/benchmarks.md
+  echo "appended to docs/benchmarks.md"
+fi

@@ -1,8 +1,13 @@
-"""Reads `wrk --latency` output on stdin; prints one Markdown table row for the scenario in argv[1]."""
+"""Reads `wrk --latency` output on stdin; prints one result line for scripts/bench_table.py.
+
+argv: NAME CPU_TICKS_OF_THE_PROCESS REDIS_CPU_TICKS TICKS_PER_SECOND
+Output: name|requests/s|CPU us per request|p50 ms|p99 ms|share answered non-2xx|Redis CPU us per request
+"""
 import re
 import sys
 
 out = sys.stdin.read()
+name, ticks, redis_ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
 
 def pct(p):
@@ -16,5 +21,8 @@ total = int(re.search(r"(\d+) requests in", out).group(1))
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
 rejected = int(non2xx.group(1)) if non2xx else 0
 errors = re.search(r"Socket errors: (.*)", out)
-note = f" (socket errors: {errors.group(1)})" if errors else ""
-print(f"| {sys.argv[1]}{note} | {rps:,.0f} | {pct(50):.2f} | {pct(99):.2f} | {rejected / max(total, 1):.1%} |")
+if errors:
+    name += f" (socket errors: {errors.group(1)})"
+us = ticks / hz * 1e6 / max(total, 1)
+redis_us = redis_ticks / hz * 1e6 / max(total, 1)
+print(f"{name}|{rps:.0f}|{us:.2f}|{pct(50):.2f}|{pct(99):.2f}|{rejected / max(total, 1):.4f}|{redis_us:.2f}")

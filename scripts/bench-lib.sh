@@ -1,0 +1,49 @@
+# Helpers shared by the benchmark scripts (sourced, not run).
+#
+# CPU time is read from /proc/PID/stat (utime + stime, every thread of the process, in clock ticks):
+# the cost of a request is the CPU a process spent over a load run divided by the requests it served.
+# On a shared 2-core machine absolute numbers drift between runs, so tables compare rows of one run.
+
+TICKS_PER_S=$(getconf CLK_TCK)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
+  echo "port $1 never opened" >&2; return 1
+}
+
+# cpu_ticks PID...: utime+stime of the processes and of their children (nginx's workers), in ticks.
+cpu_ticks() {
+  local total=0 p kids
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] || continue
+    # The command name may hold spaces: take the fields after the closing parenthesis.
+    total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    kids=$(pgrep -P "$p" || true)
+    # shellcheck disable=SC2086
+    [ -n "$kids" ] && total=$((total + $(cpu_ticks $kids)))
+  done
+  echo "$total"
+}
+
+# rss_kib PID: resident memory in KiB.
+rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
+
+# us_per DELTA_TICKS REQUESTS: microseconds of CPU per request.
+us_per() { python3 -c "import sys; t,n,hz=map(float,sys.argv[1:]); print(f'{t/hz*1e6/max(n,1):.1f}')" "$1" "$2" "$TICKS_PER_S"; }
+
+machine_line() {
+  local cpu; cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+  echo "$(nproc) cores ($cpu), $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r)"
+}
+
+ensure_debian_packages() {
+  local missing=()
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing ${missing[*]} (Debian packages)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
