@@ -92,6 +92,9 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Open client connections at most; more wait in the accept queue. Default: 10000.
     pub max_connections: usize,
+    /// Threads that serve proxy connections, each with its own event loop, upstream pool and
+    /// Redis connection. Default: 0, one per core.
+    pub workers: usize,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +106,17 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
             max_connections: 10_000,
+            workers: 0,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The number of proxy workers: `workers`, or one per core when 0.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => crate::workers::default_count(),
+            n => n,
         }
     }
 }
@@ -441,6 +455,9 @@ impl Config {
         }
         if self.server.max_header_bytes < 8192 {
             return err("server.max_header_bytes must be at least 8192".into());
+        }
+        if self.server.workers > 1024 {
+            return err("server.workers must be at most 1024 (0: one per core)".into());
         }
         if self.server.max_connections == 0 {
             return err("server.max_connections must be at least 1".into());

@@ -23,6 +23,7 @@ use crate::proxy::upstream::Upstream;
 use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
 use crate::store::{RedisOptions, RedisStore, Store, StoreError};
+use crate::workers::Workers;
 use std::sync::atomic::AtomicBool;
 
 /// Why the gateway could not start.
@@ -65,6 +66,7 @@ pub fn build_store(config: &Config) -> Result<Store, StoreError> {
                 pool_size: s.pool_size,
                 prefix: s.key_prefix.clone(),
                 time_source: s.time_source,
+                connections: config.server.worker_count(),
             })?;
             Store::redis(redis, s.failure_policy, s.probe_interval())
         }
@@ -160,7 +162,11 @@ impl Gateway {
             refresh,
             store,
             clock,
-            upstream: Upstream::new(&config.upstream, config.server.max_header_bytes)?,
+            upstream: Upstream::new(
+                &config.upstream,
+                config.server.max_header_bytes,
+                config.server.worker_count(),
+            )?,
             policy,
         };
         let settings = HttpSettings {
@@ -169,6 +175,10 @@ impl Gateway {
             max_connections: config.server.max_connections,
             drain_timeout: config.drain_timeout(),
             connections: Some(metrics.open_connections.clone()),
+            workers: Some(Arc::new(
+                Workers::start(config.server.worker_count(), "quotagate-worker")
+                    .map_err(|e| ConfigError(format!("cannot start the proxy workers: {e}")))?,
+            )),
         };
         Ok(Gateway {
             proxy: Arc::new(proxy),

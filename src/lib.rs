@@ -27,3 +27,4 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod workers;

@@ -16,8 +16,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+
+use crate::workers::Workers;
 
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
@@ -32,6 +34,9 @@ pub struct HttpSettings {
     pub drain_timeout: Duration,
     /// Counts open connections, when given (a metric).
     pub connections: Option<prometheus_client::metrics::gauge::Gauge>,
+    /// Serve connections on these single-threaded workers (see [`crate::workers`]); `None`: on
+    /// the caller's runtime. The gateway uses `server.workers`, one per core by default.
+    pub workers: Option<Arc<Workers>>,
 }
 
 impl Default for HttpSettings {
@@ -42,6 +47,7 @@ impl Default for HttpSettings {
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(10),
             connections: None,
+            workers: None,
         }
     }
 }
@@ -102,7 +108,7 @@ where
             settings.connections.clone(),
         );
         let first_byte = settings.header_read_timeout;
-        tokio::spawn(async move {
+        let connection = move |tcp: TcpStream| async move {
             // hyper's header timer starts with the first byte: a client that connects and sends
             // nothing would hold a connection slot forever.
             // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
@@ -114,16 +120,126 @@ where
                 g.inc();
             }
             let _ = watcher
-                .watch(http.serve_connection(TokioIo::new(tcp), svc).into_owned())
+                .watch(
+                    http.serve_connection(TokioIo::new(Lingering(Some(tcp))), svc)
+                        .into_owned(),
+                )
                 .await;
             if let Some(g) = gauge {
                 g.dec();
             }
             drop(permit);
-        });
+        };
+        match &settings.workers {
+            None => {
+                tokio::spawn(connection(tcp));
+            }
+            // The socket moves to the worker's own reactor; the connection never leaves it.
+            Some(workers) => match tcp.into_std() {
+                Ok(std) => workers.run(move || async move {
+                    if let Ok(tcp) = TcpStream::from_std(std) {
+                        connection(tcp).await;
+                    }
+                }),
+                Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
+            },
+        }
     }
     drop(listener);
     tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
         .await
         .is_ok()
+}
+
+/// How long a closed connection keeps discarding what the client still sends. Default: 2 s.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+/// How much a closed connection discards at most. Default: 16 MiB.
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+
+/// A client socket with nginx's lingering close: when a connection ends while the client is still
+/// sending (an upload answered early with 413, say), closing at once would make the kernel reset
+/// the connection, and the client would often lose the answer along with it. So the rest is read
+/// and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`], before the socket is closed.
+struct Lingering(Option<TcpStream>);
+
+impl Lingering {
+    fn get(self: std::pin::Pin<&mut Self>) -> std::pin::Pin<&mut TcpStream> {
+        let tcp = self.get_mut().0.as_mut().expect("present until dropped");
+        std::pin::Pin::new(tcp)
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        let Some(tcp) = self.0.take() else { return };
+        // Nothing unread (the usual close): close now.
+        if !matches!(tcp.try_read(&mut [0u8; 1]), Ok(n) if n > 0) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut tcp = tcp;
+            let _ = tcp.shutdown().await;
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut left = LINGER_BYTES;
+            let _ = tokio::time::timeout(LINGER_TIME, async {
+                while left > 0 {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => left = left.saturating_sub(n),
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
+impl tokio::io::AsyncRead for Lingering {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get().poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Lingering {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get().poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get().poll_shutdown(cx)
+    }
 }

@@ -91,6 +91,7 @@ impl Port {
                     pool_size: 8,
                     prefix: "unused".into(),
                     time_source: TimeSource::Local,
+                    connections: 1,
                 })
                 .unwrap();
                 Store::redis(s, policy, Duration::from_millis(50))

@@ -37,6 +37,7 @@ fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
         pool_size: 8,
         prefix: "qgtest".into(),
         time_source,
+        connections: 1,
     }
 }
 

@@ -33,26 +33,36 @@ pub enum UpstreamError {
 }
 
 pub struct Upstream {
-    client: Client<HttpConnector, UpstreamBody>,
+    /// One pool per worker ([`crate::workers`]): a pooled connection's task runs on the worker
+    /// that opened it, so sharing one pool would send requests across threads.
+    clients: Box<[Client<HttpConnector, UpstreamBody>]>,
     target: UpstreamTarget,
     response_timeout: Duration,
 }
 
 impl Upstream {
-    pub fn new(cfg: &UpstreamConfig, max_header_bytes: usize) -> Result<Upstream, ConfigError> {
+    /// `workers`: how many connection pools to keep (one per worker; `upstream.pool_max_idle`
+    /// applies to each).
+    pub fn new(
+        cfg: &UpstreamConfig,
+        max_header_bytes: usize,
+        workers: usize,
+    ) -> Result<Upstream, ConfigError> {
         let target = UpstreamTarget::parse(&cfg.url)?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(cfg.connect_timeout()));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout())
-            .pool_max_idle_per_host(cfg.pool_max_idle)
-            .http1_max_buf_size(max_header_bytes.max(8192))
-            .build(connector);
+        let build = || {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(cfg.pool_idle_timeout())
+                .pool_max_idle_per_host(cfg.pool_max_idle)
+                .http1_max_buf_size(max_header_bytes.max(8192))
+                .build(connector.clone())
+        };
         Ok(Upstream {
-            client,
+            clients: (0..workers.max(1)).map(|_| build()).collect(),
             target,
             response_timeout: cfg.response_timeout(),
         })
@@ -82,7 +92,8 @@ impl Upstream {
         &self,
         req: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+        let client = &self.clients[crate::workers::current() % self.clients.len()];
+        match tokio::time::timeout(self.response_timeout, client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Unreachable),

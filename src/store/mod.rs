@@ -217,10 +217,15 @@ impl Store {
             Backend::Memory(m, _) => return Verdict::Decided(m.hit(key, limit, now)),
             Backend::Redis(r) => r,
         };
-        self.with_policy(redis, redis.hit(key, limit, now), || {
-            self.fallback.hit(key, limit, now)
-        })
-        .await
+        // The call is awaited where it is made, not passed to a helper: a future passed by value
+        // into an `async fn` is stored twice, and this one is in every request's future.
+        if !self.is_degraded() {
+            match redis.hit(key, limit, now).await {
+                Ok(d) => return Verdict::Decided(d),
+                Err(e) => self.mark_down(redis, &e),
+            }
+        }
+        self.degraded(|| self.fallback.hit(key, limit, now))
     }
 
     /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
@@ -236,25 +241,18 @@ impl Store {
             Backend::Memory(_, f) => return Verdict::Decided(f.hit(key, limit, reset, now)),
             Backend::Redis(r) => r,
         };
-        let local = || self.fallback_fixed.hit(key, limit, reset, now);
-        self.with_policy(redis, redis.hit_fixed(key, limit, reset), local)
-            .await
-    }
-
-    /// Asks Redis unless it is known to be down; on failure, or while down, applies the policy
-    /// (`local` answers with `local()`).
-    async fn with_policy<D>(
-        &self,
-        redis: &Arc<RedisStore>,
-        call: impl Future<Output = Result<D, StoreError>>,
-        local: impl FnOnce() -> D,
-    ) -> Verdict<D> {
         if !self.is_degraded() {
-            match call.await {
+            match redis.hit_fixed(key, limit, reset).await {
                 Ok(d) => return Verdict::Decided(d),
                 Err(e) => self.mark_down(redis, &e),
             }
         }
+        self.degraded(|| self.fallback_fixed.hit(key, limit, reset, now))
+    }
+
+    /// The answer while Redis is down or just failed: the failure policy (`local` answers with
+    /// `local()`).
+    fn degraded<D>(&self, local: impl FnOnce() -> D) -> Verdict<D> {
         match self.policy {
             FailurePolicy::Local => Verdict::Local(local()),
             FailurePolicy::Open => Verdict::Open,

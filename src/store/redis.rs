@@ -55,18 +55,28 @@ pub struct RedisOptions {
     /// Key prefix. Default: `quotagate`.
     pub prefix: String,
     pub time_source: TimeSource,
+    /// Multiplexed connections kept for the hot path: one per proxy worker
+    /// ([`crate::workers`]), so a worker's calls never wait on another thread. Default: 1.
+    pub connections: usize,
 }
 
-/// The Redis store.
-pub struct RedisStore {
-    pool: Pool,
-    /// The connection the hot path uses; `None` after it broke, refilled from the pool.
-    /// `ArcSwapOption`: read on every request, written only on failure.
+/// One multiplexed connection the hot path uses.
+#[derive(Default)]
+struct Slot {
+    /// `None` after it broke, refilled from the pool. `ArcSwapOption`: read on every request,
+    /// written only on failure.
     conn: ArcSwapOption<MultiplexedConnection>,
     /// Held while the slot is refilled, so concurrent callers share one new connection (and their
     /// commands stay in the order they were issued) instead of each checking one out of the pool.
     /// `tokio::sync::Mutex`: held across the pool's `.await`, and fair (FIFO).
     refill: tokio::sync::Mutex<()>,
+}
+
+/// The Redis store.
+pub struct RedisStore {
+    pool: Pool,
+    /// One slot per worker: the connection's task runs on the worker that opened it.
+    slots: Box<[Slot]>,
     timeout: Duration,
     prefix: String,
     time_source: TimeSource,
@@ -101,8 +111,9 @@ impl RedisStore {
             .map_err(StoreError::config)?;
         Ok(RedisStore {
             pool,
-            conn: ArcSwapOption::empty(),
-            refill: tokio::sync::Mutex::new(()),
+            slots: (0..opts.connections.max(1))
+                .map(|_| Slot::default())
+                .collect(),
             timeout: opts.timeout,
             prefix: opts.prefix.clone(),
             time_source: opts.time_source,
@@ -111,16 +122,29 @@ impl RedisStore {
         })
     }
 
+    fn slot(&self) -> &Slot {
+        &self.slots[crate::workers::current() % self.slots.len()]
+    }
+
     async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        if let Some(c) = self.conn.load_full() {
+        let slot = self.slot();
+        if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
         }
-        let _refilling = self.refill.lock().await;
-        if let Some(c) = self.conn.load_full() {
+        // Boxed: the pool's future is about 7 KB, and every store call's future (and so every
+        // request's) would otherwise carry it, and copy it, although it is rarely needed.
+        Box::pin(self.refill(slot)).await
+    }
+
+    async fn refill(&self, slot: &Slot) -> Result<MultiplexedConnection, StoreError> {
+        let _refilling = slot.refill.lock().await;
+        if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
         }
         let pooled = self.pool.get().await.map_err(StoreError::pool)?;
-        let mut c: MultiplexedConnection = (*pooled).clone();
+        // Taken out of the pool for good: given back, the next slot to refill could get this
+        // same connection, whose task runs on this worker's thread.
+        let mut c = deadpool_redis::Connection::take(pooled);
         // Load the scripts before anyone uses the connection: a NOSCRIPT retry would let later
         // commands overtake earlier ones. (A later SCRIPT FLUSH is still healed by invoke_async.)
         for script in [&*WINDOW, &*DIVVY] {
@@ -129,7 +153,7 @@ impl RedisStore {
                 .await
                 .map_err(|e| self.failed(e))?;
         }
-        self.conn.store(Some(Arc::new(c.clone())));
+        slot.conn.store(Some(Arc::new(c.clone())));
         Ok(c)
     }
 
@@ -139,14 +163,16 @@ impl RedisStore {
             || e.is_connection_refusal()
             || e.is_unrecoverable_error()
         {
-            self.conn.store(None);
+            self.slot().conn.store(None);
         }
         StoreError::redis(e)
     }
 
     /// Forgets the current connection, so the next call opens a fresh one.
     pub fn reset_connection(&self) {
-        self.conn.store(None);
+        for slot in &self.slots {
+            slot.conn.store(None);
+        }
     }
 
     /// Checks one request against `limit` (> 0) and counts it if allowed. `now` is the caller's
@@ -280,13 +306,14 @@ impl RedisStore {
         .await
     }
 
-    /// Runs a store call within the store timeout.
-    async fn bounded<T>(
+    /// Runs a store call within the store timeout. (A combinator, not an `async fn`: that would
+    /// hold `call` twice, doubling the size of every request's future.)
+    fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+    ) -> impl Future<Output = Result<T, StoreError>> {
+        use futures_util::FutureExt;
         tokio::time::timeout(self.timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
+            .map(|r| r.unwrap_or_else(|_| Err(StoreError::timeout())))
     }
 }
