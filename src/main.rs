@@ -5,6 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
+/// mimalloc rather than glibc's malloc: measured cheaper per request on the proxy path, and it
+/// gives freed memory back to the system instead of keeping it in per-thread arenas.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use quotagate::config::Config;
 use quotagate::divvy::load::LoadOptions;
 use quotagate::gateway::StartError;
