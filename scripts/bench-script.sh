@@ -1,51 +1,105 @@
 #!/usr/bin/env bash
-# Cost of the window script inside Redis, measured with redis-benchmark (50 clients, unpipelined)
-# against a private redis-server, next to an empty script, INCR and a naive HGETALL-and-sum script.
+# Cost of the window script inside Redis: redis-server's CPU per call (utime+stime from /proc over the
+# run, divided by the calls) and calls/s with redis-benchmark (50 clients, unpipelined), next to INCR
+# and an empty script measured in the same run.
 #   scripts/bench-script.sh [REQUESTS]     (default 300000)
-# Prints a table and appends it to docs/benchmarks.md.
+# Prints a table and appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 N=${1:-300000}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark is needed (apt-get install redis-tools)" >&2; exit 1; }
 DIR=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PORT=$(free_port)
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$DIR" --daemonize yes --pidfile "$DIR/pid" >/dev/null
 trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$DIR"' EXIT
 for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+PID=$(cat "$DIR/pid")
 cli() { redis-cli -p "$PORT" "$@"; }
 
 SHA=$(cli SCRIPT LOAD "$(cat src/store/window.lua)")
 EMPTY=$(cli SCRIPT LOAD 'return 1')
-# The naive alternative: read both minutes whole and sum the window in Lua.
-NAIVE=$(cli SCRIPT LOAD "local t=tonumber(ARGV[1]) local s=t%60 local sum=0
-local c=redis.call('HGETALL',KEYS[1]) for i=1,#c,2 do if tonumber(c[i])<=s then sum=sum+tonumber(c[i+1]) end end
-local p=redis.call('HGETALL',KEYS[2]) for i=1,#p,2 do if tonumber(p[i])>s then sum=sum+tonumber(p[i+1]) end end
-if sum+1>tonumber(ARGV[2]) then return {0,sum} end
-redis.call('HINCRBY',KEYS[1],s,1) redis.call('EXPIRE',KEYS[1],180) return {1,sum}")
-NOW=1700000070; M=$((NOW / 60)); BIG=1000000000000
-# Minutes with all 60 seconds non-empty.
-cli EVAL "for i=0,59 do redis.call('HSET',KEYS[1],i,1) redis.call('HSET',KEYS[2],i,1) end" 2 full prevfull >/dev/null
+NOW=1700000040; M=$((NOW / 60)); BASE=$((M * 60)); BIG=1000000000000
+# The previous minute of a key hit in every one of its seconds, with the script's state fields as the
+# script leaves them after its last second.
+cli EVAL "for i=0,59 do redis.call('HSET',KEYS[1],i,1) end
+redis.call('HSET',KEYS[1],'c',ARGV[1]+59,'w',60,'o',ARGV[1])" 1 prevfull $((BASE - 60)) >/dev/null
 
-rate() { redis-benchmark -p "$PORT" -n "$N" -c 50 -q "$@" 2>/dev/null | grep -o '[0-9.]* requests per second' | cut -d' ' -f1; }
-row() { local name=$1; shift; printf '| %s | %s |\n' "$name" "$(rate "$@" | xargs printf '%.0f')"; }
+ROWS=()
+INCR_US=""
+# row NAME REDIS-BENCHMARK-ARGS...: calls/s and redis-server CPU per call.
+row() {
+  local name=$1; shift
+  local before after rate us
+  before=$(cpu_ticks "$PID")
+  rate=$(redis-benchmark -p "$PORT" -n "$N" -c 50 -q "$@" 2>/dev/null | grep -o '[0-9.]* requests per second' | cut -d' ' -f1)
+  after=$(cpu_ticks "$PID")
+  us=$(us_per $((after - before)) "$N")
+  [ -z "$INCR_US" ] && INCR_US=$us
+  ROWS+=("| $name | $(printf '%.0f' "$rate") | $us | $(python3 -c "print(f'{$us/$INCR_US:.2f}x')") |")
+}
+
+row "INCR" INCR x
+row "empty script (EVALSHA baseline)" EVALSHA "$EMPTY" 0
+row "window.lua, one hot key, allowed (same second)" EVALSHA "$SHA" 4 a b hot c "$M" "$NOW" "$BIG" 180
+row "window.lua, one key over its limit, rejected (cached in the hash)" EVALSHA "$SHA" 4 a b hog c "$M" "$NOW" 10 180
+row "window.lua, worst case: first call of a minute, previous minute full (every second hit)" \
+  -r 100000000 EVALSHA "$SHA" 4 a prevfull "cur:__rand_int__" c "$M" "$NOW" "$BIG" 180
+
+# Steady state of full windows, pipelined (redis-cli --pipe): 1000 keys, each hit once in every
+# second of a minute whose previous minute is full. 59 of 60 calls per key are a new second, 1 a
+# new minute. Compared with the same number of pipelined INCRs.
+# pipe_row NAME FILE CALLS: redis-server CPU per call of piping FILE.
+pipe_row() {
+  local name=$1 file=$2 calls=$3 before after us
+  before=$(cpu_ticks "$PID")
+  local started; started=$(date +%s.%N)
+  redis-cli -p "$PORT" --pipe < "$file" >/dev/null
+  after=$(cpu_ticks "$PID")
+  local rate; rate=$(python3 -c "import time; print(f'{$calls/(time.time()-$started):.0f}')")
+  us=$(us_per $((after - before)) "$calls")
+  ROWS+=("| $name | $rate | $us | $(python3 -c "print(f'{$us/$PIPE_INCR_US:.2f}x')") |")
+}
+python3 - "$DIR" "$SHA" "$BASE" "$M" <<'PY'
+import sys
+d, sha, base, m = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def resp(*args):
+    out = [f"*{len(args)}\r\n"]
+    for a in args:
+        a = str(a)
+        out.append(f"${len(a.encode())}\r\n{a}\r\n")
+    return "".join(out)
+keys = 1000
+with open(f"{d}/setup.resp", "w") as f:
+    for i in range(keys):
+        prev = f"s{i}:{m-1}"
+        args = ["HSET", prev] + [x for s in range(60) for x in (s, 1)] + ["c", base - 1, "w", 60, "o", base - 60]
+        f.write(resp(*args))
+with open(f"{d}/window.resp", "w") as f, open(f"{d}/incr.resp", "w") as g:
+    for sec in range(60):
+        for i in range(keys):
+            f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, base + sec, 10**12, 180))
+            g.write(resp("INCR", f"i{i}"))
+PY
+redis-cli -p "$PORT" --pipe < "$DIR/setup.resp" >/dev/null
+before=$(cpu_ticks "$PID"); redis-cli -p "$PORT" --pipe < "$DIR/incr.resp" >/dev/null; after=$(cpu_ticks "$PID")
+PIPE_INCR_US=$(us_per $((after - before)) 60000)
+pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
+pipe_row "window.lua, pipelined, 1000 keys each hit every second of a minute, previous minute full" "$DIR/window.resp" 60000
 
 TABLE=$(
-  echo "| call | calls/s |"
-  echo "|---|---:|"
-  row "empty script (EVALSHA baseline)" EVALSHA "$EMPTY" 0
-  row "INCR" INCR x
-  row "window.lua, one hot key, allowed" EVALSHA "$SHA" 4 a b hot c "$M" "$NOW" "$BIG" 180
-  row "window.lua, one key over its limit, rejected" EVALSHA "$SHA" 4 a b hog c "$M" "$NOW" 10 180
-  row "window.lua, a new counter every call, previous minute full (worst case, once per counter-minute)" \
-    -r 100000000 EVALSHA "$SHA" 4 a prevfull "cur:__rand_int__" c "$M" "$NOW" "$BIG" 180
-  row "naive HGETALL script, both minutes full" EVALSHA "$NAIVE" 2 full prevfull "$NOW" "$BIG"
+  echo "| call | calls/s | redis-server CPU us/call | CPU vs INCR (of the same mode) |"
+  echo "|---|---:|---:|---:|"
+  printf '%s\n' "${ROWS[@]}"
 )
 echo "$TABLE"
-{
-  echo
-  echo "## Script cost, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo
-  echo "Command: \`scripts/bench-script.sh $N\` (redis-benchmark -n $N -c 50, unpipelined, redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2), $(nproc) cores)."
-  echo
-  echo "$TABLE"
-} >> docs/benchmarks.md
+if [ -z "${BENCH_NO_RECORD:-}" ]; then
+  {
+    echo
+    echo "## Script cost, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    echo "Command: \`scripts/bench-script.sh $N\` (redis-benchmark -n $N -c 50, unpipelined, redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2)). Machine: $(machine_line)."
+    echo
+    echo "$TABLE"
+  } >> docs/benchmarks.md
+fi
