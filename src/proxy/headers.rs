@@ -40,6 +40,14 @@ pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset
 /// Removes hop-by-hop fields, including those named in `Connection`. `Transfer-Encoding` is left
 /// to hyper, which frames bodies itself on each side.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the few names present is far cheaper than
+    // nine hashed removals.
+    if !headers
+        .keys()
+        .any(|k| k == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(k))
+    {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -53,21 +61,51 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
+thread_local! {
+    /// The last client address written, and its text: clients of one worker are mostly the same
+    /// few addresses (a load balancer, keep-alive connections), and formatting an address with
+    /// `Display` costs more than the rest of these rules together.
+    static LAST_CLIENT: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn client_value(client: IpAddr) -> HeaderValue {
+    LAST_CLIENT.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((ip, v)) = &*last
+            && *ip == client
+        {
+            return v.clone();
+        }
+        let v = HeaderValue::try_from(client.to_string()).expect("an address is a valid value");
+        *last = Some((client, v.clone()));
+        v
+    })
+}
+
 /// Sets the `X-Forwarded-*` fields for a request from `client` that was sent to `host`.
 pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<&str>) {
-    let ip = client.to_string();
-    let xff = match headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-    {
-        prior if prior.is_empty() => ip,
-        prior => format!("{}, {ip}", prior.join(", ")),
+    let ip = client_value(client);
+    let xff = match headers.entry(X_FORWARDED_FOR) {
+        http::header::Entry::Vacant(e) => {
+            e.insert(ip);
+            None
+        }
+        http::header::Entry::Occupied(e) => {
+            let prior: Vec<&str> = e.iter().filter_map(|v| v.to_str().ok()).collect();
+            let mut list = prior.join(", ");
+            if !list.is_empty() {
+                list.push_str(", ");
+            }
+            list.push_str(ip.to_str().unwrap_or_default());
+            Some(list)
+        }
     };
-    headers.remove(&X_FORWARDED_FOR);
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
+    if let Some(list) = xff {
+        headers.remove(&X_FORWARDED_FOR);
+        if let Ok(v) = HeaderValue::try_from(list) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     headers.remove(&X_FORWARDED_HOST);
@@ -76,18 +114,27 @@ pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<&str>
     }
 }
 
-/// A Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped. Endpoint names
-/// are printable ASCII (the catalog checks templates), so nothing else needs care.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+/// Appends `s` as a Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped.
+/// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
+fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
+    if s.contains(['"', '\\']) {
+        for c in s.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
         }
-        out.push(c);
+    } else {
+        out.push_str(s);
     }
     out.push('"');
+}
+
+#[cfg(test)]
+fn sf_string(s: &str) -> String {
+    let mut out = String::new();
+    push_sf_string(&mut out, s);
     out
 }
 
@@ -95,15 +142,30 @@ fn num(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
+/// `"<name>";<a>=<x>;<b>=<y>`, built without `fmt` (this runs on every counted request).
+fn sf_item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> {
+    let mut v = String::with_capacity(name.len() + 32);
+    push_sf_string(&mut v, name);
+    let mut digits = itoa::Buffer::new();
+    v.push(';');
+    v.push_str(a);
+    v.push('=');
+    v.push_str(digits.format(x));
+    v.push(';');
+    v.push_str(b);
+    v.push('=');
+    v.push_str(digits.format(y));
+    HeaderValue::try_from(v).ok()
+}
+
 /// Writes the rate-limit fields of `decision` for the policy `name` (the endpoint's name).
 pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, name: &str, d: &Decision) {
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
-        let policy = format!("{};q={};w={WINDOW_SECONDS}", sf_string(name), d.limit);
-        let state = format!("{};r={};t={}", sf_string(name), d.remaining, d.reset);
-        for (field, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, state)] {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(field, v);
-            }
+        if let Some(v) = sf_item(name, "q", d.limit, "w", WINDOW_SECONDS) {
+            headers.insert(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = sf_item(name, "r", d.remaining, "t", d.reset) {
+            headers.insert(RATELIMIT, v);
         }
     }
     if matches!(set, HeaderSet::Both | HeaderSet::Legacy) {
