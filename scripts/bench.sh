@@ -150,12 +150,22 @@ haproxy_row "HAProxy (1 thread), per-key stick table" "  stick-table type string
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
 gateway "quotagate, limits off" MANY --set limits.enabled=false
 gateway "quotagate, memory store, 1000 keys under limit" MANY
+gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
 gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
 gateway "quotagate, memory store, one key over its limit" HOG
 gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
 
 TABLE=$(printf '%s\n' "${RESULTS[@]}" | python3 scripts/bench_table.py "nginx proxy_pass (1 worker)")
 echo "$TABLE"
+
+# Resident memory per idle keep-alive connection, and after they close (memory store).
+MEM_PORT=$(free_port)
+"$BIN" --listen "127.0.0.1:$MEM_PORT" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
+  --set log.level=warn --set admin.listen=127.0.0.1:0 2>"$WORK/gw.log" & MEM_PID=$!
+wait_port "$MEM_PORT"
+MEMORY=$(SETTLE_S=5 python3 scripts/bench-memory.py "$MEM_PID" "127.0.0.1:$MEM_PORT" "${BENCH_IDLE_CONNECTIONS:-5000}" 3)
+kill "$MEM_PID"; wait "$MEM_PID" 2>/dev/null || true
+echo "$MEMORY"
 if [ -z "${BENCH_NO_RECORD:-}" ]; then
   {
     echo
@@ -164,6 +174,10 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
+    echo
+    echo "Resident memory of the gateway (memory store) with idle keep-alive connections that each sent one request, and 5 s after they close:"
+    echo
+    echo "$MEMORY"
   } >> docs/benchmarks.md
   echo "appended to docs/benchmarks.md"
 fi
