@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Benchmark of the Divvy port: hits/s and latency percentiles with `quotagate divvy-load`, against
-# `quotagate divvy` on the memory store and on a private redis-server, at pipeline depths 1 and 16.
-#   scripts/bench-divvy.sh [SECONDS] [CONNECTIONS]      (defaults: 10 s, 50 connections)
-# Prints a table and appends it to docs/benchmarks.md. Load generator, server and Redis share this
-# machine's cores.
+# Benchmark of the Divvy port, side by side with the original Divvy (1.7.1, node) in one run.
+#   scripts/bench-divvy.sh [SECONDS] [SHAPES]      (defaults: 10 s per row, "16x1 16x16 64x4")
+# SHAPES are CONNECTIONSxPIPELINE_DEPTH. Load: `quotagate divvy-load`, 30% of hits on a rule that
+# denies them. Rows: the original Divvy on a private redis-server (when node and its source in
+# ../shared/peers/divvy-1.7.1 are there; its dependencies are installed with npm into a scratch
+# folder, bound to loopback by a preloaded listen wrapper), `quotagate divvy` on the same Redis, and
+# on the memory store. For each: hits/s, ratio to the original in the same shape, the server's CPU
+# per hit (utime+stime from /proc) and redis-server's. Prints a table and appends it to
+# docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 SECONDS_EACH=${1:-10}
-CONNS=${2:-50}
+SHAPES=${2:-"16x1 16x16 64x4"}
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
 cargo build --release --quiet
 BIN=target/release/quotagate
@@ -15,11 +20,9 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
 
 # bench=allow never runs out; bench=deny allows one hit an hour, so nearly all of those are denied.
-cat > "$WORK/rules.ini" <<'EOF'
+cat > "$WORK/rules.ini" <<'INI'
 [bench=allow]
 creditLimit = 1000000000
 resetSeconds = 3600
@@ -30,46 +33,91 @@ resetSeconds = 3600
 
 [default]
 creditLimit = 0
-EOF
+INI
 
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
+REDIS_PID=$!
 wait_port "$REDIS_PORT"
 
-ROWS=()
-for store in memory redis; do
-  PORT=$(free_port)
-  if [ "$store" = redis ]; then
-    PORT=$PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & pid=$!
+PEER=../shared/peers/divvy-1.7.1
+ORIGINAL=""
+if command -v node >/dev/null && [ -d "$PEER" ]; then
+  cp -r "$PEER" "$WORK/divvy"
+  if (cd "$WORK/divvy" && npm install --omit=dev --legacy-peer-deps --no-audit --no-fund >/dev/null 2>&1); then
+    # The original listens on every interface; keep it on loopback.
+    cat > "$WORK/loopback.js" <<'JS'
+const net = require('net');
+const listen = net.Server.prototype.listen;
+net.Server.prototype.listen = function (port, ...rest) {
+  if (typeof port === 'number' || typeof port === 'string') return listen.call(this, port, '127.0.0.1', ...rest);
+  return listen.call(this, port, ...rest);
+};
+JS
+    ORIGINAL=yes
   else
-    PORT=$PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & pid=$!
+    echo "npm install of the original Divvy failed: its rows are skipped" >&2
   fi
-  wait_port "$PORT"
-  for depth in 1 16; do
-    out=$("$BIN" divvy-load --addr "127.0.0.1:$PORT" --connections "$CONNS" --depth "$depth" --seconds "$SECONDS_EACH" --deny-percent 30)
-    ROWS+=("$(python3 - "$store" "$depth" "$out" <<'EOF'
+else
+  echo "node or $PEER missing: the original Divvy's rows are skipped" >&2
+fi
+
+# start NAME: starts a server, sets SERVER_PID and SERVER_PORT.
+start() {
+  SERVER_PORT=$(free_port)
+  case $1 in
+    original) PORT=$SERVER_PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT \
+                node --require "$WORK/loopback.js" "$WORK/divvy/index.js" "$WORK/rules.ini" >/dev/null 2>&1 & ;;
+    redis) PORT=$SERVER_PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT \
+             "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & ;;
+    memory) PORT=$SERVER_PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & ;;
+  esac
+  SERVER_PID=$!
+  wait_port "$SERVER_PORT"
+}
+
+declare -A BASE
+ROWS=()
+for server in original redis memory; do
+  [ "$server" = original ] && [ -z "$ORIGINAL" ] && continue
+  start "$server"
+  for shape in $SHAPES; do
+    conns=${shape%x*}; depth=${shape#*x}
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    before=$(cpu_ticks "$SERVER_PID"); rbefore=$(cpu_ticks "$REDIS_PID")
+    out=$("$BIN" divvy-load --addr "127.0.0.1:$SERVER_PORT" --connections "$conns" --depth "$depth" --seconds "$SECONDS_EACH" --deny-percent 30)
+    after=$(cpu_ticks "$SERVER_PID"); rafter=$(cpu_ticks "$REDIS_PID")
+    hits=$(tr ' ' '\n' <<<"$out" | awk -F= '$1=="hits"{print $2}')
+    rate=$(tr ' ' '\n' <<<"$out" | awk -F= '$1=="hits_per_s"{print $2}')
+    [ "$server" = original ] && BASE[$shape]=$rate
+    ROWS+=("$(python3 - "$server" "$shape" "$out" "${BASE[$shape]:-}" "$(us_per $((after - before)) "$hits")" "$(us_per $((rafter - rbefore)) "$hits")" <<'PY'
 import sys
-store, depth, out = sys.argv[1], sys.argv[2], sys.argv[3]
+server, shape, out, base, us, rus = sys.argv[1:7]
 v = dict(kv.split("=") for kv in out.split())
-hits = int(v["hits"])
-print(f"| {store} | {depth} | {float(v['hits_per_s']):,.0f} | {v['p50_ms']} | {v['p99_ms']} | {v['p999_ms']} | {int(v['allowed']) / max(hits, 1):.0%} | {v['errors']} |")
-EOF
+hits, rate = int(v["hits"]), float(v["hits_per_s"])
+name = {"original": "original Divvy 1.7.1 (node), Redis", "redis": "quotagate divvy, Redis", "memory": "quotagate divvy, memory"}[server]
+ratio = f"{rate / float(base):.2f}x" if base else ""
+redis_col = rus if server != "memory" else ""
+print(f"| {name} | {shape} | {rate:,.0f} | {ratio} | {us} | {redis_col} | {v['p50_ms']} | {v['p99_ms']} | {int(v['allowed']) / max(hits, 1):.0%} | {v['errors']} |")
+PY
 )")
   done
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
 done
 
 TABLE=$(
-  echo "| store | pipeline depth | hits/s | p50 ms | p99 ms | p99.9 ms | allowed | errors |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| server | connections x depth | hits/s | vs original | server CPU us/hit | Redis CPU us/hit | p50 ms | p99 ms | allowed | errors |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${ROWS[@]}"
 )
 echo "$TABLE"
-{
-  echo
-  echo "## Divvy port, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo
-  echo "Command: \`scripts/bench-divvy.sh $SECONDS_EACH $CONNS\` ($CONNS connections, ${SECONDS_EACH} s per row, 30% of hits on a rule that denies them). Machine: $(nproc) cores, load generator, server and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
-  echo
-  echo "$TABLE"
-} >> docs/benchmarks.md
+if [ -z "${BENCH_NO_RECORD:-}" ]; then
+  {
+    echo
+    echo "## Divvy port, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    echo "Command: \`scripts/bench-divvy.sh $SECONDS_EACH \"$SHAPES\"\` (${SECONDS_EACH} s per row, 30% of hits on a rule that denies them). Machine: $(machine_line); load generator, servers and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
+    echo
+    echo "$TABLE"
+  } >> docs/benchmarks.md
+fi

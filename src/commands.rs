@@ -276,6 +276,10 @@ pub async fn divvy(mut config: Config, rules: &Path, token: Token) -> Result<(),
         max_line_bytes: config.divvy.max_line_bytes,
         max_connections: config.divvy.max_connections,
         max_in_flight: config.divvy.max_in_flight,
+        workers: Some(Arc::new(
+            crate::workers::Workers::start(config.server.worker_count(), "divvy-worker")
+                .map_err(|e| ConfigError(format!("cannot start the workers: {e}")))?,
+        )),
     };
     crate::divvy::server::serve(listener, divvy, settings, token.cancelled_owned()).await;
     Ok(())

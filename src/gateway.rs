@@ -169,6 +169,10 @@ impl Gateway {
             )?,
             policy,
         };
+        let workers = Arc::new(
+            Workers::start(config.server.worker_count(), "quotagate-worker")
+                .map_err(|e| ConfigError(format!("cannot start the workers: {e}")))?,
+        );
         let settings = HttpSettings {
             header_read_timeout: config.header_read_timeout(),
             max_header_bytes: config.server.max_header_bytes,
@@ -190,6 +194,7 @@ impl Gateway {
                 max_line_bytes: config.divvy.max_line_bytes,
                 max_connections: config.divvy.max_connections,
                 max_in_flight: config.divvy.max_in_flight,
+                workers: Some(workers),
             },
         })
     }

@@ -82,6 +82,14 @@ impl Port {
         policy: FailurePolicy,
         statsd: Option<quotagate::divvy::metrics::Statsd>,
     ) -> Port {
+        let mut settings = settings;
+        // On Redis, every case also runs the connections on two workers, each with its own
+        // Redis connection, as the binary does (memory cases use the test's runtime).
+        if redis.is_some() && settings.workers.is_none() {
+            settings.workers = Some(Arc::new(
+                quotagate::workers::Workers::start(2, "test-divvy").unwrap(),
+            ));
+        }
         let store = Arc::new(match &redis {
             None => Store::memory(),
             Some(r) => {
@@ -91,7 +99,7 @@ impl Port {
                     pool_size: 8,
                     prefix: "unused".into(),
                     time_source: TimeSource::Local,
-                    connections: 1,
+                    connections: 2,
                 })
                 .unwrap();
                 Store::redis(s, policy, Duration::from_millis(50))

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Divvy;
 use super::protocol::{self, ProtoError, Reply, Request};
+use crate::workers::Workers;
 
 /// Limits of the Divvy port.
 #[derive(Debug, Clone)]
@@ -32,6 +33,9 @@ pub struct DivvySettings {
     pub max_connections: usize,
     /// Requests per connection whose replies are not yet written, at most. Default: 1024.
     pub max_in_flight: usize,
+    /// Serve connections on these single-threaded workers (see [`crate::workers`]); `None`: on
+    /// the caller's runtime.
+    pub workers: Option<Arc<Workers>>,
 }
 
 impl Default for DivvySettings {
@@ -40,6 +44,7 @@ impl Default for DivvySettings {
             max_line_bytes: 1024 * 1024,
             max_connections: 10_000,
             max_in_flight: 1024,
+            workers: None,
         }
     }
 }
@@ -74,10 +79,25 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
-        tokio::spawn(async move {
-            connection(stream, divvy, &settings, stop).await;
-            drop(permit);
-        });
+        match settings.workers.clone() {
+            None => {
+                tokio::spawn(async move {
+                    connection(stream, divvy, &settings, stop).await;
+                    drop(permit);
+                });
+            }
+            // The socket moves to the worker's own reactor, and its hits use that worker's Redis
+            // connection: no request of the connection crosses threads.
+            Some(workers) => match stream.into_std() {
+                Ok(std) => workers.run(move || async move {
+                    if let Ok(stream) = TcpStream::from_std(std) {
+                        connection(stream, divvy, &settings, stop).await;
+                    }
+                    drop(permit);
+                }),
+                Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
+            },
+        }
     }
     stop.cancel();
 }
