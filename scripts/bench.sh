@@ -8,8 +8,11 @@
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
 # requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
-# the upstream; HAProxy: 1 thread). Prints the table and appends it, with the machine and the
-# command, to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that; CI's smoke run sets it).
+# the upstream; HAProxy: 1 thread). Then the added latency: a fixed-rate load with oha
+# (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
+# idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
+# Prints the tables and appends them, with the machine and the command, to docs/benchmarks.md
+# (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -89,8 +92,9 @@ gateway() {
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
-nginx_row() {
-  local port; port=$(free_port)
+# start_nginx: starts nginx (1 worker) in front of the upstream; sets NGINX_PID and NGINX_PORT.
+start_nginx() {
+  NGINX_PORT=$(free_port)
   mkdir -p "$WORK/nginx"
   cat > "$WORK/nginx/nginx.conf" <<CONF
 worker_processes 1;
@@ -104,15 +108,19 @@ http {
   fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
   upstream api { server 127.0.0.1:$UP_PORT; keepalive 128; }
   server {
-    listen 127.0.0.1:$port;
+    listen 127.0.0.1:$NGINX_PORT;
     location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
   }
 }
 CONF
-  "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & local pid=$!
-  wait_port "$port"
-  measure "nginx proxy_pass (1 worker)" "$port" "$pid" "${MANY[@]}"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGINX_PID=$!
+  wait_port "$NGINX_PORT"
+}
+
+nginx_row() {
+  start_nginx
+  measure "nginx proxy_pass (1 worker)" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
+  kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
 }
 
 haproxy_row() {
@@ -155,8 +163,56 @@ gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
 gateway "quotagate, memory store, one key over its limit" HOG
 gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
 
+# Added latency: a fixed-rate load (oha --qps, with latency correction, so a stall counts for every
+# request it delayed) at half of the maximum the memory store reached above, against the upstream
+# directly, nginx and quotagate; p99 added = p99 through the proxy - p99 of the upstream directly.
+OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
+if [ ! -x "$OHA" ]; then
+  echo "installing oha (cargo install oha --locked; a few minutes)" >&2
+  cargo install oha --locked --quiet
+fi
+# rps_of NAME: the requests/s of a row above.
+rps_of() { printf '%s\n' "${RESULTS[@]}" | awk -F'|' -v n="$1" '$1 == n {print int($2)}'; }
+LATENCY=()
+# latency NAME PORT QPS: p50 and p99 at QPS.
+latency() {
+  local out
+  out=$("$OHA" --no-tui -q "$3" -z "${DURATION}s" -c "$CONNS" --latency-correction --output-format json \
+    -H "X-Api-Key: key-0001" "http://127.0.0.1:$2/users/1")
+  LATENCY+=("$1|$3|$(python3 scripts/parse_oha.py <<<"$out")")
+}
+# with_gateway NAME QPS ARGS...: starts quotagate with ARGS and measures its latency at QPS.
+with_gateway() {
+  local name=$1 qps=$2; shift 2
+  local port; port=$(free_port)
+  "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
+    --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & local pid=$!
+  wait_port "$port"
+  latency "$name" "$port" "$qps"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+# Each path at half of its own maximum above; the upstream directly and nginx at the same rates.
+QM=$(( $(rps_of "quotagate, memory store, 1000 keys under limit") / 2 ))
+QR=$(( $(rps_of "quotagate, Redis store, 1000 keys under limit") / 2 ))
+latency "upstream directly" "$UP_PORT" "$QM"
+start_nginx; latency "nginx proxy_pass (1 worker)" "$NGINX_PORT" "$QM"; kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
+with_gateway "quotagate, memory store" "$QM"
+latency "upstream directly" "$UP_PORT" "$QR"
+with_gateway "quotagate, Redis store" "$QR" "${REDIS[@]}"
+LATENCY_TABLE=$(
+  echo "| target, at half of the path's maximum rate above, $CONNS connections | req/s | p50 ms | p99 ms | p99 added over the upstream directly at that rate, ms | answers |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  direct=0
+  for l in "${LATENCY[@]}"; do
+    IFS='|' read -r name qps p50 p99 n <<<"$l"
+    [ "$name" = "upstream directly" ] && direct=$p99
+    echo "| $name | $qps | $p50 | $p99 | $(python3 -c "print(f'{$p99 - $direct:.3f}')") | $n |"
+  done
+)
+
 TABLE=$(printf '%s\n' "${RESULTS[@]}" | python3 scripts/bench_table.py "nginx proxy_pass (1 worker)")
 echo "$TABLE"
+echo "$LATENCY_TABLE"
 
 # Resident memory per idle keep-alive connection, and after they close (memory store).
 MEM_PORT=$(free_port)
@@ -174,6 +230,10 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
+    echo
+    echo "Added latency with a fixed-rate load (oha with latency correction):"
+    echo
+    echo "$LATENCY_TABLE"
     echo
     echo "Resident memory of the gateway (memory store) with idle keep-alive connections that each sent one request, and 5 s after they close:"
     echo
