@@ -433,3 +433,68 @@ async fn over_limit_counters_mostly_skip_the_round_trip_with_redis_clock() {
         "{retries:?}"
     );
 }
+
+/// Two instances on one Redis, limit 50, requests alternating between them; in the middle, Redis
+/// drops their connections. Each instance must retry on a fresh connection, never count Redis as
+/// down, and together admit exactly 50.
+async fn two_instances_survive_dropped_connections(drop_connections: impl FnOnce(&RedisServer)) {
+    let server = RedisServer::start();
+    let a = store_on(&server, FailurePolicy::Closed);
+    let b = store_on(&server, FailurePolicy::Closed);
+    let k = key("shared");
+    let mut allowed = 0;
+    for i in 0..30 {
+        let store = if i % 2 == 0 { &a } else { &b };
+        match store.check(&k, 50, T0).await {
+            Verdict::Decided(d) => allowed += u32::from(d.allowed),
+            other => panic!("request {i}: {other:?}"),
+        }
+    }
+    drop_connections(&server);
+    for i in 30..120 {
+        let store = if i % 2 == 0 { &a } else { &b };
+        match store.check(&k, 50, T0).await {
+            Verdict::Decided(d) => allowed += u32::from(d.allowed),
+            other => panic!("request {i} after the drop: {other:?}"),
+        }
+    }
+    assert_eq!(allowed, 50, "exactly the limit across both instances");
+    for s in [&a, &b] {
+        assert!(!s.is_degraded(), "a healthy Redis is never declared down");
+        assert_eq!(s.errors.get(), 0, "no store error counted");
+    }
+}
+
+#[tokio::test]
+async fn client_kill_is_retried_on_a_fresh_connection() {
+    two_instances_survive_dropped_connections(|server| {
+        let killed: u32 = server
+            .cli(&["CLIENT", "KILL", "TYPE", "normal"])
+            .parse()
+            .unwrap();
+        assert!(
+            killed >= 2,
+            "both instances' connections were killed ({killed})"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_idle_timeout_disconnect_is_retried_on_a_fresh_connection() {
+    two_instances_survive_dropped_connections(|server| {
+        server.cli(&["CONFIG", "SET", "timeout", "1"]);
+        // Redis closes idle clients on its own clock: wait (bounded) until only redis-cli's own
+        // connection is listed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.cli(&["CLIENT", "LIST"]).lines().count() > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "Redis never closed the idle connections"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server.cli(&["CONFIG", "SET", "timeout", "0"]);
+    })
+    .await;
+}

@@ -72,6 +72,15 @@ struct Slot {
     refill: tokio::sync::Mutex<()>,
 }
 
+/// A failure of the connection rather than of the command: the connection is dropped and the
+/// call may be tried on a fresh one.
+fn is_broken(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+}
+
 /// The Redis store.
 pub struct RedisStore {
     pool: Pool,
@@ -126,20 +135,20 @@ impl RedisStore {
         &self.slots[crate::workers::current() % self.slots.len()]
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
+    async fn connection(&self) -> Result<Arc<MultiplexedConnection>, StoreError> {
         let slot = self.slot();
         if let Some(c) = slot.conn.load_full() {
-            return Ok((*c).clone());
+            return Ok(c);
         }
         // Boxed: the pool's future is about 7 KB, and every store call's future (and so every
         // request's) would otherwise carry it, and copy it, although it is rarely needed.
         Box::pin(self.refill(slot)).await
     }
 
-    async fn refill(&self, slot: &Slot) -> Result<MultiplexedConnection, StoreError> {
+    async fn refill(&self, slot: &Slot) -> Result<Arc<MultiplexedConnection>, StoreError> {
         let _refilling = slot.refill.lock().await;
         if let Some(c) = slot.conn.load_full() {
-            return Ok((*c).clone());
+            return Ok(c);
         }
         let pooled = self.pool.get().await.map_err(StoreError::pool)?;
         // Taken out of the pool for good: given back, the next slot to refill could get this
@@ -148,24 +157,44 @@ impl RedisStore {
         // Load the scripts before anyone uses the connection: a NOSCRIPT retry would let later
         // commands overtake earlier ones. (A later SCRIPT FLUSH is still healed by invoke_async.)
         for script in [&*WINDOW, &*DIVVY] {
-            script
-                .load_async(&mut c)
-                .await
-                .map_err(|e| self.failed(e))?;
+            script.load_async(&mut c).await.map_err(StoreError::redis)?;
         }
-        slot.conn.store(Some(Arc::new(c.clone())));
+        let c = Arc::new(c);
+        slot.conn.store(Some(c.clone()));
         Ok(c)
     }
 
-    fn failed(&self, e: redis::RedisError) -> StoreError {
-        if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_unrecoverable_error()
-        {
-            self.slot().conn.store(None);
+    /// Runs `call` on this worker's connection; if that connection turns out to be broken (Redis
+    /// closed it when idle, a proxy in between restarted, `CLIENT KILL`), once more on a fresh
+    /// one, so that one stale connection never makes a healthy Redis look down. Both tries fall
+    /// within the caller's `store.timeout_ms`. A broken connection can lose the reply of a call
+    /// Redis did execute; the retry then counts that request twice, which can only refuse early,
+    /// never admit too much.
+    async fn on_connection<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let conn = self.connection().await?;
+        match call((*conn).clone()).await {
+            Ok(v) => return Ok(v),
+            Err(e) if !is_broken(&e) => return Err(StoreError::redis(e)),
+            Err(_) => self.forget(&conn),
         }
-        StoreError::redis(e)
+        let conn = self.connection().await?;
+        call((*conn).clone()).await.map_err(|e| {
+            if is_broken(&e) {
+                self.forget(&conn);
+            }
+            StoreError::redis(e)
+        })
+    }
+
+    /// Clears this worker's slot if it still holds `conn` (not a fresh one another call put there).
+    fn forget(&self, conn: &Arc<MultiplexedConnection>) {
+        self.slot()
+            .conn
+            .compare_and_swap(conn, None::<Arc<MultiplexedConnection>>);
     }
 
     /// Forgets the current connection, so the next call opens a fresh one.
@@ -199,7 +228,6 @@ impl RedisStore {
         limit: u64,
         now: u64,
     ) -> Result<Decision, StoreError> {
-        let mut conn = self.connection().await?;
         let now = i64::try_from(now).unwrap_or(i64::MAX / 2);
         // Two tries: the second uses the minute Redis told us about in the first.
         for _ in 0..2 {
@@ -208,18 +236,21 @@ impl RedisStore {
                 TimeSource::Local => (now, now.to_string()),
             };
             let minute = estimate.div_euclid(60);
-            let mut call = WINDOW.prepare_invoke();
-            for m in minute - 2..=minute + 1 {
-                call.key(minute_hash(&self.prefix, key, m));
-            }
-            call.arg(minute)
-                .arg(now_arg)
-                .arg(limit)
-                .arg(MINUTE_HASH_TTL);
-            let reply: Vec<i64> = call
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| self.failed(e))?;
+            let keys: [String; 4] =
+                std::array::from_fn(|i| minute_hash(&self.prefix, key, minute - 2 + i as i64));
+            let reply: Vec<i64> = self
+                .on_connection(|mut conn| {
+                    let mut call = WINDOW.prepare_invoke();
+                    for k in &keys {
+                        call.key(k);
+                    }
+                    call.arg(minute)
+                        .arg(&now_arg)
+                        .arg(limit)
+                        .arg(MINUTE_HASH_TTL);
+                    async move { call.invoke_async(&mut conn).await }
+                })
+                .await?;
             match reply.as_slice() {
                 [-1, redis_now] => {
                     self.offset.store(redis_now - now, Ordering::Relaxed);
@@ -262,14 +293,13 @@ impl RedisStore {
         reset: u64,
     ) -> Result<FixedDecision, StoreError> {
         let fut = async {
-            let mut conn = self.connection().await?;
-            let reply: Vec<i64> = DIVVY
-                .key(key)
-                .arg(limit)
-                .arg(reset)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| self.failed(e))?;
+            let reply: Vec<i64> = self
+                .on_connection(|mut conn| {
+                    let mut call = DIVVY.key(key);
+                    call.arg(limit).arg(reset);
+                    async move { call.invoke_async(&mut conn).await }
+                })
+                .await?;
             match reply.as_slice() {
                 [allowed, credit, ttl] => Ok(FixedDecision {
                     allowed: *allowed == 1,
@@ -297,12 +327,10 @@ impl RedisStore {
     }
 
     async fn command<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            cmd.query_async::<T>(&mut conn)
-                .await
-                .map_err(|e| self.failed(e))
-        })
+        self.bounded(self.on_connection(|mut conn| {
+            let cmd = cmd.clone();
+            async move { cmd.query_async::<T>(&mut conn).await }
+        }))
         .await
     }
 
