@@ -81,15 +81,21 @@ MANY=(-s "$WORK/many-keys.lua")
 HOG=(-H "X-Api-Key: hog")
 
 # gateway NAME WRK_ARGS_NAME ARGS...: starts quotagate with ARGS, measures it, stops it.
+# start_gateway ARGS...: starts quotagate with ARGS in front of the upstream; sets GW_PID, GW_PORT.
+start_gateway() {
+  GW_PORT=$(free_port)
+  "$BIN" --listen "127.0.0.1:$GW_PORT" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
+    --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & GW_PID=$!
+  wait_port "$GW_PORT"
+}
+stop_gateway() { kill "$GW_PID"; wait "$GW_PID" 2>/dev/null || true; }
+
 gateway() {
   local name=$1 wrkargs=$2; shift 2
-  local port; port=$(free_port)
-  "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
-    --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & local pid=$!
-  wait_port "$port"
+  start_gateway "$@"
   local -n args=$wrkargs
-  measure "$name" "$port" "$pid" "${args[@]}"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  measure "$name" "$GW_PORT" "$GW_PID" "${args[@]}"
+  stop_gateway
 }
 
 # start_nginx: starts nginx (1 worker) in front of the upstream; sets NGINX_PID and NGINX_PORT.
@@ -184,12 +190,9 @@ latency() {
 # with_gateway NAME QPS ARGS...: starts quotagate with ARGS and measures its latency at QPS.
 with_gateway() {
   local name=$1 qps=$2; shift 2
-  local port; port=$(free_port)
-  "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
-    --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & local pid=$!
-  wait_port "$port"
-  latency "$name" "$port" "$qps"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  start_gateway "$@"
+  latency "$name" "$GW_PORT" "$qps"
+  stop_gateway
 }
 # Each path at half of its own maximum above; the upstream directly and nginx at the same rates.
 QM=$(( $(rps_of "quotagate, memory store, 1000 keys under limit") / 2 ))
@@ -215,12 +218,9 @@ echo "$TABLE"
 echo "$LATENCY_TABLE"
 
 # Resident memory per idle keep-alive connection, and after they close (memory store).
-MEM_PORT=$(free_port)
-"$BIN" --listen "127.0.0.1:$MEM_PORT" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
-  --set log.level=warn --set admin.listen=127.0.0.1:0 2>"$WORK/gw.log" & MEM_PID=$!
-wait_port "$MEM_PORT"
-MEMORY=$(SETTLE_S=5 python3 scripts/bench-memory.py "$MEM_PID" "127.0.0.1:$MEM_PORT" "${BENCH_IDLE_CONNECTIONS:-5000}" 3)
-kill "$MEM_PID"; wait "$MEM_PID" 2>/dev/null || true
+start_gateway
+MEMORY=$(SETTLE_S=5 python3 scripts/bench-memory.py "$GW_PID" "127.0.0.1:$GW_PORT" "${BENCH_IDLE_CONNECTIONS:-5000}" 3)
+stop_gateway
 echo "$MEMORY"
 if [ -z "${BENCH_NO_RECORD:-}" ]; then
   {
