@@ -776,3 +776,86 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
     // A client that does talk is served as before.
     assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
 }
+
+// ---- framing and header rules (issue 9) ----
+
+/// Sends raw bytes on a new connection and reads until the gateway closes it (bounded).
+async fn raw(gw: &TestGateway, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out))
+        .await
+        .expect("the gateway answers and closes");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_the_clients_fault() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let before = support::scrape(gw.admin).await;
+    let out = raw(
+        &gw,
+        b"POST /users HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nzz-not-a-size\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("could not be read"), "{out}");
+    let after = support::scrape(gw.admin).await;
+    let upstream_errors = |m: &std::collections::HashMap<String, f64>| {
+        m.iter()
+            .filter(|(k, _)| k.contains(r#"decision="upstream_error""#))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    assert_eq!(
+        upstream_errors(&after),
+        upstream_errors(&before),
+        "no upstream error counted"
+    );
+}
+
+#[tokio::test]
+async fn connection_cannot_hide_the_api_key_from_the_upstream() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let out = raw(
+        &gw,
+        b"GET /users/7/prefs HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nX-Other: 1\r\nConnection: close, X-Api-Key, X-Other\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let seen = up.last();
+    assert_eq!(
+        seen.headers["x-api-key"], "k1",
+        "the key it was counted against"
+    );
+    assert!(
+        !seen.headers.contains_key("x-other"),
+        "other named fields still go"
+    );
+}
+
+#[tokio::test]
+async fn http11_needs_exactly_one_host() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let before = up.requests().len();
+    for request in [
+        &b"GET /users/7/prefs HTTP/1.1\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n"[..],
+        b"GET /users/7/prefs HTTP/1.1\r\nHost: a\r\nHost: b\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n",
+    ] {
+        let out = raw(&gw, request).await;
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+        assert!(out.contains("exactly one Host"), "{out}");
+    }
+    assert_eq!(up.requests().len(), before, "never reached the upstream");
+    // HTTP/1.0 may omit it.
+    let out = raw(&gw, b"GET /users/7/prefs HTTP/1.0\r\nX-Api-Key: k1\r\n\r\n").await;
+    assert!(
+        out.starts_with("HTTP/1.1 200") || out.starts_with("HTTP/1.0 200"),
+        "{out}"
+    );
+}

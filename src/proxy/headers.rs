@@ -37,9 +37,11 @@ pub const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit
 pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
-/// Removes hop-by-hop fields, including those named in `Connection`. `Transfer-Encoding` is left
-/// to hyper, which frames bodies itself on each side.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes hop-by-hop fields, including those named in `Connection`, except `keep`: a client must
+/// not be able to hide from the upstream a field the gateway decided on (the API key it was counted
+/// against) by calling it hop-by-hop. `Transfer-Encoding` is left to hyper, which frames bodies
+/// itself on each side.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     // Most messages carry none of these: one pass over the few names present is far cheaper than
     // nine hashed removals.
     if !headers
@@ -54,6 +56,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| Some(n) != keep)
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -213,10 +216,22 @@ mod tests {
             ("x-api-key", "k"),
             ("content-type", "text/plain"),
         ]);
-        strip_hop_by_hop(&mut h);
+        strip_hop_by_hop(&mut h, None);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-type", "x-api-key"]);
+    }
+
+    #[test]
+    fn connection_cannot_remove_the_api_key() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Api-Key, x-other"),
+            ("x-api-key", "k"),
+            ("x-other", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, Some(&HeaderName::from_static("x-api-key")));
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-api-key"]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! proxy: the request path. API key, route, limit, decision, then forward or answer.
 //!
 //! Order of checks (each answer is a small JSON problem, see `docs/semantics.md`):
+//! 0. HTTP/1.1 without exactly one `Host`: 400;
 //! 1. body larger than allowed (by `Content-Length`): 413;
 //! 2. API key header missing or empty: 401; sent more than once: 400;
 //! 3. path that cannot be normalised (bad escape, encoded slash): 400;
@@ -214,6 +215,18 @@ impl Proxy {
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         self.forced_refresh(&mut parts).await;
+        // RFC 9112 §3.2: an HTTP/1.1 request with no Host, or more than one, is answered 400 (the
+        // upstream would otherwise get a Host of our choosing, or X-Forwarded-Host the first of
+        // two). HTTP/1.0 may omit it; HTTP/2 carries the authority in the request target.
+        if parts.version == Version::HTTP_11 && parts.headers.get_all(HOST).iter().count() != 1 {
+            out.decision = "bad_request";
+            return own(problem(
+                StatusCode::BAD_REQUEST,
+                None,
+                "an HTTP/1.1 request needs exactly one Host header",
+                None,
+            ));
+        }
         let declared = parts
             .headers
             .get(CONTENT_LENGTH)
@@ -439,7 +452,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
             .or_else(|| parts.uri.authority().map(|a| a.to_string()));
-        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
         // hyper's client sets Host from the URI only when none is present.
         parts.headers.remove(HOST);
         headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
@@ -467,7 +480,7 @@ impl Proxy {
                     })
                     .inc();
                 let (mut head, body) = resp.into_parts();
-                headers::strip_hop_by_hop(&mut head.headers);
+                headers::strip_hop_by_hop(&mut head.headers, None);
                 if let Some((name, d)) = limit {
                     headers::set_rate_limit(&mut head.headers, self.policy.headers, name, d);
                 }
@@ -489,8 +502,15 @@ impl Proxy {
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "the request body is too large",
                     ),
+                    UpstreamError::BadRequestBody => (
+                        StatusCode::BAD_REQUEST,
+                        "the request body could not be read (malformed or cut short)",
+                    ),
                 };
-                if e != UpstreamError::BodyTooLarge {
+                if e == UpstreamError::BadRequestBody {
+                    // The client's fault: not an upstream failure, nothing to warn about.
+                    out.decision = "bad_request";
+                } else if e != UpstreamError::BodyTooLarge {
                     out.decision = "upstream_error";
                     if !self.upstream_failing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(

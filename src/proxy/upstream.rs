@@ -30,6 +30,8 @@ pub enum UpstreamError {
     BodyTooLarge,
     /// The connection failed mid-exchange: 502.
     Broken,
+    /// The client's request body could not be read (bad chunked framing, a body cut short): 400.
+    BadRequestBody,
 }
 
 pub struct Upstream {
@@ -98,16 +100,27 @@ impl Upstream {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Unreachable),
             Ok(Err(e)) => {
-                let mut source: Option<&(dyn StdError + 'static)> = e.source();
-                while let Some(s) = source {
-                    if s.is::<LengthLimitError>() {
-                        return Err(UpstreamError::BodyTooLarge);
-                    }
-                    source = s.source();
+                if sources(&e).any(|s| s.is::<LengthLimitError>()) {
+                    return Err(UpstreamError::BodyTooLarge);
+                }
+                // The body hyper sends upstream is the client's: a failure to read it is a
+                // user-body error of the upstream exchange, not the upstream's failure.
+                if sources(&e).any(|s| {
+                    s.downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_user)
+                }) {
+                    return Err(UpstreamError::BadRequestBody);
                 }
                 tracing::debug!(error = %e, "upstream exchange failed");
                 Err(UpstreamError::Broken)
             }
         }
     }
+}
+
+/// The errors behind `e`, nearest first.
+fn sources<'a>(
+    e: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(e.source(), |s| (*s).source())
 }
