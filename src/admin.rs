@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{FailurePolicy, Store};
 
 /// What the admin endpoints look at.
 pub struct Admin {
@@ -46,8 +46,9 @@ impl Admin {
         let version = self.catalog.snapshot().version.clone();
         let mut body = format!("ready: catalog {} {}\n", version.semver, version.hash);
         if self.store.is_degraded() {
+            let meaning = policy_meaning(self.store.policy());
             body.push_str(&format!(
-                "degraded: the {} store is unreachable; failure policy {} applies (local: limits enforced per instance)\n",
+                "degraded: the {} store is unreachable; failure policy {} applies ({meaning})\n",
                 self.store.kind(),
                 self.store.policy().as_str()
             ));
@@ -84,5 +85,35 @@ impl Admin {
                 "try /metrics, /healthz or /readyz\n".into(),
             ),
         }
+    }
+}
+
+/// What a failure policy does, for people reading `/readyz`.
+fn policy_meaning(policy: FailurePolicy) -> &'static str {
+    match policy {
+        FailurePolicy::Local => "limits enforced per instance",
+        FailurePolicy::Open => "requests pass unlimited",
+        FailurePolicy::Closed => "limited requests are refused with 503",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_policy_is_described_as_itself() {
+        assert_eq!(
+            policy_meaning(FailurePolicy::Closed),
+            "limited requests are refused with 503"
+        );
+        assert_eq!(
+            policy_meaning(FailurePolicy::Open),
+            "requests pass unlimited"
+        );
+        assert_eq!(
+            policy_meaning(FailurePolicy::Local),
+            "limits enforced per instance"
+        );
     }
 }
