@@ -13,8 +13,8 @@
 --   bl the limit it was computed for (a changed limit recomputes it)
 -- Counts are only ever added at c, the latest second a hash has seen, so a window moves forward by
 -- subtracting the seconds that leave it. A request in the same second as the previous one costs one
--- HMGET and one HSET; in a new second, one more HMGET (the seconds that left, and the next few, where
--- the oldest count is looked for); in a new minute, the state is carried over from the previous
+-- HMGET and one HSET; in a new second, one more HMGET (the seconds that left, and the next, where
+-- the oldest count is looked for first); in a new minute, the state is carried over from the previous
 -- minute's hash the same way, plus an EXPIRE. So a key hit every second costs about the same at a
 -- minute boundary as anywhere else. Scans read fields in batches, never one command per second.
 --
@@ -115,18 +115,21 @@ local function sum(from, to)
   return total
 end
 
--- The first second in [from, t] that holds a count, or -1; 8 seconds at a time, since the oldest
--- count is usually near the start.
+-- The first second in [from, t] that holds a count, or -1. The oldest count is usually at the
+-- start (a busy key), so this reads 1 second, then 4, then 16... (a small hash is a list that every
+-- field lookup scans: reading fields that are not needed is not free).
 local function first_count(from)
   local s = from
+  local batch = 1
   while s <= t do
-    local last = math.min(t, s + 7)
+    local last = math.min(t, s + batch - 1)
     for i, n in ipairs(counts(s, last)) do
       if n > 0 then
         return s + i - 1
       end
     end
     s = last + 1
+    batch = batch * 4
   end
   return -1
 end
@@ -135,8 +138,8 @@ if not c then
   -- First request of this minute for this counter: nothing is counted here yet, so the window is
   -- what the previous minute's hash holds after second t-60. Take it from that hash's state. The
   -- same read fetches the seconds this needs if that hash was last used a second ago (a busy key):
-  -- t-60, which leaves the window, and t-59.., where the oldest count is looked for.
-  local p = read(prev, minute - 1, t - 60, math.min(t - 52, base - 1), {'c', 'w', 'o'})
+  -- t-60, which leaves the window, and t-59, where the oldest count is looked for first.
+  local p = read(prev, minute - 1, t - 60, math.min(t - 59, base - 1), {'c', 'w', 'o'})
   local pc, pw, po = tonumber(p[1]), tonumber(p[2]), tonumber(p[3])
   if not pc or pc <= t - 60 then
     w = 0
@@ -156,8 +159,8 @@ if not c then
   end
 elseif c < t then
   -- Seconds c-59 .. t-60, all in the previous minute, leave the window; read them together with
-  -- the next few, where the oldest count is looked for when it left.
-  read(prev, minute - 1, c - 59, math.min(t - 52, base - 1), {})
+  -- t-59, where the oldest count is looked for first when it left.
+  read(prev, minute - 1, c - 59, math.min(t - 59, base - 1), {})
   w = w - sum(c - 59, t - 60)
   if w <= 0 then
     w = 0
