@@ -92,8 +92,8 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Open client connections at most; more wait in the accept queue. Default: 10000.
     pub max_connections: usize,
-    /// Threads that serve proxy connections, each with its own event loop, upstream pool and
-    /// Redis connection. Default: 0, one per core.
+    /// Threads that serve proxy and Divvy connections, each with its own event loop, upstream pool
+    /// and Redis connection. Default: 0, one per core.
     pub workers: usize,
 }
 

@@ -179,10 +179,7 @@ impl Gateway {
             max_connections: config.server.max_connections,
             drain_timeout: config.drain_timeout(),
             connections: Some(metrics.open_connections.clone()),
-            workers: Some(Arc::new(
-                Workers::start(config.server.worker_count(), "quotagate-worker")
-                    .map_err(|e| ConfigError(format!("cannot start the proxy workers: {e}")))?,
-            )),
+            workers: Some(workers.clone()),
         };
         Ok(Gateway {
             proxy: Arc::new(proxy),

@@ -6,14 +6,15 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-/// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
-/// docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use quotagate::config::Config;
 use quotagate::divvy::load::LoadOptions;
 use quotagate::gateway::StartError;
 use quotagate::{commands, shutdown, telemetry};
+
+/// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
+/// docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A rate-limiting reverse proxy: per-key, per-endpoint sliding-window limits shared through Redis.
 #[derive(Parser)]

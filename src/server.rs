@@ -19,7 +19,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::workers::Workers;
+use crate::workers::{self, Workers};
 
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
@@ -130,20 +130,8 @@ where
             }
             drop(permit);
         };
-        match &settings.workers {
-            None => {
-                tokio::spawn(connection(tcp));
-            }
-            // The socket moves to the worker's own reactor; the connection never leaves it.
-            Some(workers) => match tcp.into_std() {
-                Ok(std) => workers.run(move || async move {
-                    if let Ok(tcp) = TcpStream::from_std(std) {
-                        connection(tcp).await;
-                    }
-                }),
-                Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
-            },
-        }
+        // On a worker, the socket moves to the worker's own reactor; the connection never leaves it.
+        workers::spawn_connection(settings.workers.as_deref(), tcp, connection);
     }
     drop(listener);
     tokio::time::timeout(settings.drain_timeout, graceful.shutdown())

@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 thread_local! {
@@ -116,6 +117,27 @@ impl Workers {
         });
         // A worker only stops when `Workers` is dropped, so sending cannot fail while `self` lives.
         let _ = self.queues[i].send(job);
+    }
+}
+
+/// Serves one accepted connection with `serve`: on the least loaded of `workers`, whose reactor the
+/// socket moves to, or on the caller's runtime when there are none.
+pub fn spawn_connection<F, Fut>(workers: Option<&Workers>, tcp: TcpStream, serve: F)
+where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(workers) = workers else {
+        tokio::spawn(serve(tcp));
+        return;
+    };
+    match tcp.into_std() {
+        Ok(std) => workers.run(move || async move {
+            if let Ok(tcp) = TcpStream::from_std(std) {
+                serve(tcp).await;
+            }
+        }),
+        Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
     }
 }
 

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Divvy;
 use super::protocol::{self, ProtoError, Reply, Request};
-use crate::workers::Workers;
+use crate::workers::{self, Workers};
 
 /// Limits of the Divvy port.
 #[derive(Debug, Clone)]
@@ -79,25 +79,13 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
-        match settings.workers.clone() {
-            None => {
-                tokio::spawn(async move {
-                    connection(stream, divvy, &settings, stop).await;
-                    drop(permit);
-                });
-            }
-            // The socket moves to the worker's own reactor, and its hits use that worker's Redis
-            // connection: no request of the connection crosses threads.
-            Some(workers) => match stream.into_std() {
-                Ok(std) => workers.run(move || async move {
-                    if let Ok(stream) = TcpStream::from_std(std) {
-                        connection(stream, divvy, &settings, stop).await;
-                    }
-                    drop(permit);
-                }),
-                Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
-            },
-        }
+        // On a worker, the socket moves to the worker's own reactor, and its hits use that worker's
+        // Redis connection: no request of the connection crosses threads.
+        let workers = settings.workers.clone();
+        workers::spawn_connection(workers.as_deref(), stream, move |stream| async move {
+            connection(stream, divvy, &settings, stop).await;
+            drop(permit);
+        });
     }
     stop.cancel();
 }
