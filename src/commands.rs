@@ -8,59 +8,47 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::app::App;
 use crate::catalog::Snapshot;
 use crate::catalog::server::CatalogServer;
 use crate::clock::SystemClock;
-use crate::config::{Config, ConfigError, StoreKind, UpstreamTarget};
-use crate::divvy::Divvy;
+use crate::config::{ConfigError, address, header_name};
 use crate::divvy::load::LoadOptions;
-use crate::divvy::metrics::Statsd;
 use crate::divvy::rules::RuleSet;
-use crate::divvy::server::DivvySettings;
-use crate::gateway::{self, Gateway, StartError};
+use crate::gateway::{StartError, bind};
+use crate::settings::Settings;
 use crate::shutdown::Token;
 use crate::{demo, server};
-
-fn address(raw: &str, what: &str, example: &str) -> Result<SocketAddr, StartError> {
-    raw.parse().map_err(|_| {
-        ConfigError(format!("{what}: {raw:?} is not an address like {example}")).into()
-    })
-}
-
-async fn bound(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
-    let listener = gateway::bind(addr).await?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| StartError::Listen { addr, source })?;
-    Ok((listener, local))
-}
 
 /// `quotagate` / `quotagate run` / `quotagate quickstart`: the gateway, plus its admin listener and
 /// Divvy port when configured; `quickstart` uses the built-in catalog (unless one is configured)
 /// and also serves the example upstream on `upstream.url`'s address.
-pub async fn gateway(config: &Config, quickstart: bool, token: Token) -> Result<(), StartError> {
-    tracing::info!(config = %config.redacted_json(), "effective configuration");
-    let clock = Arc::new(SystemClock::new());
-    let gateway = if quickstart && config.catalog.file.is_empty() {
-        let catalog = Snapshot::from_json(
+pub async fn gateway(
+    settings: &Settings,
+    quickstart: bool,
+    token: Token,
+) -> Result<(), StartError> {
+    tracing::info!(config = %settings.config.redacted_json(), "effective configuration");
+    let Some(g) = &settings.gateway else {
+        return Ok(());
+    };
+    let catalog = match quickstart && g.catalog_file.is_none() {
+        true => Some(Snapshot::from_json(
             "catalogs/quickstart.json (built in)",
             demo::QUICKSTART_CATALOG,
-        )?;
-        Gateway::with_catalog(config, clock, Some(catalog))?
-    } else {
-        Gateway::build(config, clock)?
+        )?),
+        false => None,
     };
-    let gateway = Arc::new(gateway);
-
-    let (listener, listen) = bound(config.listen_addr()).await?;
+    let app = App::build(settings, Arc::new(SystemClock::new()), catalog)?;
+    let listeners = app.bind().await?;
     if quickstart {
-        let upstream = UpstreamTarget::parse(&config.upstream.url)?;
-        let addr = tokio::net::lookup_host(upstream.authority.as_str())
+        let authority = &g.upstream.target.authority;
+        let addr = tokio::net::lookup_host(authority.as_str())
             .await
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or_else(|| ConfigError(format!("cannot resolve {}", upstream.authority)))?;
-        let (up, up_addr) = bound(addr).await?;
+            .ok_or_else(|| ConfigError(format!("cannot resolve {authority}")))?;
+        let (up, up_addr) = bind(addr).await?;
         tracing::info!(listen = %up_addr, "example upstream listening");
         tokio::spawn(server::serve(
             up,
@@ -69,65 +57,22 @@ pub async fn gateway(config: &Config, quickstart: bool, token: Token) -> Result<
             token.clone().cancelled_owned(),
         ));
     }
-    let admin = match config.admin.enabled {
-        true => Some(
-            bound(address(
-                &config.admin.listen,
-                "admin.listen",
-                "127.0.0.1:8081",
-            )?)
-            .await?,
-        ),
-        false => None,
-    };
-    let divvy = match gateway.divvy.is_some() {
-        true => Some(
-            bound(address(
-                &config.divvy.listen,
-                "divvy.listen",
-                "127.0.0.1:8321",
-            )?)
-            .await?,
-        ),
-        false => None,
-    };
-
-    let admin_addr = admin
-        .as_ref()
-        .map(|(_, a)| a.to_string())
-        .unwrap_or_default();
-    let divvy_addr = divvy
-        .as_ref()
-        .map(|(_, a)| a.to_string())
-        .unwrap_or_default();
-    if let Some((l, _)) = admin {
-        let handler = gateway.admin();
-        tokio::spawn(server::serve(
-            l,
-            Default::default(),
-            move |peer, req| handler.clone().handle(peer, req),
-            token.clone().cancelled_owned(),
-        ));
+    let shown = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    if let Some(gateway) = &app.gateway {
+        let snapshot = gateway.catalog().snapshot();
+        tracing::info!(
+            listen = %shown(listeners.gateway()),
+            admin = %shown(listeners.admin()),
+            divvy = %shown(listeners.divvy()),
+            upstream = %settings.config.upstream.url,
+            store = app.store.kind(),
+            catalog_version = %snapshot.version.semver,
+            endpoints = snapshot.endpoints().len(),
+            keys = snapshot.key_count(),
+            "quotagate listening"
+        );
     }
-    if let Some((l, _)) = divvy {
-        let (g, stop) = (gateway.clone(), token.clone());
-        tokio::spawn(async move { g.serve_divvy(l, stop.cancelled_owned()).await });
-    }
-    gateway.spawn_background(&token);
-    let snapshot = gateway.proxy.catalog.snapshot();
-    tracing::info!(
-        %listen,
-        admin = %admin_addr,
-        divvy = %divvy_addr,
-        upstream = %config.upstream.url,
-        store = gateway.proxy.store.kind(),
-        catalog_version = %snapshot.version.semver,
-        endpoints = snapshot.endpoints().len(),
-        keys = snapshot.key_count(),
-        "quotagate listening"
-    );
-    drop(snapshot);
-    if gateway.serve(listener, token.cancelled()).await {
+    if app.run(listeners, token).await {
         tracing::info!("stopped");
     } else {
         tracing::warn!("stopped with requests still in flight after the drain timeout");
@@ -137,9 +82,9 @@ pub async fn gateway(config: &Config, quickstart: bool, token: Token) -> Result<
 
 /// `quotagate example-upstream`: only the example upstream API.
 pub async fn example_upstream(listen: Option<&str>, token: Token) -> Result<(), StartError> {
-    let (listener, listen) = bound(address(
-        listen.unwrap_or("127.0.0.1:9000"),
+    let (listener, listen) = bind(address(
         "--listen",
+        listen.unwrap_or("127.0.0.1:9000"),
         "127.0.0.1:9000",
     )?)
     .await?;
@@ -156,7 +101,7 @@ pub async fn example_upstream(listen: Option<&str>, token: Token) -> Result<(), 
 
 /// `quotagate catalog-server`: serves `source` (a file or directory) to gateways.
 pub async fn catalog_server(
-    config: &Config,
+    settings: &Settings,
     source: Option<&str>,
     listen: Option<&str>,
     token: Token,
@@ -164,21 +109,20 @@ pub async fn catalog_server(
     let source = source
         .ok_or_else(|| ConfigError("catalog-server needs --catalog FILE or DIRECTORY".into()))?;
     let addr = address(
-        listen.unwrap_or("127.0.0.1:9100"),
         "--listen",
+        listen.unwrap_or("127.0.0.1:9100"),
         "127.0.0.1:9100",
     )?;
-    let header = http::HeaderName::from_bytes(config.catalog.server_auth_header.as_bytes())
-        .map_err(|e| ConfigError(e.to_string()))?;
-    let secret =
-        (!config.catalog.server_secret.is_empty()).then(|| config.catalog.server_secret.clone());
+    let catalog = &settings.config.catalog;
+    let header = header_name("catalog.server_auth_header", &catalog.server_auth_header)?;
+    let secret = (!catalog.server_secret.is_empty()).then(|| catalog.server_secret.clone());
     if secret.is_none() {
         tracing::warn!(
             "catalog.server_secret is not set: anyone who can reach this server can read the catalog"
         );
     }
     let server = Arc::new(CatalogServer::new(source.into(), header, secret));
-    let (listener, listen) = bound(addr).await?;
+    let (listener, listen) = bind(addr).await?;
     tracing::info!(%listen, "catalog server listening");
     server::serve(
         listener,
@@ -191,97 +135,21 @@ pub async fn catalog_server(
 }
 
 /// `quotagate divvy RULES`: only the Divvy port, as a drop-in for Divvy, configured by Divvy's
-/// environment variables (`PORT`, `REDIS_HOST`, `REDIS_PORT`, `STATSD_*`, `HTTP_SERVICE_PORT`,
-/// `PROMETHEUS_METRICS_PATH`).
-pub async fn divvy(mut config: Config, rules: &Path, token: Token) -> Result<(), StartError> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let port: u16 = match env("PORT") {
-        Some(p) => p
-            .parse()
-            .map_err(|_| ConfigError(format!("PORT: {p:?} is not a port number")))?,
-        None => 8321,
-    };
-    let redis = (env("REDIS_HOST").is_some() || env("REDIS_PORT").is_some()).then(|| {
-        (
-            env("REDIS_HOST").unwrap_or_else(|| "localhost".into()),
-            env("REDIS_PORT").unwrap_or_else(|| "6379".into()),
-        )
-    });
-    if let Some((host, rport)) = &redis {
-        config.store.kind = StoreKind::Redis;
-        config.store.redis_url = format!("redis://{host}:{rport}");
+/// environment variables (see [`crate::divvy::dropin`]).
+pub async fn divvy(settings: Settings, rules: &Path, token: Token) -> Result<(), StartError> {
+    let dropin = crate::divvy::dropin::settings(settings.config, rules, |k| std::env::var(k).ok())?;
+    let app = App::build(&dropin.settings, Arc::new(SystemClock::new()), None)?;
+    let listeners = app.bind().await?;
+    if let Some(metrics) = listeners.admin() {
+        tracing::info!(port = metrics.port(), "serving Divvy metrics");
     }
-    let rules = RuleSet::load(rules).map_err(|e| ConfigError(e.to_string()))?;
-    let store = Arc::new(gateway::build_store(&config)?);
-    let divvy = Arc::new(Divvy::new(
-        rules,
-        store,
-        Arc::new(SystemClock::new()),
-        Statsd::from_env(env),
-    ));
-
-    // Divvy's metrics server: HTTP_SERVICE_PORT and PROMETHEUS_METRICS_PATH, both needed.
-    match (env("HTTP_SERVICE_PORT"), env("PROMETHEUS_METRICS_PATH")) {
-        (Some(p), Some(path)) => {
-            let hport: u16 = p.parse().map_err(|_| {
-                ConfigError(format!("HTTP_SERVICE_PORT: {p:?} is not a port number"))
-            })?;
-            let (listener, _) = bound(SocketAddr::from(([0, 0, 0, 0], hport))).await?;
-            let mut registry = prometheus_client::registry::Registry::default();
-            divvy.metrics.register(&mut registry);
-            let registry = Arc::new(registry);
-            let path = if path.starts_with('/') {
-                path
-            } else {
-                format!("/{path}")
-            };
-            tracing::info!(port = hport, %path, "serving Divvy metrics");
-            tokio::spawn(server::serve(
-                listener,
-                Default::default(),
-                move |_peer, req: http::Request<hyper::body::Incoming>| {
-                    let (registry, path) = (registry.clone(), path.clone());
-                    async move {
-                        let mut resp =
-                            http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
-                        if req.uri().path() == path {
-                            let mut text = String::new();
-                            let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
-                            *resp.body_mut() = http_body_util::Full::new(bytes::Bytes::from(text));
-                        } else {
-                            *resp.status_mut() = http::StatusCode::NOT_FOUND;
-                        }
-                        resp
-                    }
-                },
-                token.clone().cancelled_owned(),
-            ));
-        }
-        (None, None) => {}
-        _ => tracing::warn!(
-            "set both HTTP_SERVICE_PORT and PROMETHEUS_METRICS_PATH to serve metrics"
-        ),
-    }
-
-    let (listener, local) = bound(SocketAddr::from(([0, 0, 0, 0], port))).await?;
+    let port = listeners.divvy().map_or(0, |a| a.port());
     // Divvy's own start-up line, which deployment scripts may wait for.
-    match &redis {
-        Some((host, rport)) => println!(
-            "Listening on port TCP port {}, Redis host {host}:{rport}",
-            local.port()
-        ),
-        None => println!("Listening on port TCP port {}, memory store", local.port()),
+    match &dropin.redis {
+        Some(redis) => println!("Listening on port TCP port {port}, Redis host {redis}"),
+        None => println!("Listening on port TCP port {port}, memory store"),
     }
-    let settings = DivvySettings {
-        max_line_bytes: config.divvy.max_line_bytes,
-        max_connections: config.divvy.max_connections,
-        max_in_flight: config.divvy.max_in_flight,
-        workers: Some(Arc::new(
-            crate::workers::Workers::start(config.server.worker_count(), "divvy-worker")
-                .map_err(|e| ConfigError(format!("cannot start the workers: {e}")))?,
-        )),
-    };
-    crate::divvy::server::serve(listener, divvy, settings, token.cancelled_owned()).await;
+    app.run(listeners, token).await;
     Ok(())
 }
 

@@ -1,32 +1,29 @@
-//! gateway: builds the proxy from a configuration, serves it, and runs its background tasks (the
-//! catalog poller and the catalog announcements).
+//! gateway: the HTTP side of quotagate: the proxy, its catalog (file, poller, announcements) and
+//! its listener's settings. [`crate::app`] builds it with the store and the metrics it shares
+//! with the Divvy port.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use http::HeaderName;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Admin;
 use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
-use crate::catalog::{CatalogError, MAX_CATALOG_BYTES, Snapshot};
+use crate::catalog::{CatalogError, Snapshot};
 use crate::clock::Clock;
-use crate::config::{Config, ConfigError, StoreKind, ms};
-use crate::divvy::rules::RuleSet;
-use crate::divvy::server::DivvySettings;
-use crate::divvy::{self, Divvy};
+use crate::config::{Config, ConfigError, address};
 use crate::metrics::Metrics;
-use crate::proxy::upstream::Upstream;
+use crate::proxy::upstream::{Upstream, UpstreamSettings};
 use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
-use crate::store::{RedisOptions, RedisStore, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::workers::Workers;
-use std::sync::atomic::AtomicBool;
 
-/// Why the gateway could not start.
+/// Why quotagate could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -37,202 +34,162 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start {what}: {source}")]
+    Runtime {
+        what: &'static str,
         source: std::io::Error,
     },
 }
 
-/// A built gateway, ready to serve on a listener.
-pub struct Gateway {
-    pub proxy: Arc<Proxy>,
-    settings: HttpSettings,
-    poller: Option<Arc<Poller>>,
-    /// Redis URL and channel of the catalog announcements, when counters are in Redis.
-    announcements: Option<(String, String)>,
-    /// The Divvy port's service, when a rule file is configured.
-    pub divvy: Option<Arc<Divvy>>,
-    divvy_settings: DivvySettings,
+/// The gateway's settings, checked.
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    /// The proxy listener (`server.listen`).
+    pub listen: SocketAddr,
+    pub http: HttpSettings,
+    pub policy: Policy,
+    pub refresh: Refresh,
+    pub upstream: UpstreamSettings,
+    /// Catalog loaded at start-up (`catalog.file`).
+    pub catalog_file: Option<PathBuf>,
+    /// The catalog server to poll (`catalog.server_url`).
+    pub poller: Option<PollerOptions>,
+    /// Redis channel of the catalog announcements (used with the Redis store).
+    pub announce_channel: String,
 }
 
-/// Builds the configured store.
-pub fn build_store(config: &Config) -> Result<Store, StoreError> {
-    let s = &config.store;
-    Ok(match s.kind {
-        StoreKind::Memory => Store::memory(),
-        StoreKind::Redis => {
-            let redis = RedisStore::connect(&RedisOptions {
-                url: s.redis_url.clone(),
-                timeout: s.timeout(),
-                pool_size: s.pool_size,
-                prefix: s.key_prefix.clone(),
-                time_source: s.time_source,
-                connections: config.server.worker_count(),
-            })?;
-            Store::redis(redis, s.failure_policy, s.probe_interval())
+impl TryFrom<&Config> for GatewaySettings {
+    type Error = ConfigError;
+
+    fn try_from(c: &Config) -> Result<Self, ConfigError> {
+        let poller = match c.catalog.server_url.is_empty() {
+            true => None,
+            false => Some(PollerOptions::try_from(&c.catalog)?),
+        };
+        let mut refresh = Refresh::try_from(&c.catalog)?;
+        if poller.is_none() {
+            // Without a catalog server there is nothing to fetch: the header is only removed.
+            refresh.secret = None;
         }
-    })
+        Ok(GatewaySettings {
+            listen: address("server.listen", &c.server.listen, "127.0.0.1:8080")?,
+            http: HttpSettings::try_from(&c.server)?,
+            policy: Policy::try_from(c)?,
+            refresh,
+            upstream: UpstreamSettings::try_from(c)?,
+            catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
+            poller,
+            announce_channel: c.catalog.announce_channel.clone(),
+        })
+    }
+}
+
+/// A built gateway, ready to serve on a listener.
+pub struct Gateway {
+    proxy: Arc<Proxy>,
+    http: HttpSettings,
+    poller: Option<Arc<Poller>>,
+    /// Channel of the catalog announcements, when counters are in Redis and a poller runs.
+    announcements: Option<(Arc<crate::store::RedisStore>, String)>,
 }
 
 impl Gateway {
-    /// Builds the gateway, loading `catalog.file` when one is configured.
-    pub fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Gateway, StartError> {
-        if config.catalog.file.is_empty() && config.catalog.server_url.is_empty() {
-            return Err(ConfigError(
-                "no catalog: set catalog.file, catalog.server_url or both".into(),
-            )
-            .into());
-        }
-        let catalog = if config.catalog.file.is_empty() {
-            None
-        } else {
-            Some(Snapshot::load_file(config.catalog.file.as_ref())?)
-        };
-        Gateway::with_catalog(config, clock, catalog)
-    }
-
-    /// Builds the gateway around an already loaded catalog (`None`: wait for the catalog server).
-    pub fn with_catalog(
-        config: &Config,
+    /// Builds the gateway on the shared `store`, `metrics` and `workers`. `catalog`: a catalog
+    /// already loaded (the quick start's); otherwise `catalog_file` is loaded, or the gateway
+    /// waits for its catalog server.
+    pub fn build(
+        s: &GatewaySettings,
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+        workers: Arc<Workers>,
         clock: Arc<dyn Clock>,
         catalog: Option<Snapshot>,
     ) -> Result<Gateway, StartError> {
-        config.validate()?;
-        let c = &config.catalog;
-        let store = Arc::new(build_store(config)?);
-        let divvy = if config.divvy.rules.is_empty() {
-            None
-        } else {
-            let rules = RuleSet::load(config.divvy.rules.as_ref())
-                .map_err(|e| ConfigError(e.to_string()))?;
-            let statsd = crate::divvy::metrics::Statsd::from_env(|k| std::env::var(k).ok());
-            Some(Arc::new(Divvy::new(
-                rules,
-                store.clone(),
-                clock.clone(),
-                statsd,
-            )))
+        let catalog = match (catalog, &s.catalog_file) {
+            (Some(c), _) => Some(c),
+            (None, Some(file)) => Some(Snapshot::load_file(file)?),
+            (None, None) if s.poller.is_none() => {
+                return Err(ConfigError(
+                    "no catalog: set catalog.file, catalog.server_url or both".into(),
+                )
+                .into());
+            }
+            (None, None) => None,
         };
         let live = Live::new(catalog);
-        let mut announcements = None;
-        let poller = if c.server_url.is_empty() {
-            None
-        } else {
-            let announce: Option<Arc<dyn Announce>> = store.redis_store().map(|r| {
-                announcements = Some((config.store.redis_url.clone(), c.announce_channel.clone()));
+        let redis = store.redis_store();
+        let (mut poller, mut announcements) = (None, None);
+        if let Some(opts) = &s.poller {
+            let announce = redis.clone().map(|r| {
                 Arc::new(RedisAnnounce {
                     store: r,
-                    channel: c.announce_channel.clone(),
+                    channel: s.announce_channel.clone(),
                 }) as Arc<dyn Announce>
             });
-            let opts = PollerOptions {
-                url: c.server_url.clone(),
-                auth_header: c.server_auth_header.clone(),
-                secret: c.server_secret.clone(),
-                interval: ms(c.poll_interval_ms),
-                jitter_percent: c.poll_jitter_percent,
-                connect_timeout: ms(c.connect_timeout_ms),
-                request_timeout: ms(c.request_timeout_ms),
-                backoff_max: ms(c.backoff_max_ms),
-                refresh_min_interval: ms(c.refresh_min_interval_ms),
-                max_bytes: MAX_CATALOG_BYTES,
-            };
-            Some(Arc::new(
-                Poller::new(opts, live.clone(), announce).map_err(ConfigError)?,
-            ))
-        };
-        let refresh = Refresh {
-            header: HeaderName::from_bytes(c.refresh_header.as_bytes())
-                .map_err(|e| ConfigError(e.to_string()))?,
-            // Without a catalog server there is nothing to fetch: the header is only removed.
-            secret: (!c.refresh_secret.is_empty() && poller.is_some())
-                .then(|| c.refresh_secret.clone().into_bytes()),
-            wait: ms(c.refresh_wait_ms),
-        };
-        let mut metrics = Metrics::new(live.clone(), store.clone());
-        if let Some(d) = &divvy {
-            d.metrics.register(metrics.registry_mut());
+            announcements = redis.map(|r| (r, s.announce_channel.clone()));
+            let p = Poller::new(
+                opts.clone(),
+                live.clone(),
+                announce,
+                metrics.catalog_polls.clone(),
+            )
+            .map_err(|e| ConfigError(format!("cannot build the catalog client: {e}")))?;
+            poller = Some(Arc::new(p));
         }
-        let metrics = Arc::new(metrics);
-        let mut policy = Policy::new(&config.limits, config.server.max_body_bytes);
-        policy.access_log = config.log.access;
-        let proxy = Proxy {
-            metrics: metrics.clone(),
-            upstream_failing: AtomicBool::new(false),
-            catalog: live,
-            refresh,
+        let mut http = s.http.clone();
+        http.connections = Some(metrics.open_connections.clone());
+        let upstream = Upstream::new(&s.upstream, workers.len());
+        http.workers = Some(workers);
+        let proxy = Proxy::new(
+            live,
+            s.refresh.clone(),
             store,
             clock,
-            upstream: Upstream::new(
-                &config.upstream,
-                config.server.max_header_bytes,
-                config.server.worker_count(),
-            )?,
-            policy,
-        };
-        let workers = Arc::new(
-            Workers::start(config.server.worker_count(), "quotagate-worker")
-                .map_err(|e| ConfigError(format!("cannot start the workers: {e}")))?,
+            upstream,
+            s.policy.clone(),
+            metrics,
         );
-        let settings = HttpSettings {
-            header_read_timeout: config.header_read_timeout(),
-            max_header_bytes: config.server.max_header_bytes,
-            max_connections: config.server.max_connections,
-            drain_timeout: config.drain_timeout(),
-            connections: Some(metrics.open_connections.clone()),
-            workers: Some(workers.clone()),
-        };
         Ok(Gateway {
             proxy: Arc::new(proxy),
-            settings,
+            http,
             poller,
             announcements,
-            divvy,
-            divvy_settings: DivvySettings {
-                max_line_bytes: config.divvy.max_line_bytes,
-                max_connections: config.divvy.max_connections,
-                max_in_flight: config.divvy.max_in_flight,
-                workers: Some(workers),
-            },
         })
+    }
+
+    /// The live catalog.
+    pub fn catalog(&self) -> &Arc<Live> {
+        self.proxy.catalog()
+    }
+
+    /// The metrics it counts in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.proxy.metrics()
+    }
+
+    /// The counter store.
+    pub fn store(&self) -> &Arc<Store> {
+        self.proxy.store()
     }
 
     /// Starts the catalog poller and the announcement listener, which stop on `shutdown`.
     pub fn spawn_background(&self, shutdown: &CancellationToken) {
         if let Some(poller) = &self.poller {
             tokio::spawn(poller.clone().run(shutdown.clone()));
-            if let Some((url, channel)) = &self.announcements {
+            if let Some((redis, channel)) = &self.announcements {
                 tokio::spawn(broadcast::listen(
-                    url.clone(),
+                    redis.url().to_owned(),
                     channel.clone(),
-                    self.proxy.catalog.clone(),
+                    self.catalog().clone(),
                     shutdown.clone(),
                 ));
             }
         }
-        if !self.proxy.catalog.is_ready() {
+        if !self.catalog().is_ready() {
             tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
-        }
-    }
-
-    /// The admin endpoints of this gateway.
-    pub fn admin(&self) -> Arc<Admin> {
-        Arc::new(Admin {
-            metrics: self.proxy.metrics.clone(),
-            catalog: self.proxy.catalog.clone(),
-            store: self.proxy.store.clone(),
-        })
-    }
-
-    /// Serves the Divvy port on `listener` until `shutdown` (when a rule file is configured).
-    pub async fn serve_divvy(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-        if let Some(divvy) = &self.divvy {
-            divvy::server::serve(
-                listener,
-                divvy.clone(),
-                self.divvy_settings.clone(),
-                shutdown,
-            )
-            .await;
         }
     }
 
@@ -241,7 +198,7 @@ impl Gateway {
         let proxy = self.proxy.clone();
         server::serve(
             listener,
-            self.settings.clone(),
+            self.http.clone(),
             move |peer, req| proxy.clone().handle(peer, req),
             shutdown,
         )
@@ -250,8 +207,12 @@ impl Gateway {
 }
 
 /// Binds a listener, turning the OS error into a start-up error that names the address.
-pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::Listen { addr, source })
+        .map_err(|source| StartError::Listen { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
+    Ok((listener, local))
 }

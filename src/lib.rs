@@ -11,12 +11,14 @@
 //! - [`demo`]: the example upstream API.
 
 pub mod admin;
+pub mod app;
 pub mod catalog;
 pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod divvy;
+pub mod files;
 pub mod gateway;
 pub mod limiter;
 pub mod metrics;
@@ -24,6 +26,7 @@ pub mod path;
 pub mod proxy;
 pub mod router;
 pub mod server;
+pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

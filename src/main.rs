@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use quotagate::config::Config;
 use quotagate::divvy::load::LoadOptions;
 use quotagate::gateway::StartError;
+use quotagate::settings::Settings;
 use quotagate::{commands, shutdown, telemetry};
 
 /// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
@@ -107,7 +107,7 @@ struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    fn load(&self) -> Result<Config, StartError> {
+    fn load(&self) -> Result<Settings, StartError> {
         let mut sets = Vec::new();
         for (key, value) in [
             ("server.listen", &self.listen),
@@ -121,7 +121,7 @@ impl ConfigArgs {
             }
         }
         sets.extend(self.sets.iter().cloned());
-        Ok(Config::load(
+        Ok(Settings::load(
             self.config.as_deref(),
             |k| std::env::var(k).ok(),
             &sets,
@@ -142,26 +142,26 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
         Command::Tool(tool) => return run_tool(tool).await,
         Command::Server(server) => server,
     };
-    let config = cli.opts.load()?;
-    telemetry::init(&config.log);
+    let settings = cli.opts.load()?;
+    telemetry::init(&settings.log);
     let token = shutdown::on_signal();
     let opts = &cli.opts;
     match command {
-        ServerCommand::Run => commands::gateway(&config, false, token).await,
-        ServerCommand::Quickstart => commands::gateway(&config, true, token).await,
+        ServerCommand::Run => commands::gateway(&settings, false, token).await,
+        ServerCommand::Quickstart => commands::gateway(&settings, true, token).await,
         ServerCommand::ExampleUpstream => {
             commands::example_upstream(opts.listen.as_deref(), token).await
         }
         ServerCommand::CatalogServer => {
             commands::catalog_server(
-                &config,
+                &settings,
                 opts.catalog.as_deref(),
                 opts.listen.as_deref(),
                 token,
             )
             .await
         }
-        ServerCommand::Divvy { rules } => commands::divvy(config, &rules, token).await,
+        ServerCommand::Divvy { rules } => commands::divvy(settings, &rules, token).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }

@@ -2,9 +2,10 @@
 //!
 //! Label sets are bounded: requests are labelled by decision and endpoint name (from the catalog),
 //! never by API key or raw path. Values that are states rather than events (catalog version and
-//! age, store health) are set when `/metrics` is read.
+//! age, store health) are handed in as a [`State`] when `/metrics` is read.
+//!
+//! This module depends on no other part of quotagate: the parts that count hold its families.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -13,9 +14,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use crate::catalog::live::Live;
-use crate::store::Store;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -61,8 +59,22 @@ pub struct Metrics {
     catalog_ready: Gauge,
     store_info: Family<PolicyLabels, Gauge>,
     store_degraded: Gauge,
-    live: Arc<Live>,
-    store: Arc<Store>,
+    /// Catalog server polls by outcome (`unchanged`, `applied`, or the failure kind).
+    pub catalog_polls: Family<OutcomeLabels, Counter>,
+    /// Forced-refresh headers by outcome: `fetched`, `timed_out`, `invalid`.
+    pub catalog_refreshes: Family<OutcomeLabels, Counter>,
+}
+
+/// The states `/metrics` shows, read when it is rendered.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// The catalog being served (`None`: none loaded yet).
+    pub catalog: Option<CatalogLabels>,
+    /// Seconds since the current catalog was applied.
+    pub catalog_age_seconds: f64,
+    /// `memory` or `redis`, and the failure policy.
+    pub store: Option<PolicyLabels>,
+    pub store_degraded: bool,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -71,8 +83,9 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 }
 
 impl Metrics {
-    /// Registers everything the gateway counts; the catalog's and the store's own counters too.
-    pub fn new(live: Arc<Live>, store: Arc<Store>) -> Metrics {
+    /// Registers what the store counts (`store_errors` is its own counter) and, with `gateway`,
+    /// everything the proxy and its catalog count.
+    pub fn new(store_errors: Counter, gateway: bool) -> Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
             requests: Family::default(),
@@ -86,64 +99,66 @@ impl Metrics {
             store_info: Family::default(),
             store_degraded: Gauge::default(),
             registry: Registry::default(),
-            live,
-            store,
+            catalog_polls: Family::default(),
+            catalog_refreshes: Family::default(),
         };
         let r = &mut registry;
-        r.register(
-            "quotagate_requests",
-            "Requests by decision and endpoint",
-            m.requests.clone(),
-        );
-        r.register(
-            "quotagate_request_duration_seconds",
-            "Time to answer a request (to the response headers)",
-            m.request_seconds.clone(),
-        );
-        r.register(
-            "quotagate_decision_duration_seconds",
-            "Time of the limit decision alone (store call)",
-            m.decision_seconds.clone(),
-        );
-        r.register(
-            "quotagate_upstream_responses",
-            "Upstream responses by status class",
-            m.upstream_responses.clone(),
-        );
-        r.register(
-            "quotagate_open_connections",
-            "Open client connections on the proxy listener",
-            m.open_connections.clone(),
-        );
-        r.register(
-            "quotagate_catalog_info",
-            "The catalog version being served (value 1)",
-            m.catalog_info.clone(),
-        );
-        r.register(
-            "quotagate_catalog_age_seconds",
-            "Seconds since the current catalog was applied",
-            m.catalog_age.clone(),
-        );
-        r.register(
-            "quotagate_catalog_ready",
-            "1 once a catalog is loaded",
-            m.catalog_ready.clone(),
-        );
-        r.register(
-            "quotagate_catalog_polls",
-            "Catalog server polls by outcome",
-            m.live.polls.clone(),
-        );
-        r.register(
-            "quotagate_catalog_refreshes",
-            "Forced-refresh headers by outcome",
-            m.live.refreshes.clone(),
-        );
+        if gateway {
+            r.register(
+                "quotagate_requests",
+                "Requests by decision and endpoint",
+                m.requests.clone(),
+            );
+            r.register(
+                "quotagate_request_duration_seconds",
+                "Time to answer a request (to the response headers)",
+                m.request_seconds.clone(),
+            );
+            r.register(
+                "quotagate_decision_duration_seconds",
+                "Time of the limit decision alone (store call)",
+                m.decision_seconds.clone(),
+            );
+            r.register(
+                "quotagate_upstream_responses",
+                "Upstream responses by status class",
+                m.upstream_responses.clone(),
+            );
+            r.register(
+                "quotagate_open_connections",
+                "Open client connections on the proxy listener",
+                m.open_connections.clone(),
+            );
+            r.register(
+                "quotagate_catalog_info",
+                "The catalog version being served (value 1)",
+                m.catalog_info.clone(),
+            );
+            r.register(
+                "quotagate_catalog_age_seconds",
+                "Seconds since the current catalog was applied",
+                m.catalog_age.clone(),
+            );
+            r.register(
+                "quotagate_catalog_ready",
+                "1 once a catalog is loaded",
+                m.catalog_ready.clone(),
+            );
+            r.register(
+                "quotagate_catalog_polls",
+                "Catalog server polls by outcome",
+                m.catalog_polls.clone(),
+            );
+            r.register(
+                "quotagate_catalog_refreshes",
+                "Forced-refresh headers by outcome",
+                m.catalog_refreshes.clone(),
+            );
+        }
         r.register(
             "quotagate_store_errors",
             "Failed or timed-out store calls",
-            m.store.errors.clone(),
+            store_errors,
         );
         r.register(
             "quotagate_store_info",
@@ -163,35 +178,19 @@ impl Metrics {
         &mut self.registry
     }
 
-    /// The text of `/metrics`.
-    pub fn render(&self) -> String {
-        let snapshot = self.live.snapshot();
+    /// The text of `/metrics`, with the states in `state`.
+    pub fn render(&self, state: &State) -> String {
         self.catalog_info.clear();
-        if self.live.is_ready() {
-            self.catalog_info
-                .get_or_create(&CatalogLabels {
-                    hash: snapshot.version.hash.clone(),
-                    semver: snapshot.version.semver.clone(),
-                })
-                .set(1);
+        if let Some(labels) = &state.catalog {
+            self.catalog_info.get_or_create(labels).set(1);
         }
-        self.catalog_ready.set(i64::from(self.live.is_ready()));
-        let applied = self
-            .live
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .applied_at;
-        self.catalog_age
-            .set(applied.map_or(0.0, |t| t.elapsed().as_secs_f64()));
+        self.catalog_ready.set(i64::from(state.catalog.is_some()));
+        self.catalog_age.set(state.catalog_age_seconds);
         self.store_info.clear();
-        self.store_info
-            .get_or_create(&PolicyLabels {
-                kind: self.store.kind(),
-                policy: self.store.policy().as_str(),
-            })
-            .set(1);
-        self.store_degraded.set(i64::from(self.store.is_degraded()));
+        if let Some(labels) = &state.store {
+            self.store_info.get_or_create(labels).set(1);
+        }
+        self.store_degraded.set(i64::from(state.store_degraded));
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

@@ -19,6 +19,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use crate::config::{ConfigError, ServerConfig, positive_ms};
 use crate::workers::{self, Workers};
 
 /// Connection-level limits of an HTTP listener.
@@ -49,6 +50,36 @@ impl Default for HttpSettings {
             connections: None,
             workers: None,
         }
+    }
+}
+
+impl TryFrom<&ServerConfig> for HttpSettings {
+    type Error = ConfigError;
+
+    /// The proxy listener's limits (`[server]`); `connections` and `workers` are left for the
+    /// gateway to attach.
+    fn try_from(c: &ServerConfig) -> Result<Self, ConfigError> {
+        if c.max_header_bytes < 8192 {
+            return Err(ConfigError(
+                "server.max_header_bytes must be at least 8192".into(),
+            ));
+        }
+        if c.max_connections == 0 {
+            return Err(ConfigError(
+                "server.max_connections must be at least 1".into(),
+            ));
+        }
+        Ok(HttpSettings {
+            header_read_timeout: positive_ms(
+                "server.header_read_timeout_ms",
+                c.header_read_timeout_ms,
+            )?,
+            max_header_bytes: c.max_header_bytes,
+            max_connections: c.max_connections,
+            drain_timeout: positive_ms("server.drain_timeout_ms", c.drain_timeout_ms)?,
+            connections: None,
+            workers: None,
+        })
     }
 }
 

@@ -46,7 +46,7 @@ fn config(up: &Upstream, catalog_url: &str) -> Config {
 async fn ready_gateway(c: Config) -> TestGateway {
     let gw = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
     eventually(Duration::from_secs(5), || async {
-        gw.gateway.proxy.catalog.is_ready()
+        gw.gateway.catalog().is_ready()
     })
     .await;
     gw
@@ -58,8 +58,7 @@ async fn status_of(gw: &TestGateway, key: &str) -> u16 {
 
 fn last_outcome(gw: &TestGateway) -> String {
     gw.gateway
-        .proxy
-        .catalog
+        .catalog()
         .status
         .lock()
         .unwrap()
@@ -81,8 +80,7 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5)]));
     let changed = Instant::now();
     eventually(Duration::from_secs(2), || async {
-        gw.gateway.proxy.catalog.snapshot().limit(b"k1", 0)
-            != quotagate::catalog::LimitLookup::Limit(2)
+        gw.gateway.catalog().snapshot().limit(b"k1", 0) != quotagate::catalog::LimitLookup::Limit(2)
     })
     .await;
     assert!(
@@ -209,9 +207,8 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
     let invalid = quotagate::metrics::OutcomeLabels { outcome: "invalid" };
     assert_eq!(
         gw.gateway
-            .proxy
-            .catalog
-            .refreshes
+            .metrics()
+            .catalog_refreshes
             .get_or_create(&invalid)
             .get(),
         5
@@ -264,7 +261,7 @@ async fn two_instances_on_one_redis_converge_within_a_second() {
     let b = TestGateway::start_with(c, None, FakeClock::new(T0)).await;
     for gw in [&a, &b] {
         eventually(Duration::from_secs(5), || async {
-            gw.gateway.proxy.catalog.is_ready()
+            gw.gateway.catalog().is_ready()
         })
         .await;
     }
@@ -301,7 +298,7 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
     c.catalog.backoff_max_ms = 100;
     c.catalog.request_timeout_ms = 300;
     let gw = ready_gateway(c).await;
-    let served = gw.gateway.proxy.catalog.snapshot().version.hash.clone();
+    let served = gw.gateway.catalog().snapshot().version.hash.clone();
 
     let older = catalog("2025-01-01T00:00:00Z", &[("k1", 1)]);
     let broken =
@@ -332,7 +329,7 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
             "{fault:?}"
         );
         assert_eq!(
-            gw.gateway.proxy.catalog.snapshot().version.hash,
+            gw.gateway.catalog().snapshot().version.hash,
             served,
             "{fault:?}"
         );

@@ -594,7 +594,7 @@ async fn redis_down_follows_the_failure_policy_within_the_timeout() {
     assert_eq!((r.status, r.header("ratelimit-limit")), (200, None));
     redis.resume();
     support::eventually(Duration::from_secs(5), || async {
-        !closed.gateway.proxy.store.is_degraded()
+        !closed.gateway.store().is_degraded()
     })
     .await;
     assert_eq!(get(&closed.url("/items/1"), &[KEY]).await.status, 200);

@@ -10,10 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-
-use crate::metrics::OutcomeLabels;
 use tokio::sync::{Notify, watch};
 
 use super::Snapshot;
@@ -41,10 +37,6 @@ pub struct Live {
     /// `finished >= n + 1`: a fetch that started after it asked.
     started: AtomicU64,
     finished: watch::Sender<u64>,
-    /// Polls by outcome (`unchanged`, `applied`, or the failure kind).
-    pub polls: Family<OutcomeLabels, Counter>,
-    /// Forced-refresh headers by outcome: `fetched`, `timed_out`, `invalid`.
-    pub refreshes: Family<OutcomeLabels, Counter>,
     /// `std::sync::Mutex`: written once per poll, read by the admin endpoint; never across an await.
     pub status: Mutex<PollStatus>,
 }
@@ -59,8 +51,6 @@ impl Live {
             wake: Notify::new(),
             started: AtomicU64::new(0),
             finished: watch::Sender::new(0),
-            polls: Family::default(),
-            refreshes: Family::default(),
             status: Mutex::new(PollStatus::default()),
         })
     }

@@ -14,13 +14,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::StatusCode;
 use http::header::{ETAG, IF_NONE_MATCH};
+use http::{HeaderName, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
+use super::MAX_CATALOG_BYTES;
 use super::live::Live;
 use super::server::content_hash;
 use super::{CatalogDiff, CatalogDoc, CatalogVersion, Snapshot};
+use crate::config::{CatalogConfig, ConfigError, header_name, positive_ms};
 use crate::metrics::OutcomeLabels;
 
 /// Triggered fetches (refresh header, pub/sub) wait this long so that triggers arriving together
@@ -31,10 +35,10 @@ pub const COALESCE: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct PollerOptions {
     /// Base URL of the catalog server, e.g. `http://catalog:9100`.
-    pub url: String,
-    pub auth_header: String,
-    /// Sent in `auth_header`; empty: nothing sent.
-    pub secret: String,
+    pub url: reqwest::Url,
+    pub auth_header: HeaderName,
+    /// Sent in `auth_header`; `None`: nothing sent.
+    pub secret: Option<String>,
     pub interval: Duration,
     /// Each wait is the interval plus or minus this share of it (0 to 50).
     pub jitter_percent: u64,
@@ -45,6 +49,35 @@ pub struct PollerOptions {
     /// Triggered fetches start at least this long after the previous fetch started.
     pub refresh_min_interval: Duration,
     pub max_bytes: u64,
+}
+
+impl TryFrom<&CatalogConfig> for PollerOptions {
+    type Error = ConfigError;
+
+    /// The poller's settings; an error when `catalog.server_url` is empty (no poller then).
+    fn try_from(c: &CatalogConfig) -> Result<Self, ConfigError> {
+        let url = reqwest::Url::parse(&c.server_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "catalog.server_url: {:?} is not an http(s) URL",
+                    c.server_url
+                ))
+            })?;
+        Ok(PollerOptions {
+            url,
+            auth_header: header_name("catalog.server_auth_header", &c.server_auth_header)?,
+            secret: (!c.server_secret.is_empty()).then(|| c.server_secret.clone()),
+            interval: positive_ms("catalog.poll_interval_ms", c.poll_interval_ms)?,
+            jitter_percent: c.poll_jitter_percent,
+            connect_timeout: positive_ms("catalog.connect_timeout_ms", c.connect_timeout_ms)?,
+            request_timeout: positive_ms("catalog.request_timeout_ms", c.request_timeout_ms)?,
+            backoff_max: positive_ms("catalog.backoff_max_ms", c.backoff_max_ms)?,
+            refresh_min_interval: Duration::from_millis(c.refresh_min_interval_ms),
+            max_bytes: MAX_CATALOG_BYTES,
+        })
+    }
 }
 
 /// Why a poll failed. The current catalog keeps serving.
@@ -102,6 +135,8 @@ pub struct Poller {
     opts: PollerOptions,
     live: Arc<Live>,
     announce: Option<Arc<dyn Announce>>,
+    /// Polls by outcome (a metric).
+    polls: Family<OutcomeLabels, Counter>,
     /// The server has no `/latest` (a DynLimits-style server): poll `/indexed_limits` directly.
     no_latest: AtomicBool,
     /// ETag of the last whole catalog fetched, for `If-None-Match`.
@@ -123,20 +158,18 @@ impl Poller {
         opts: PollerOptions,
         live: Arc<Live>,
         announce: Option<Arc<dyn Announce>>,
-    ) -> Result<Poller, String> {
+        polls: Family<OutcomeLabels, Counter>,
+    ) -> Result<Poller, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)
             .timeout(opts.request_timeout)
-            .build()
-            .map_err(|e| format!("cannot build the catalog client: {e}"))?;
+            .build()?;
         Ok(Poller {
             client,
-            opts: PollerOptions {
-                url: opts.url.trim_end_matches('/').to_owned(),
-                ..opts
-            },
+            opts,
             live,
             announce,
+            polls,
             no_latest: AtomicBool::new(false),
             etag: std::sync::Mutex::new(None),
         })
@@ -144,12 +177,12 @@ impl Poller {
 
     async fn get(
         &self,
-        path: &str,
+        url: reqwest::Url,
         if_none_match: Option<&str>,
     ) -> Result<(StatusCode, Option<String>, Bytes), PollError> {
-        let mut req = self.client.get(format!("{}{path}", self.opts.url));
-        if !self.opts.secret.is_empty() {
-            req = req.header(self.opts.auth_header.as_str(), self.opts.secret.as_str());
+        let mut req = self.client.get(url);
+        if let Some(secret) = &self.opts.secret {
+            req = req.header(&self.opts.auth_header, secret.as_str());
         }
         if let Some(tag) = if_none_match {
             req = req.header(IF_NONE_MATCH, tag);
@@ -191,6 +224,15 @@ impl Poller {
         Ok((status, etag, body.freeze()))
     }
 
+    /// `path` on the catalog server, below the configured URL's own path.
+    fn endpoint(&self, path: &str) -> reqwest::Url {
+        let mut url = self.opts.url.clone();
+        let base = url.path().trim_end_matches('/').to_owned();
+        url.set_path(&format!("{base}{path}"));
+        url.set_query(None);
+        url
+    }
+
     /// One poll: brings the live catalog up to date with the server, or says why it could not.
     pub async fn poll_once(&self) -> Result<Outcome, PollError> {
         let current = self.live.snapshot();
@@ -203,7 +245,9 @@ impl Poller {
         let quoted = (!current_hash.is_empty()).then(|| format!("\"{current_hash}\""));
 
         if !self.no_latest.load(Ordering::Relaxed) {
-            let (status, _, body) = self.get("/latest", quoted.as_deref()).await?;
+            let (status, _, body) = self
+                .get(self.endpoint("/latest"), quoted.as_deref())
+                .await?;
             match status {
                 StatusCode::NOT_MODIFIED => return Ok(Outcome::Unchanged),
                 StatusCode::OK => {
@@ -239,7 +283,9 @@ impl Poller {
         } else {
             None
         };
-        let (status, etag, body) = self.get("/indexed_limits", etag.as_deref()).await?;
+        let (status, etag, body) = self
+            .get(self.endpoint("/indexed_limits"), etag.as_deref())
+            .await?;
         match status {
             StatusCode::NOT_MODIFIED => Ok(Outcome::Unchanged),
             StatusCode::OK => {
@@ -274,19 +320,9 @@ impl Poller {
         current: &Snapshot,
         current_hash: &str,
     ) -> Result<Option<Outcome>, PollError> {
-        let from: String = current_hash
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
-        let (status, _, body) = self
-            .get(&format!("/catalog_diff?from={from}"), None)
-            .await?;
+        let mut url = self.endpoint("/catalog_diff");
+        url.query_pairs_mut().append_pair("from", current_hash);
+        let (status, _, body) = self.get(url, None).await?;
         match status {
             StatusCode::NOT_MODIFIED => Ok(Some(Outcome::Unchanged)),
             StatusCode::OK => {
@@ -302,8 +338,8 @@ impl Poller {
     }
 
     fn apply(&self, doc: CatalogDoc, from_diff: bool) -> Result<Outcome, PollError> {
-        let snapshot =
-            Snapshot::build(&self.opts.url, doc).map_err(|e| PollError::Invalid(e.to_string()))?;
+        let snapshot = Snapshot::build(self.opts.url.as_str(), doc)
+            .map_err(|e| PollError::Invalid(e.to_string()))?;
         let version = snapshot.version.clone();
         tracing::info!(
             hash = %version.hash,
@@ -366,10 +402,7 @@ impl Poller {
             Ok(Outcome::Applied { .. }) => "applied",
             Err(e) => e.kind(),
         };
-        self.live
-            .polls
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc();
+        self.polls.get_or_create(&OutcomeLabels { outcome }).inc();
         let mut status = self.live.status.lock().unwrap_or_else(|e| e.into_inner());
         status.polls += 1;
         status.last_poll = Some(Instant::now());

@@ -24,6 +24,34 @@ pub const STATUSES: [&str; 4] = ["accepted", "rejected", "canary-accepted", "can
 /// Upper bounds (seconds) of the hit duration histogram: Divvy's buckets.
 pub const DURATION_BUCKETS: [f64; 6] = [0.001, 0.002, 0.005, 0.01, 0.1, 0.5];
 
+/// Where statsd metrics go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsdSettings {
+    /// `host:port`.
+    pub target: String,
+    /// Prepended to every metric name, ending with `.` when not empty.
+    pub prefix: String,
+    pub tcp: bool,
+}
+
+impl StatsdSettings {
+    /// From Divvy's variables: `STATSD_HOST` and `STATSD_PORT` (both needed), `STATSD_PREFIX`,
+    /// `STATSD_USE_TCP` (any non-empty value).
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Option<StatsdSettings> {
+        let var = |k: &str| var(k).filter(|v| !v.is_empty());
+        let target = format!("{}:{}", var("STATSD_HOST")?, var("STATSD_PORT")?);
+        let mut prefix = var("STATSD_PREFIX").unwrap_or_default();
+        if !prefix.is_empty() && !prefix.ends_with('.') {
+            prefix.push('.');
+        }
+        Some(StatsdSettings {
+            target,
+            prefix,
+            tcp: var("STATSD_USE_TCP").is_some(),
+        })
+    }
+}
+
 /// A statsd client: metrics go through a bounded queue to one sending task.
 #[derive(Debug, Clone)]
 pub struct Statsd {
@@ -32,20 +60,9 @@ pub struct Statsd {
 }
 
 impl Statsd {
-    /// From Divvy's variables: `STATSD_HOST` and `STATSD_PORT` (both needed), `STATSD_PREFIX`,
-    /// `STATSD_USE_TCP` (any non-empty value).
+    /// From Divvy's variables (see [`StatsdSettings::from_env`]); `None` when they are not set.
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Option<Statsd> {
-        let var = |k: &str| var(k).filter(|v| !v.is_empty());
-        let target = format!("{}:{}", var("STATSD_HOST")?, var("STATSD_PORT")?);
-        let mut prefix = var("STATSD_PREFIX").unwrap_or_default();
-        if !prefix.is_empty() && !prefix.ends_with('.') {
-            prefix.push('.');
-        }
-        Some(Statsd::start(
-            target,
-            prefix,
-            var("STATSD_USE_TCP").is_some(),
-        ))
+        StatsdSettings::from_env(var).map(|s| Statsd::start(s.target, s.prefix, s.tcp))
     }
 
     /// Starts the sender for `target` (`host:port`).

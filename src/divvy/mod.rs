@@ -8,6 +8,7 @@
 //! Counting is Divvy's fixed window from the first hit, in the shared [`Store`] (memory or Redis,
 //! with Divvy's own Redis keys), under the same failure policy as the gateway.
 
+pub mod dropin;
 pub mod load;
 pub mod metrics;
 pub mod protocol;
@@ -17,12 +18,41 @@ pub mod server;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
 use crate::clock::Clock;
+use crate::config::{ConfigError, DivvyConfig, address};
 use crate::store::{Store, Verdict};
-use metrics::{DivvyMetrics, Statsd};
+use metrics::{DivvyMetrics, Statsd, StatsdSettings};
 use protocol::{ProtoError, Reply};
 use rules::{MatchPolicy, Rule, RuleSet};
+use server::DivvySettings;
 use std::time::Instant;
+
+/// The Divvy port's settings, checked.
+#[derive(Debug, Clone)]
+pub struct DivvyPortSettings {
+    /// `divvy.listen`.
+    pub listen: SocketAddr,
+    /// The rule file (`divvy.rules`), read when the application is built.
+    pub rules: PathBuf,
+    pub limits: DivvySettings,
+    /// Divvy's statsd metrics, from its `STATSD_*` variables.
+    pub statsd: Option<StatsdSettings>,
+}
+
+impl DivvyPortSettings {
+    /// `[divvy]`; `env` gives the `STATSD_*` variables.
+    pub fn new(c: &DivvyConfig, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(DivvyPortSettings {
+            listen: address("divvy.listen", &c.listen, "127.0.0.1:8321")?,
+            rules: PathBuf::from(&c.rules),
+            limits: DivvySettings::try_from(c)?,
+            statsd: StatsdSettings::from_env(env),
+        })
+    }
+}
 
 /// The quota service behind the port.
 pub struct Divvy {

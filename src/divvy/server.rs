@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Divvy;
 use super::protocol::{self, ProtoError, Reply, Request};
+use crate::config::{ConfigError, DivvyConfig};
 use crate::workers::{self, Workers};
 
 /// Limits of the Divvy port.
@@ -46,6 +47,25 @@ impl Default for DivvySettings {
             max_in_flight: 1024,
             workers: None,
         }
+    }
+}
+
+impl TryFrom<&DivvyConfig> for DivvySettings {
+    type Error = ConfigError;
+
+    /// The port's limits (`[divvy]`); `workers` is left for the application to attach.
+    fn try_from(c: &DivvyConfig) -> Result<Self, ConfigError> {
+        if c.max_line_bytes < 1024 || c.max_connections == 0 || c.max_in_flight == 0 {
+            return Err(ConfigError(
+                "divvy.max_line_bytes must be at least 1024, and divvy.max_connections and divvy.max_in_flight at least 1".into(),
+            ));
+        }
+        Ok(DivvySettings {
+            max_line_bytes: c.max_line_bytes,
+            max_connections: c.max_connections,
+            max_in_flight: c.max_in_flight,
+            workers: None,
+        })
     }
 }
 

@@ -34,7 +34,9 @@ use crate::metrics::{ClassLabels, Metrics, RequestLabels, status_class};
 use crate::catalog::LimitLookup;
 use crate::catalog::live::Live;
 use crate::clock::Clock;
-use crate::config::{HeaderSet, LimitsConfig, Uncovered};
+use crate::config::{
+    CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
+};
 use crate::limiter::Decision;
 use crate::path::{self, EscapedSlashes};
 use crate::store::{CounterKey, Store, Verdict};
@@ -60,20 +62,23 @@ pub struct Policy {
     pub access_log: bool,
 }
 
-impl Policy {
-    pub fn new(limits: &LimitsConfig, max_body_bytes: u64) -> Policy {
-        Policy {
+impl TryFrom<&Config> for Policy {
+    type Error = ConfigError;
+
+    /// `[limits]`, with `server.max_body_bytes` and `log.access`.
+    fn try_from(c: &Config) -> Result<Self, ConfigError> {
+        let limits = &c.limits;
+        Ok(Policy {
             enabled: limits.enabled,
-            api_key_header: HeaderName::from_bytes(limits.api_key_header.as_bytes())
-                .expect("validated by Config::validate"),
+            api_key_header: header_name("limits.api_key_header", &limits.api_key_header)?,
             api_key_label: limits.api_key_header.clone(),
             unknown_endpoint: limits.unknown_endpoint,
             no_limit: limits.no_limit,
             headers: limits.headers,
             escaped_slashes: limits.escaped_slashes,
-            max_body_bytes,
-            access_log: false,
-        }
+            max_body_bytes: c.server.max_body_bytes,
+            access_log: c.log.access,
+        })
     }
 }
 
@@ -85,6 +90,19 @@ pub struct Refresh {
     pub secret: Option<Vec<u8>>,
     /// How long the request waits for its fetch.
     pub wait: std::time::Duration,
+}
+
+impl TryFrom<&CatalogConfig> for Refresh {
+    type Error = ConfigError;
+
+    /// The header's settings; the secret is dropped by whoever knows there is no catalog server.
+    fn try_from(c: &CatalogConfig) -> Result<Self, ConfigError> {
+        Ok(Refresh {
+            header: header_name("catalog.refresh_header", &c.refresh_header)?,
+            secret: (!c.refresh_secret.is_empty()).then(|| c.refresh_secret.clone().into_bytes()),
+            wait: positive_ms("catalog.refresh_wait_ms", c.refresh_wait_ms)?,
+        })
+    }
 }
 
 /// Where a request goes upstream, and the rate-limit fields its answer gets.
@@ -138,15 +156,15 @@ impl Default for Outcome {
 pub struct Proxy {
     /// The current catalog: read once per request without locking; a new catalog is swapped in
     /// whole, so a request never sees routes of one version and limits of another.
-    pub catalog: Arc<Live>,
-    pub refresh: Refresh,
-    pub store: Arc<Store>,
-    pub clock: Arc<dyn Clock>,
-    pub upstream: Upstream,
-    pub policy: Policy,
-    pub metrics: Arc<Metrics>,
+    catalog: Arc<Live>,
+    refresh: Refresh,
+    store: Arc<Store>,
+    clock: Arc<dyn Clock>,
+    upstream: Upstream,
+    policy: Policy,
+    metrics: Arc<Metrics>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
-    pub upstream_failing: AtomicBool,
+    upstream_failing: AtomicBool,
 }
 
 fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
@@ -169,6 +187,39 @@ fn api_key<'a>(parts: &'a Parts, name: &HeaderName) -> ApiKey<'a> {
 }
 
 impl Proxy {
+    pub fn new(
+        catalog: Arc<Live>,
+        refresh: Refresh,
+        store: Arc<Store>,
+        clock: Arc<dyn Clock>,
+        upstream: Upstream,
+        policy: Policy,
+        metrics: Arc<Metrics>,
+    ) -> Proxy {
+        Proxy {
+            catalog,
+            refresh,
+            store,
+            clock,
+            upstream,
+            policy,
+            metrics,
+            upstream_failing: AtomicBool::new(false),
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<Live> {
+        &self.catalog
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Handles one request from `peer`. Never fails: every outcome is a response.
     pub async fn handle(
         self: Arc<Self>,
@@ -417,8 +468,8 @@ impl Proxy {
             );
             "timed_out"
         };
-        self.catalog
-            .refreshes
+        self.metrics
+            .catalog_refreshes
             .get_or_create(&crate::metrics::OutcomeLabels { outcome })
             .inc();
     }

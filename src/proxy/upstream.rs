@@ -14,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::{ConfigError, UpstreamConfig, UpstreamTarget};
+use crate::config::{Config, ConfigError, positive_ms};
 
 /// Request body sent upstream: the client's body, cut off at the configured size.
 pub type UpstreamBody = Limited<Incoming>;
@@ -42,32 +42,88 @@ pub struct Upstream {
     response_timeout: Duration,
 }
 
+/// The upstream's settings (`[upstream]`), checked.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    pub target: UpstreamTarget,
+    /// Connecting to the upstream; then 502.
+    pub connect_timeout: Duration,
+    /// Waiting for the upstream's response headers; then 504.
+    pub response_timeout: Duration,
+    /// Idle upstream connections are closed after this.
+    pub pool_idle_timeout: Duration,
+    /// Idle upstream connections kept open, per worker.
+    pub pool_max_idle: usize,
+    /// Largest response header section read from the upstream (`server.max_header_bytes`).
+    pub max_header_bytes: usize,
+}
+
+impl TryFrom<&Config> for UpstreamSettings {
+    type Error = ConfigError;
+
+    fn try_from(c: &Config) -> Result<Self, ConfigError> {
+        let u = &c.upstream;
+        Ok(UpstreamSettings {
+            target: UpstreamTarget::parse(&u.url)?,
+            connect_timeout: positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms)?,
+            response_timeout: positive_ms("upstream.response_timeout_ms", u.response_timeout_ms)?,
+            pool_idle_timeout: Duration::from_millis(u.pool_idle_timeout_ms),
+            pool_max_idle: u.pool_max_idle,
+            max_header_bytes: c.server.max_header_bytes,
+        })
+    }
+}
+
+/// The parsed `upstream.url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTarget {
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// Prepended to every forwarded path; empty or starting with `/`, never ending with `/`.
+    pub base_path: String,
+}
+
+impl UpstreamTarget {
+    pub fn parse(url: &str) -> Result<UpstreamTarget, ConfigError> {
+        let bad = |why: &str| ConfigError(format!("upstream.url: {url:?} {why}"));
+        let uri: Uri = url.parse().map_err(|_| bad("is not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "must start with http:// (TLS to the upstream is not supported yet)",
+            ));
+        }
+        let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
+        if uri.query().is_some() {
+            return Err(bad("must not have a query"));
+        }
+        Ok(UpstreamTarget {
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
 impl Upstream {
-    /// `workers`: how many connection pools to keep (one per worker; `upstream.pool_max_idle`
-    /// applies to each).
-    pub fn new(
-        cfg: &UpstreamConfig,
-        max_header_bytes: usize,
-        workers: usize,
-    ) -> Result<Upstream, ConfigError> {
-        let target = UpstreamTarget::parse(&cfg.url)?;
+    /// `workers`: how many connection pools to keep (one per worker; `pool_max_idle` applies to
+    /// each).
+    pub fn new(s: &UpstreamSettings, workers: usize) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(cfg.connect_timeout()));
+        connector.set_connect_timeout(Some(s.connect_timeout));
         let build = || {
             Client::builder(TokioExecutor::new())
                 .pool_timer(TokioTimer::new())
                 .timer(TokioTimer::new())
-                .pool_idle_timeout(cfg.pool_idle_timeout())
-                .pool_max_idle_per_host(cfg.pool_max_idle)
-                .http1_max_buf_size(max_header_bytes.max(8192))
+                .pool_idle_timeout(s.pool_idle_timeout)
+                .pool_max_idle_per_host(s.pool_max_idle)
+                .http1_max_buf_size(s.max_header_bytes.max(8192))
                 .build(connector.clone())
         };
-        Ok(Upstream {
+        Upstream {
             clients: (0..workers.max(1)).map(|_| build()).collect(),
-            target,
-            response_timeout: cfg.response_timeout(),
-        })
+            target: s.target.clone(),
+            response_timeout: s.response_timeout,
+        }
     }
 
     /// The absolute URI of `path` (and `query`) on the upstream.
@@ -123,4 +179,24 @@ fn sources<'a>(
     e: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
     std::iter::successors(e.source(), |s| (*s).source())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_base_path() {
+        let t = UpstreamTarget::parse("http://api:9000/v1/").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.base_path.as_str()),
+            ("api:9000", "/v1")
+        );
+        assert_eq!(
+            UpstreamTarget::parse("http://api:9000").unwrap().base_path,
+            ""
+        );
+        let e = UpstreamTarget::parse("https://x").unwrap_err();
+        assert!(e.0.contains("http://"), "{e}");
+    }
 }

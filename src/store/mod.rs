@@ -22,6 +22,7 @@ pub use keys::CounterKey;
 pub use memory::{FixedDecision, FixedWindows, MemoryStore};
 pub use redis::{RedisOptions, RedisStore, TimeSource};
 
+use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
 use crate::limiter::Decision;
 
 /// A failed store call. Opaque; ask it with the `is_*` predicates.
@@ -127,6 +128,46 @@ pub enum Verdict<D = Decision> {
     Closed,
 }
 
+/// The store's settings (`[store]`), checked.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    Memory,
+    Redis {
+        redis: RedisOptions,
+        policy: FailurePolicy,
+        /// How often a down Redis is pinged.
+        probe_interval: Duration,
+    },
+}
+
+impl TryFrom<&StoreConfig> for StoreSettings {
+    type Error = ConfigError;
+
+    /// The Redis options are checked whichever kind is chosen, so a mistake shows before the day
+    /// someone switches to Redis. `connections` is 1 here; the application sets one per worker.
+    fn try_from(c: &StoreConfig) -> Result<Self, ConfigError> {
+        keys::check_prefix(&c.key_prefix)
+            .map_err(|m| ConfigError(format!("store.key_prefix: {m}")))?;
+        let redis = RedisOptions {
+            url: c.redis_url.clone(),
+            timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
+            pool_size: c.pool_size,
+            prefix: c.key_prefix.clone(),
+            time_source: c.time_source,
+            connections: 1,
+        };
+        let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
+        Ok(match c.kind {
+            StoreKind::Memory => StoreSettings::Memory,
+            StoreKind::Redis => StoreSettings::Redis {
+                redis,
+                policy: c.failure_policy,
+                probe_interval,
+            },
+        })
+    }
+}
+
 enum Backend {
     Memory(MemoryStore, FixedWindows),
     Redis(Arc<RedisStore>),
@@ -155,6 +196,18 @@ pub struct Store {
 }
 
 impl Store {
+    /// The configured store. A Redis store connects lazily: this fails only on a malformed URL.
+    pub fn open(s: &StoreSettings) -> Result<Store, StoreError> {
+        Ok(match s {
+            StoreSettings::Memory => Store::memory(),
+            StoreSettings::Redis {
+                redis,
+                policy,
+                probe_interval,
+            } => Store::redis(RedisStore::connect(redis)?, *policy, *probe_interval),
+        })
+    }
+
     /// The embedded in-memory store.
     pub fn memory() -> Store {
         Store::with_backend(

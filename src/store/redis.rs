@@ -83,6 +83,8 @@ fn is_broken(e: &redis::RedisError) -> bool {
 
 /// The Redis store.
 pub struct RedisStore {
+    /// As configured, for the announcement subscriber's own connection.
+    url: String,
     pool: Pool,
     /// One slot per worker: the connection's task runs on the worker that opened it.
     slots: Box<[Slot]>,
@@ -119,6 +121,7 @@ impl RedisStore {
             .create_pool(Some(Runtime::Tokio1))
             .map_err(StoreError::config)?;
         Ok(RedisStore {
+            url: opts.url.clone(),
             pool,
             slots: (0..opts.connections.max(1))
                 .map(|_| Slot::default())
@@ -195,6 +198,11 @@ impl RedisStore {
         self.slot()
             .conn
             .compare_and_swap(conn, None::<Arc<MultiplexedConnection>>);
+    }
+
+    /// The Redis URL, as configured.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Forgets the current connection, so the next call opens a fresh one.

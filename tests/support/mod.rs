@@ -158,10 +158,12 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
+use quotagate::app::App;
 use quotagate::catalog::Snapshot;
 use quotagate::clock::FakeClock;
 use quotagate::config::Config;
 use quotagate::gateway::Gateway;
+use quotagate::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 /// What the upstream received.
@@ -330,24 +332,19 @@ impl TestGateway {
     ) -> TestGateway {
         let catalog =
             catalog_json.map(|j| Snapshot::from_json("test catalog", j.as_bytes()).unwrap());
-        let gateway =
-            Arc::new(Gateway::with_catalog(&config, Arc::new(clock.clone()), catalog).unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let mut config = config;
+        config.server.listen = "127.0.0.1:0".into();
+        config.admin.listen = "127.0.0.1:0".into();
+        config.admin.enabled = true;
+        let settings = Settings::new(config, |_| None).unwrap();
+        let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());
+        let listeners = app.bind().await.unwrap();
+        let addr = listeners.gateway().unwrap();
+        let admin = listeners.admin().unwrap();
+        let gateway = app.gateway.clone().unwrap();
         let token = CancellationToken::new();
-        gateway.spawn_background(&token);
-        let g = gateway.clone();
-        let stop = token.clone().cancelled_owned();
-        let done = tokio::spawn(async move { g.serve(listener, stop).await });
-        let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = admin_listener.local_addr().unwrap();
-        let handler = gateway.admin();
-        tokio::spawn(quotagate::server::serve(
-            admin_listener,
-            Default::default(),
-            move |peer, req| handler.clone().handle(peer, req),
-            token.clone().cancelled_owned(),
-        ));
+        let stop = token.clone();
+        let done = tokio::spawn(async move { app.run(listeners, stop).await });
         TestGateway {
             addr,
             admin,

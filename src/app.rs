@@ -1,0 +1,182 @@
+//! app: the one place that builds quotagate from its [`Settings`] (store, metrics, workers,
+//! gateway, Divvy port, admin listener) and serves it, for every command that runs a server.
+//!
+//! Every listener is bound before anything is served or announced, so whoever waits for the
+//! "listening" line can connect to any of them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::admin::Admin;
+use crate::catalog::Snapshot;
+use crate::clock::Clock;
+use crate::config::ConfigError;
+use crate::divvy::Divvy;
+use crate::divvy::metrics::Statsd;
+use crate::divvy::rules::RuleSet;
+use crate::divvy::server::DivvySettings;
+use crate::gateway::{Gateway, StartError, bind};
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+use crate::shutdown::Token;
+use crate::store::Store;
+use crate::workers::Workers;
+use crate::{divvy, server};
+
+/// A built application, not yet listening.
+pub struct App {
+    pub store: Arc<Store>,
+    pub gateway: Option<Arc<Gateway>>,
+    pub divvy: Option<Arc<Divvy>>,
+    pub admin: Option<Arc<Admin>>,
+    divvy_settings: DivvySettings,
+    addrs: Addrs,
+}
+
+/// Where each part is to listen.
+#[derive(Debug, Clone, Copy, Default)]
+struct Addrs {
+    gateway: Option<SocketAddr>,
+    divvy: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+}
+
+/// The bound listeners of an [`App`], with the addresses they got.
+pub struct Listeners {
+    gateway: Option<(TcpListener, SocketAddr)>,
+    divvy: Option<(TcpListener, SocketAddr)>,
+    admin: Option<(TcpListener, SocketAddr)>,
+}
+
+impl Listeners {
+    pub fn gateway(&self) -> Option<SocketAddr> {
+        self.gateway.as_ref().map(|(_, a)| *a)
+    }
+    pub fn divvy(&self) -> Option<SocketAddr> {
+        self.divvy.as_ref().map(|(_, a)| *a)
+    }
+    pub fn admin(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|(_, a)| *a)
+    }
+}
+
+impl App {
+    /// Builds every part `settings` turns on. `catalog`: a catalog already loaded for the gateway
+    /// (the quick start's); otherwise it loads `catalog.file` or waits for its catalog server.
+    /// Starts the worker threads; call it inside a tokio runtime.
+    pub fn build(
+        settings: &Settings,
+        clock: Arc<dyn Clock>,
+        catalog: Option<Snapshot>,
+    ) -> Result<App, StartError> {
+        let store = Arc::new(Store::open(&settings.store)?);
+        let workers = Arc::new(
+            Workers::start(settings.workers, "quotagate-worker").map_err(|source| {
+                StartError::Runtime {
+                    what: "the workers",
+                    source,
+                }
+            })?,
+        );
+        let mut metrics = Metrics::new(store.errors.clone(), settings.gateway.is_some());
+        let divvy = match &settings.divvy {
+            None => None,
+            Some(d) => {
+                let rules = RuleSet::load(&d.rules).map_err(|e| ConfigError(e.to_string()))?;
+                let statsd = d
+                    .statsd
+                    .clone()
+                    .map(|s| Statsd::start(s.target, s.prefix, s.tcp));
+                let divvy = Divvy::new(rules, store.clone(), clock.clone(), statsd);
+                divvy.metrics.register(metrics.registry_mut());
+                Some(Arc::new(divvy))
+            }
+        };
+        let metrics = Arc::new(metrics);
+        let gateway = match &settings.gateway {
+            None => None,
+            Some(g) => Some(Arc::new(Gateway::build(
+                g,
+                store.clone(),
+                metrics.clone(),
+                workers.clone(),
+                clock,
+                catalog,
+            )?)),
+        };
+        let admin = settings.admin.as_ref().map(|a| {
+            Arc::new(Admin::new(
+                metrics.clone(),
+                gateway.as_ref().map(|g| g.catalog().clone()),
+                store.clone(),
+                a.metrics_path.clone(),
+            ))
+        });
+        let divvy_settings = DivvySettings {
+            workers: Some(workers),
+            ..settings
+                .divvy
+                .as_ref()
+                .map(|d| d.limits.clone())
+                .unwrap_or_default()
+        };
+        Ok(App {
+            store,
+            gateway,
+            divvy,
+            admin,
+            divvy_settings,
+            addrs: Addrs {
+                gateway: settings.gateway.as_ref().map(|g| g.listen),
+                divvy: settings.divvy.as_ref().map(|d| d.listen),
+                admin: settings.admin.as_ref().map(|a| a.listen),
+            },
+        })
+    }
+
+    /// Binds every listener the application needs.
+    pub async fn bind(&self) -> Result<Listeners, StartError> {
+        let bind_opt = async |addr: Option<SocketAddr>| match addr {
+            Some(a) => bind(a).await.map(Some),
+            None => Ok(None),
+        };
+        Ok(Listeners {
+            gateway: bind_opt(self.addrs.gateway).await?,
+            divvy: bind_opt(self.addrs.divvy).await?,
+            admin: bind_opt(self.addrs.admin).await?,
+        })
+    }
+
+    /// Serves every part on its listener until `token` is cancelled. `false` if the proxy's drain
+    /// timed out with requests in flight.
+    pub async fn run(&self, listeners: Listeners, token: Token) -> bool {
+        if let (Some((l, _)), Some(admin)) = (listeners.admin, &self.admin) {
+            let handler = admin.clone();
+            tokio::spawn(server::serve(
+                l,
+                Default::default(),
+                move |peer, req| handler.clone().handle(peer, req),
+                token.clone().cancelled_owned(),
+            ));
+        }
+        let divvy_port = match (listeners.divvy, &self.divvy) {
+            (Some((l, _)), Some(d)) => Some(tokio::spawn(divvy::server::serve(
+                l,
+                d.clone(),
+                self.divvy_settings.clone(),
+                token.clone().cancelled_owned(),
+            ))),
+            _ => None,
+        };
+        let mut drained = true;
+        if let (Some((l, _)), Some(g)) = (listeners.gateway, &self.gateway) {
+            g.spawn_background(&token);
+            drained = g.serve(l, token.cancelled()).await;
+        } else if let Some(port) = divvy_port {
+            let _ = port.await;
+        }
+        drained
+    }
+}

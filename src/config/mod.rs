@@ -1,0 +1,357 @@
+//! config: every option as written (the schema), its default, and the small parsers the typed
+//! settings use.
+//!
+//! Sources, later ones winning: built-in defaults, a TOML file (`--config`), `QUOTAGATE_<SECTION>_<KEY>`
+//! environment variables (e.g. `QUOTAGATE_UPSTREAM_URL`), and command-line flags (`--set
+//! section.key=value`, plus a few named shortcuts); see [`load`]. Every option is listed with its
+//! default in `docs/configuration.md`; the file is parsed strictly, so a misspelt key is an error.
+//!
+//! These structs hold text as written. Each module turns its section into its own typed settings
+//! (`TryFrom`), checking the values there, and [`crate::settings::Settings`] does that once for
+//! the whole application.
+
+mod load;
+mod redact;
+
+pub use load::{ENV_PREFIX, MAX_CONFIG_BYTES};
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::path::EscapedSlashes;
+use crate::store::{FailurePolicy, TimeSource};
+/// A configuration problem, said in one line that names the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub catalog: CatalogConfig,
+    pub limits: LimitsConfig,
+    pub store: StoreConfig,
+    pub divvy: DivvyConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Serve `/metrics`, `/healthz` and `/readyz`. Default: `true`.
+    pub enabled: bool,
+    /// Address of the admin listener. Default: `127.0.0.1:8081` (loopback only).
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            listen: "127.0.0.1:8081".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DivvyConfig {
+    /// Divvy rule file (`.ini` or `.json`); the Divvy port runs when one is set. Default: none.
+    pub rules: String,
+    /// Address of the Divvy port. Default: `127.0.0.1:8321`.
+    pub listen: String,
+    /// Longest request line. Default: 1048576 bytes (1 MiB).
+    pub max_line_bytes: usize,
+    /// Open connections at most. Default: 10000.
+    pub max_connections: usize,
+    /// Requests per connection waiting for their reply, at most. Default: 1024.
+    pub max_in_flight: usize,
+}
+
+impl Default for DivvyConfig {
+    fn default() -> Self {
+        DivvyConfig {
+            rules: String::new(),
+            listen: "127.0.0.1:8321".into(),
+            max_line_bytes: 1024 * 1024,
+            max_connections: 10_000,
+            max_in_flight: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address of the proxy listener. Default: `127.0.0.1:8080`.
+    pub listen: String,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish. Default: 10000 ms.
+    pub drain_timeout_ms: u64,
+    /// Time a client has to send a request's headers. Default: 10000 ms.
+    pub header_read_timeout_ms: u64,
+    /// Largest request header section. Default: 65536 bytes (at least 8192).
+    pub max_header_bytes: usize,
+    /// Largest request body; larger ones get 413. Default: 10485760 bytes (10 MiB).
+    pub max_body_bytes: u64,
+    /// Open client connections at most; more wait in the accept queue. Default: 10000.
+    pub max_connections: usize,
+    /// Threads that serve proxy and Divvy connections, each with its own event loop, upstream pool
+    /// and Redis connection. Default: 0, one per core.
+    pub workers: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:8080".into(),
+            drain_timeout_ms: 10_000,
+            header_read_timeout_ms: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_body_bytes: 10 * 1024 * 1024,
+            max_connections: 10_000,
+            workers: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL of the upstream API (`http://host:port[/base/path]`). Default: `http://127.0.0.1:9000`.
+    pub url: String,
+    /// Connecting to the upstream; then 502. Default: 2000 ms.
+    pub connect_timeout_ms: u64,
+    /// Waiting for the upstream's response headers; then 504. Default: 30000 ms.
+    pub response_timeout_ms: u64,
+    /// Idle upstream connections are closed after this. Default: 30000 ms.
+    pub pool_idle_timeout_ms: u64,
+    /// Idle upstream connections kept open. Default: 256.
+    pub pool_max_idle: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            url: "http://127.0.0.1:9000".into(),
+            connect_timeout_ms: 2_000,
+            response_timeout_ms: 30_000,
+            pool_idle_timeout_ms: 30_000,
+            pool_max_idle: 256,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// Catalog file loaded at start-up (DynLimits JSON), used until the catalog server answers.
+    /// Default: none.
+    pub file: String,
+    /// Base URL of the catalog server to poll. Default: none (no polling).
+    pub server_url: String,
+    /// Header carrying `server_secret` to the catalog server. Default: `X-Api-Key` (DynLimits).
+    pub server_auth_header: String,
+    /// Secret sent to (and, for `quotagate catalog-server`, required by) the catalog server.
+    /// Default: none.
+    pub server_secret: String,
+    /// Time between polls. Default: 10000 ms (DynLimits).
+    pub poll_interval_ms: u64,
+    /// Each wait varies by up to this share of the interval, so instances do not poll in step.
+    /// Default: 10 (%), at most 50.
+    pub poll_jitter_percent: u64,
+    /// Connecting to the catalog server. Default: 2000 ms.
+    pub connect_timeout_ms: u64,
+    /// One request to the catalog server, body included. Default: 10000 ms.
+    pub request_timeout_ms: u64,
+    /// Longest wait between polls while the server fails (the interval doubles per failure).
+    /// Default: 60000 ms.
+    pub backoff_max_ms: u64,
+    /// Request header that forces a catalog fetch when it carries `refresh_secret`.
+    /// Default: `X-Quotagate-Refresh`.
+    pub refresh_header: String,
+    /// Secret of the refresh header. Default: none, which turns the feature off.
+    pub refresh_secret: String,
+    /// Forced fetches start at least this long after the previous fetch. Default: 1000 ms.
+    pub refresh_min_interval_ms: u64,
+    /// How long a request with a valid refresh header waits for the fetch. Default: 2000 ms.
+    pub refresh_wait_ms: u64,
+    /// Redis channel on which instances announce new catalog versions (with `store.kind = "redis"`).
+    /// Default: `quotagate:catalog`.
+    pub announce_channel: String,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig {
+            file: String::new(),
+            server_url: String::new(),
+            server_auth_header: "X-Api-Key".into(),
+            server_secret: String::new(),
+            poll_interval_ms: 10_000,
+            poll_jitter_percent: 10,
+            connect_timeout_ms: 2_000,
+            request_timeout_ms: 10_000,
+            backoff_max_ms: 60_000,
+            refresh_header: "X-Quotagate-Refresh".into(),
+            refresh_secret: String::new(),
+            refresh_min_interval_ms: 1_000,
+            refresh_wait_ms: 2_000,
+            announce_channel: "quotagate:catalog".into(),
+        }
+    }
+}
+
+/// What to do with a request the catalog does not cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Uncovered {
+    /// Answer with an error (404 for unknown endpoints, 403 for keys without a limit).
+    Reject,
+    /// Forward it without limiting or counting.
+    Forward,
+}
+
+/// Which rate-limit header fields to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderSet {
+    /// `RateLimit-Policy`/`RateLimit` and `RateLimit-Limit`/`-Remaining`/`-Reset`.
+    Both,
+    /// The current IETF draft fields only: `RateLimit-Policy` and `RateLimit`.
+    Ietf,
+    /// The DynLimits-compatible `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` only.
+    Legacy,
+    /// None (`Retry-After` is still sent on 429).
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// `false` turns quotagate into a plain proxy: no key, route or limit checks. Default: `true`.
+    pub enabled: bool,
+    /// Header carrying the API key. Default: `X-Api-Key`.
+    pub api_key_header: String,
+    /// Requests to endpoints not in the catalog: `reject` (404) or `forward` unlimited. Default: `reject`.
+    pub unknown_endpoint: Uncovered,
+    /// Keys with no limit for the endpoint, unknown keys included: `reject` (403) or `forward`
+    /// unlimited. Default: `reject`.
+    pub no_limit: Uncovered,
+    /// Rate-limit header fields sent: `both`, `ietf`, `legacy` or `none`. Default: `both`.
+    pub headers: HeaderSet,
+    /// `%2F`, `%5C` and `\` in paths: `reject` (400) or `keep` as data. Default: `reject`.
+    pub escaped_slashes: EscapedSlashes,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            enabled: true,
+            api_key_header: "X-Api-Key".into(),
+            unknown_endpoint: Uncovered::Reject,
+            no_limit: Uncovered::Reject,
+            headers: HeaderSet::Both,
+            escaped_slashes: EscapedSlashes::Reject,
+        }
+    }
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory` (embedded, one instance) or `redis` (shared). Default: `memory`.
+    pub kind: StoreKind,
+    /// Redis URL, `redis://host:port/db` or `redis+unix:///path`. Default: `redis://127.0.0.1:6379`.
+    pub redis_url: String,
+    /// Bound on every Redis call, connecting included. Default: 250 ms.
+    pub timeout_ms: u64,
+    /// When Redis fails: `local` (limits enforced per instance in memory), `open` (unlimited) or
+    /// `closed` (503). Default: `local`.
+    pub failure_policy: FailurePolicy,
+    /// How often a failed Redis is pinged to detect recovery. Default: 1000 ms.
+    pub probe_interval_ms: u64,
+    /// Redis connections at most. Default: 16.
+    pub pool_size: usize,
+    /// Prefix of every Redis key. Default: `quotagate`.
+    pub key_prefix: String,
+    /// Whose clock places requests in seconds: `redis` (one clock for all instances) or `local`.
+    /// Default: `redis`.
+    pub time_source: TimeSource,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Memory,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            timeout_ms: 250,
+            failure_policy: FailurePolicy::Local,
+            probe_interval_ms: 1_000,
+            pool_size: 16,
+            key_prefix: crate::store::keys::DEFAULT_PREFIX.into(),
+            time_source: TimeSource::Redis,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`. Default: `text`.
+    pub format: LogFormat,
+    /// Level filter in `RUST_LOG` syntax; `RUST_LOG` itself wins when set. Default: `info`.
+    pub level: String,
+    /// One line per request (target `quotagate::access`). Default: `false`.
+    pub access: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".into(),
+            access: false,
+        }
+    }
+}
+
+/// A duration from an option's milliseconds, which must be above 0.
+pub(crate) fn positive_ms(name: &str, v: u64) -> Result<Duration, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError(format!("{name} must be above 0")));
+    }
+    Ok(Duration::from_millis(v))
+}
+
+/// A socket address option (`127.0.0.1:8080`).
+pub(crate) fn address(name: &str, raw: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    raw.parse()
+        .map_err(|_| ConfigError(format!("{name}: {raw:?} is not an address like {example}")))
+}
+
+/// A header name option.
+pub(crate) fn header_name(name: &str, raw: &str) -> Result<http::HeaderName, ConfigError> {
+    http::HeaderName::from_bytes(raw.as_bytes())
+        .map_err(|_| ConfigError(format!("{name}: {raw:?} is not a header name")))
+}

@@ -1,0 +1,138 @@
+//! settings: the configuration turned into typed, checked values, once, before anything starts.
+//!
+//! Each module owns its settings type and checks its values in its `TryFrom` (the gateway's
+//! [`GatewaySettings`], the store's [`StoreSettings`], the Divvy port's [`DivvyPortSettings`], the
+//! admin listener's [`AdminSettings`]); this file only gathers them. Nothing after this point
+//! parses a configuration string again.
+
+use std::path::Path;
+
+use crate::admin::AdminSettings;
+use crate::config::{Config, ConfigError, LogConfig};
+use crate::divvy::DivvyPortSettings;
+use crate::gateway::GatewaySettings;
+use crate::store::StoreSettings;
+
+/// Workers at most (`server.workers`).
+pub const MAX_WORKERS: usize = 1024;
+
+/// Everything quotagate runs, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The configuration as written, for the start-up log line (see [`Config::redacted_json`]).
+    pub config: Config,
+    /// Threads serving the proxy and the Divvy port (`server.workers`, 0: one per core).
+    pub workers: usize,
+    pub store: StoreSettings,
+    /// The HTTP gateway; `None` for the `quotagate divvy` drop-in.
+    pub gateway: Option<GatewaySettings>,
+    /// The Divvy port, when a rule file is configured.
+    pub divvy: Option<DivvyPortSettings>,
+    /// The admin listener, unless turned off.
+    pub admin: Option<AdminSettings>,
+    pub log: LogConfig,
+}
+
+impl Settings {
+    /// Loads the configuration's layers (see [`Config::load`]) and checks it.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        overrides: &[String],
+    ) -> Result<Settings, ConfigError> {
+        let config = Config::load(file, &env, overrides)?;
+        Settings::new(config, env)
+    }
+
+    /// Checks `config`; `env` gives the variables Divvy's statsd support reads (`STATSD_*`).
+    pub fn new(
+        config: Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        let workers = match config.server.workers {
+            0 => crate::workers::default_count(),
+            n if n > MAX_WORKERS => {
+                return Err(ConfigError(format!(
+                    "server.workers must be at most {MAX_WORKERS} (0: one per core)"
+                )));
+            }
+            n => n,
+        };
+        let mut store = StoreSettings::try_from(&config.store)?;
+        if let StoreSettings::Redis { redis, .. } = &mut store {
+            redis.connections = workers;
+        }
+        let divvy = match config.divvy.rules.is_empty() {
+            true => None,
+            false => Some(DivvyPortSettings::new(&config.divvy, &env)?),
+        };
+        Ok(Settings {
+            workers,
+            store,
+            gateway: Some(GatewaySettings::try_from(&config)?),
+            divvy,
+            admin: match config.admin.enabled {
+                true => Some(AdminSettings::try_from(&config.admin)?),
+                false => None,
+            },
+            log: config.log.clone(),
+            config,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(sets: &[&str]) -> Result<Settings, ConfigError> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Settings::load(None, |_| None, &sets)
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        let s = with(&[]).unwrap();
+        let g = s.gateway.unwrap();
+        assert_eq!(g.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.admin.unwrap().listen.to_string(), "127.0.0.1:8081");
+        assert!(s.divvy.is_none());
+        assert!(matches!(s.store, StoreSettings::Memory));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_option() {
+        for (set, expect) in [
+            ("server.listen=localhost", "server.listen: \"localhost\""),
+            ("admin.listen=x", "admin.listen: \"x\""),
+            ("upstream.url=https://x", "must start with http://"),
+            ("store.timeout_ms=0", "store.timeout_ms must be above 0"),
+            (
+                "limits.api_key_header=a b",
+                "limits.api_key_header: \"a b\"",
+            ),
+            ("catalog.server_url=nope", "catalog.server_url: \"nope\""),
+            ("server.workers=2000", "server.workers must be at most 1024"),
+            ("server.max_header_bytes=10", "server.max_header_bytes"),
+            ("store.key_prefix=a{b}", "store.key_prefix"),
+        ] {
+            let e = with(&[set]).unwrap_err();
+            assert!(e.0.contains(expect), "{set}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_refresh_secret_needs_a_catalog_server() {
+        let s = with(&["catalog.refresh_secret=s"]).unwrap();
+        assert!(s.gateway.unwrap().refresh.secret.is_none());
+        let s = with(&[
+            "catalog.refresh_secret=s",
+            "catalog.server_url=http://127.0.0.1:9100",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.gateway.unwrap().refresh.secret.as_deref(),
+            Some(&b"s"[..])
+        );
+    }
+}
