@@ -10,9 +10,9 @@
 pub const WINDOW_SECONDS: u64 = 60;
 const SLOTS: usize = WINDOW_SECONDS as usize;
 
-/// The outcome of checking one request against one limit.
+/// The state of one limit after checking one request against it: allowed or not, and what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
+pub struct Quota {
     pub allowed: bool,
     /// The limit the request was checked against (requests per 60 s).
     pub limit: u64,
@@ -26,10 +26,10 @@ pub struct Decision {
     pub retry_after: Option<u64>,
 }
 
-impl Decision {
+impl Quota {
     /// The answer for a zero limit, which rejects every request without touching any counter.
     pub fn zero_limit() -> Self {
-        Decision {
+        Quota {
             allowed: false,
             limit: 0,
             remaining: 0,
@@ -97,9 +97,9 @@ impl Window {
     }
 
     /// Checks one request at `now` against `limit` and counts it if allowed.
-    pub fn hit(&mut self, now: u64, limit: u64) -> Decision {
+    pub fn hit(&mut self, now: u64, limit: u64) -> Quota {
         if limit == 0 {
-            return Decision::zero_limit();
+            return Quota::zero_limit();
         }
         let t = self.advance(now);
         let first = t.saturating_sub(WINDOW_SECONDS - 1);
@@ -119,7 +119,7 @@ impl Window {
                     break;
                 }
             }
-            return Decision {
+            return Quota {
                 allowed: false,
                 limit,
                 remaining: 0,
@@ -131,7 +131,7 @@ impl Window {
         let slot = &mut self.counts[(t % WINDOW_SECONDS) as usize];
         *slot = slot.saturating_add(1);
         let oldest = oldest.unwrap_or(t);
-        Decision {
+        Quota {
             allowed: true,
             limit,
             remaining: limit - sum - 1,
@@ -174,7 +174,7 @@ mod tests {
     fn zero_limit_rejects_without_counting() {
         let mut w = Window::new();
         let d = w.hit(T0, 0);
-        assert_eq!(d, Decision::zero_limit());
+        assert_eq!(d, Quota::zero_limit());
         assert!(w.is_idle(T0));
     }
 

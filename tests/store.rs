@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate::limiter::{Decision, Window};
+use quotagate::limiter::{Quota, Window};
 use quotagate::store::{
     CounterKey, FailurePolicy, RedisOptions, RedisStore, Store, TimeSource, Verdict,
 };
@@ -22,7 +22,7 @@ struct Subject {
 }
 
 impl Subject {
-    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Decision {
+    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
         match self.store.check(key, limit, now).await {
             Verdict::Decided(d) => d,
             other => panic!("store did not decide: {other:?}"),
@@ -140,7 +140,7 @@ async fn rejected_requests_are_not_counted(s: Subject) {
 async fn zero_limit_always_rejects(s: Subject) {
     let k = key("a");
     for t in [0, 1, 61] {
-        assert_eq!(s.hit(&k, 0, T0 + t).await, Decision::zero_limit());
+        assert_eq!(s.hit(&k, 0, T0 + t).await, Quota::zero_limit());
     }
     // and it left nothing behind that a real limit would see
     assert_eq!(s.hit(&k, 1, T0 + 61).await.remaining, 0);

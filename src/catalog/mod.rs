@@ -212,7 +212,7 @@ impl fmt::Display for CatalogError {
 impl std::error::Error for CatalogError {}
 
 /// One endpoint of a snapshot, with what the request path needs precomputed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// `METHOD /template`, as in the catalog (method upper-cased). Used as the policy name in
     /// rate-limit headers and as the endpoint part of counter keys.

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::HeaderSet;
-use crate::limiter::{Decision, WINDOW_SECONDS};
+use crate::limiter::{Quota, WINDOW_SECONDS};
 
 /// Hop-by-hop fields that never cross the proxy.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -162,7 +162,7 @@ fn sf_item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> 
 }
 
 /// Writes the rate-limit fields of `decision` for the policy `name` (the endpoint's name).
-pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, name: &str, d: &Decision) {
+pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, name: &str, d: &Quota) {
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
         if let Some(v) = sf_item(name, "q", d.limit, "w", WINDOW_SECONDS) {
             headers.insert(RATELIMIT_POLICY, v);
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn rate_limit_fields_on_allowed_and_rejected() {
-        let ok = Decision {
+        let ok = Quota {
             allowed: true,
             limit: 20,
             remaining: 7,
@@ -281,7 +281,7 @@ mod tests {
             "the upstream's Retry-After does not survive an allowed decision"
         );
 
-        let no = Decision {
+        let no = Quota {
             allowed: false,
             limit: 20,
             remaining: 0,

@@ -1,47 +1,36 @@
-//! proxy: the request path. API key, route, limit, decision, then forward or answer.
-//!
-//! Order of checks (each answer is a small JSON problem, see `docs/semantics.md`):
-//! 0. HTTP/1.1 without exactly one `Host`: 400;
-//! 1. body larger than allowed (by `Content-Length`): 413;
-//! 2. API key header missing or empty: 401; sent more than once: 400;
-//! 3. path that cannot be normalised (bad escape, encoded slash): 400;
-//! 4. no catalog endpoint: 404, or forwarded unlimited when configured;
-//! 5. no limit for this key here (unknown keys included): 403, or forwarded unlimited when configured;
-//!    neither creates a counter;
-//! 6. the sliding window: 429 with `Retry-After`, or forward.
+//! proxy: the request path. Read [`Proxy::respond`] top to bottom: the forced-refresh header, the
+//! admission (pure, in [`admission`]: key, route, limit), the store's count, then forward or answer.
 //!
 //! Allowed requests are forwarded with the endpoint's canonical path (see `router`), so the upstream
 //! receives exactly the endpoint that was counted.
 
+pub mod admission;
 pub mod headers;
 pub mod problem;
 pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, HOST};
-use http::request::Parts;
-use http::{HeaderName, Method, Request, Response, StatusCode, Version};
-use http_body_util::{Either, Full, Limited};
-use hyper::body::Incoming;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::metrics::{ClassLabels, Metrics, RequestLabels, status_class};
+use bytes::Bytes;
+use http::header::HOST;
+use http::request::Parts;
+use http::{HeaderName, Request, Response, Version};
+use http_body_util::{Either, Full, Limited};
+use hyper::body::Incoming;
 
-use crate::catalog::LimitLookup;
 use crate::catalog::live::Live;
 use crate::clock::Clock;
 use crate::config::{
     CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
 };
-use crate::limiter::Decision;
-use crate::path::{self, EscapedSlashes};
-use crate::store::{CounterKey, Store, Verdict};
-use problem::{QUOTA_EXCEEDED, problem};
-use upstream::{Upstream, UpstreamError};
+use crate::metrics::{ClassLabels, Metrics, RequestLabels, status_class};
+use crate::path::EscapedSlashes;
+use crate::store::Store;
+use admission::{Action, Decision, Step, Target};
+use upstream::Upstream;
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
 pub type Body = Either<Incoming, Full<Bytes>>;
@@ -105,51 +94,28 @@ impl TryFrom<&CatalogConfig> for Refresh {
     }
 }
 
-/// Where a request goes upstream, and the rate-limit fields its answer gets.
-struct Target<'a> {
-    path: &'a str,
-    /// The endpoint's canonical method, replacing the client's spelling.
-    method: Option<Method>,
-    /// The endpoint's name and the decision, for the rate-limit fields.
-    limit: Option<(&'a str, &'a Decision)>,
-}
-
-impl<'a> Target<'a> {
-    fn plain(path: &'a str) -> Self {
-        Target {
-            path,
-            method: None,
-            limit: None,
-        }
-    }
-
-    fn endpoint(path: &'a str, method: Method, limit: Option<(&'a str, &'a Decision)>) -> Self {
-        Target {
-            path,
-            method: Some(method),
-            limit,
-        }
-    }
-}
-
 /// What happened to one request, for metrics and the access log.
 #[derive(Debug)]
-struct Outcome {
-    decision: &'static str,
+struct Record {
+    decision: Decision,
     /// The endpoint's name, empty when none matched.
     endpoint: String,
     /// The API key's fingerprint (access log only).
     key: Option<String>,
 }
 
-impl Default for Outcome {
+impl Default for Record {
     fn default() -> Self {
-        Outcome {
-            decision: "bad_request",
+        Record {
+            decision: Decision::BadRequest,
             endpoint: String::new(),
             key: None,
         }
     }
+}
+
+fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
+    resp.map(Either::Right)
 }
 
 /// Everything a request needs, shared by all connections.
@@ -165,25 +131,6 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
-}
-
-fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
-    resp.map(Either::Right)
-}
-
-enum ApiKey<'a> {
-    Present(&'a [u8]),
-    Missing,
-    Repeated,
-}
-
-fn api_key<'a>(parts: &'a Parts, name: &HeaderName) -> ApiKey<'a> {
-    let mut values = parts.headers.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (Some(_), Some(_)) => ApiKey::Repeated,
-        (Some(v), None) if !v.as_bytes().is_empty() => ApiKey::Present(v.as_bytes()),
-        _ => ApiKey::Missing,
-    }
 }
 
 impl Proxy {
@@ -231,8 +178,8 @@ impl Proxy {
             .policy
             .access_log
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
-        let mut out = Outcome::default();
-        let resp = self.respond(peer, req, &mut out).await;
+        let mut record = Record::default();
+        let resp = self.respond(peer, req, &mut record).await;
         let elapsed = started.elapsed();
         self.metrics.request_seconds.observe(elapsed.as_secs_f64());
         if let Some((method, path)) = access {
@@ -241,9 +188,9 @@ impl Proxy {
                 %method,
                 path,
                 status = resp.status().as_u16(),
-                decision = out.decision,
-                endpoint = out.endpoint,
-                key = out.key.as_deref().unwrap_or(""),
+                decision = record.decision.as_str(),
+                endpoint = record.endpoint,
+                key = record.key.as_deref().unwrap_or(""),
                 ms = elapsed.as_secs_f64() * 1000.0,
                 "request"
             );
@@ -251,8 +198,8 @@ impl Proxy {
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
-                decision: out.decision,
-                endpoint: out.endpoint,
+                decision: record.decision.as_str(),
+                endpoint: record.endpoint,
             })
             .inc();
         resp
@@ -262,184 +209,36 @@ impl Proxy {
         &self,
         peer: SocketAddr,
         req: Request<Incoming>,
-        out: &mut Outcome,
+        record: &mut Record,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         self.forced_refresh(&mut parts).await;
-        // RFC 9112 §3.2: an HTTP/1.1 request with no Host, or more than one, is answered 400 (the
-        // upstream would otherwise get a Host of our choosing, or X-Forwarded-Host the first of
-        // two). HTTP/1.0 may omit it; HTTP/2 carries the authority in the request target.
-        if parts.version == Version::HTTP_11 && parts.headers.get_all(HOST).iter().count() != 1 {
-            out.decision = "bad_request";
-            return own(problem(
-                StatusCode::BAD_REQUEST,
-                None,
-                "an HTTP/1.1 request needs exactly one Host header",
-                None,
-            ));
-        }
-        let declared = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > self.policy.max_body_bytes) {
-            out.decision = "too_large";
-            return own(problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                None,
-                &format!(
-                    "the request body is larger than {} bytes",
-                    self.policy.max_body_bytes
-                ),
-                None,
-            ));
-        }
-        if !self.policy.enabled {
-            out.decision = "unlimited";
-            let path = parts.uri.path().to_owned();
-            return self
-                .forward(parts, body, peer, Target::plain(&path), out)
-                .await;
-        }
-
-        let key = match api_key(&parts, &self.policy.api_key_header) {
-            ApiKey::Present(k) => k,
-            ApiKey::Missing => {
-                out.decision = "missing_key";
-                let detail = format!(
-                    "send your API key in the {} header",
-                    self.policy.api_key_label
-                );
-                return own(problem(StatusCode::UNAUTHORIZED, None, &detail, None));
-            }
-            ApiKey::Repeated => {
-                out.decision = "bad_request";
-                let detail = format!("send the {} header once", self.policy.api_key_label);
-                return own(problem(StatusCode::BAD_REQUEST, None, &detail, None));
-            }
-        };
-        let path = match path::normalize(parts.uri.path(), self.policy.escaped_slashes) {
-            Ok(p) => p,
-            Err(e) => {
-                out.decision = "bad_request";
-                return own(problem(StatusCode::BAD_REQUEST, None, &e.to_string(), None));
-            }
-        };
-
-        if !self.catalog.is_ready() {
-            out.decision = "not_ready";
-            return own(problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                "no catalog is loaded yet; try again shortly",
-                None,
-            ));
-        }
-        let catalog = self.catalog.snapshot();
-        let Some(route) = catalog.route(parts.method.as_str(), &path) else {
-            out.decision = "unknown_endpoint";
-            return match self.policy.unknown_endpoint {
-                Uncovered::Reject => own(problem(
-                    StatusCode::NOT_FOUND,
-                    None,
-                    &format!("no endpoint matches {} {}", parts.method, path.to_path()),
-                    None,
-                )),
-                Uncovered::Forward => {
-                    let p = path.to_path();
-                    self.forward(parts, body, peer, Target::plain(&p), out)
-                        .await
+        let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+        let admission = match admission::admit(&parts, &self.policy, catalog.as_deref()) {
+            Step::Done(admission) => admission,
+            Step::Count(pending) => {
+                if self.policy.access_log {
+                    record.key = Some(crate::telemetry::fingerprint(pending.key));
                 }
-            };
-        };
-        let endpoint = &catalog.endpoints()[route.endpoint];
-        out.endpoint.clone_from(&endpoint.name);
-        if self.policy.access_log {
-            out.key = Some(crate::telemetry::fingerprint(key));
-        }
-        let method = endpoint.method.clone();
-        let limit = match catalog.limit(key, route.endpoint) {
-            LimitLookup::Limit(rl) => rl,
-            LimitLookup::UnknownKey | LimitLookup::NoLimit => {
-                out.decision = "no_limit";
-                return match self.policy.no_limit {
-                    Uncovered::Reject => own(problem(
-                        StatusCode::FORBIDDEN,
-                        None,
-                        &format!("this API key has no limit for {}", endpoint.name),
-                        None,
-                    )),
-                    Uncovered::Forward => {
-                        self.forward(
-                            parts,
-                            body,
-                            peer,
-                            Target::endpoint(&route.path, method, None),
-                            out,
-                        )
-                        .await
-                    }
-                };
-            }
-        };
-
-        let counter = CounterKey::new(key, &endpoint.name);
-        let asked = Instant::now();
-        let verdict = self.store.check(&counter, limit, self.clock.now()).await;
-        self.metrics
-            .decision_seconds
-            .observe(asked.elapsed().as_secs_f64());
-        let decision = match verdict {
-            Verdict::Decided(d) | Verdict::Local(d) => d,
-            Verdict::Open => {
-                out.decision = "store_open";
-                return self
-                    .forward(
-                        parts,
-                        body,
-                        peer,
-                        Target::endpoint(&route.path, method, None),
-                        out,
-                    )
+                let asked = Instant::now();
+                let verdict = self
+                    .store
+                    .check(&pending.counter(), pending.limit, self.clock.now())
                     .await;
-            }
-            Verdict::Closed => {
-                out.decision = "store_unavailable";
-                return own(problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    None,
-                    "the rate-limit store is unavailable; try again shortly",
-                    None,
-                ));
+                self.metrics
+                    .decision_seconds
+                    .observe(asked.elapsed().as_secs_f64());
+                pending.conclude(verdict)
             }
         };
-        if !decision.allowed {
-            out.decision = "limited";
-            let detail = match decision.retry_after {
-                Some(s) => format!(
-                    "{} allows {} requests per 60 s; retry after {s} s",
-                    endpoint.name, decision.limit
-                ),
-                None => format!("{} allows no requests for this API key", endpoint.name),
-            };
-            let mut resp = problem(
-                StatusCode::TOO_MANY_REQUESTS,
-                Some(QUOTA_EXCEEDED),
-                &detail,
-                Some(&endpoint.name),
-            );
-            headers::set_rate_limit(
-                resp.headers_mut(),
-                self.policy.headers,
-                &endpoint.name,
-                &decision,
-            );
-            return own(resp);
+        record.decision = admission.decision;
+        if let Some(e) = admission.endpoint {
+            record.endpoint.clone_from(&e.name);
         }
-        out.decision = "allowed";
-        let target = Target::endpoint(&route.path, method, Some((&endpoint.name, &decision)));
-        self.forward(parts, body, peer, target, out).await
+        match admission.action {
+            Action::Reject(r) => own(r.response(self.policy.headers)),
+            Action::Forward(target) => self.forward(parts, body, peer, target, record).await,
+        }
     }
 
     /// Handles the forced-refresh header: always removed, so it never reaches the upstream; with
@@ -474,24 +273,20 @@ impl Proxy {
             .inc();
     }
 
-    /// Forwards the request to `path` on the upstream and relays the answer, adding the rate-limit
-    /// fields of `limit` when given.
+    /// Forwards the request to `target` on the upstream and relays the answer, adding the
+    /// target's rate-limit fields.
     async fn forward(
         &self,
         mut parts: Parts,
         body: Incoming,
         peer: SocketAddr,
         target: Target<'_>,
-        out: &mut Outcome,
+        record: &mut Record,
     ) -> Response<Body> {
-        let Target {
-            path,
-            method,
-            limit,
-        } = target;
-        let Some(uri) = self.upstream.uri(path, parts.uri.query()) else {
-            return own(problem(
-                StatusCode::BAD_REQUEST,
+        let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
+            record.decision = Decision::BadRequest;
+            return own(problem::problem(
+                http::StatusCode::BAD_REQUEST,
                 None,
                 "the request target cannot be forwarded",
                 None,
@@ -510,7 +305,7 @@ impl Proxy {
         parts.uri = uri;
         // Whatever the client spoke (HTTP/2 included), the upstream pool speaks HTTP/1.1.
         parts.version = Version::HTTP_11;
-        if let Some(m) = method {
+        if let Some(m) = target.method {
             parts.method = m;
         }
         let req = Request::from_parts(
@@ -532,47 +327,23 @@ impl Proxy {
                     .inc();
                 let (mut head, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut head.headers, None);
-                if let Some((name, d)) = limit {
-                    headers::set_rate_limit(&mut head.headers, self.policy.headers, name, d);
+                if let Some((name, quota)) = &target.limit {
+                    headers::set_rate_limit(&mut head.headers, self.policy.headers, name, quota);
                 }
                 Response::from_parts(head, Either::Left(body))
             }
             Err(e) => {
-                let (status, detail) = match e {
-                    UpstreamError::Unreachable => {
-                        (StatusCode::BAD_GATEWAY, "the upstream cannot be reached")
-                    }
-                    UpstreamError::Broken => {
-                        (StatusCode::BAD_GATEWAY, "the upstream connection failed")
-                    }
-                    UpstreamError::Timeout => (
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "the upstream did not answer in time",
-                    ),
-                    UpstreamError::BodyTooLarge => (
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "the request body is too large",
-                    ),
-                    UpstreamError::BadRequestBody => (
-                        StatusCode::BAD_REQUEST,
-                        "the request body could not be read (malformed or cut short)",
-                    ),
-                };
-                if e == UpstreamError::BadRequestBody {
-                    // The client's fault: not an upstream failure, nothing to warn about.
-                    out.decision = "bad_request";
-                } else if e != UpstreamError::BodyTooLarge {
-                    out.decision = "upstream_error";
-                    if !self.upstream_failing.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            error = detail,
-                            "upstream failing; answering 502/504 until it answers again"
-                        );
-                    }
-                } else {
-                    out.decision = "too_large";
+                let (decision, rejection) = admission::upstream_failure(e);
+                record.decision = decision;
+                if decision == Decision::UpstreamError
+                    && !self.upstream_failing.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        error = rejection.detail,
+                        "upstream failing; answering 502/504 until it answers again"
+                    );
                 }
-                own(problem(status, None, detail, None))
+                own(rejection.response(self.policy.headers))
             }
         }
     }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
 use super::keys::CounterKey;
-use crate::limiter::Decision;
+use crate::limiter::Quota;
 
 /// Blocks remembered at most; beyond that, expired ones are swept and new ones not remembered.
 const MAX_BLOCKS: usize = 100_000;
@@ -77,12 +77,7 @@ impl BlockCache {
 
     /// The rejection Redis would give right now, if it is known. `caller_second` is the script's
     /// second when the caller's clock is used; `None` means Redis' clock.
-    pub fn check(
-        &self,
-        key: &CounterKey,
-        limit: u64,
-        caller_second: Option<i64>,
-    ) -> Option<Decision> {
+    pub fn check(&self, key: &CounterKey, limit: u64, caller_second: Option<i64>) -> Option<Quota> {
         let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
         let block = *blocks.get(key)?;
         if block.limit != limit {
@@ -95,7 +90,7 @@ impl BlockCache {
             return None;
         }
         let wait = u64::try_from(block.until - now).ok()?;
-        Some(Decision {
+        Some(Quota {
             allowed: false,
             limit,
             remaining: 0,

@@ -9,7 +9,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
 use super::keys::CounterKey;
-use crate::limiter::{Decision, Window};
+use crate::limiter::{Quota, Window};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -59,9 +59,9 @@ impl MemoryStore {
     }
 
     /// Checks one request at `now` against `limit` (requests per 60 s) and counts it if allowed.
-    pub fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Decision {
+    pub fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
         if limit == 0 {
-            return Decision::zero_limit();
+            return Quota::zero_limit();
         }
         let mut shard = self.shard(key);
         if let Some(w) = shard.windows.get_mut(key) {

@@ -23,7 +23,7 @@ pub use memory::{FixedDecision, FixedWindows, MemoryStore};
 pub use redis::{RedisOptions, RedisStore, TimeSource};
 
 use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
-use crate::limiter::Decision;
+use crate::limiter::Quota;
 
 /// A failed store call. Opaque; ask it with the `is_*` predicates.
 #[derive(Debug)]
@@ -115,9 +115,9 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The answer for one request (`D`: a sliding-window [`Decision`] or a Divvy [`FixedDecision`]).
+/// The answer for one request (`D`: a sliding-window [`Quota`] or a Divvy [`FixedDecision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict<D = Decision> {
+pub enum Verdict<D = Quota> {
     /// Decided by the configured store.
     Decided(D),
     /// Decided in this instance's memory because the shared store is down (policy `local`).
@@ -264,7 +264,7 @@ impl Store {
     /// Checks one request against `limit` at `now` and counts it if allowed.
     pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
         if limit == 0 {
-            return Verdict::Decided(Decision::zero_limit());
+            return Verdict::Decided(Quota::zero_limit());
         }
         let redis = match &self.backend {
             Backend::Memory(m, _) => return Verdict::Decided(m.hit(key, limit, now)),

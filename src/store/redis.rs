@@ -23,7 +23,7 @@ use super::StoreError;
 use super::blocked::BlockCache;
 use super::keys::{CounterKey, minute_hash};
 use super::memory::FixedDecision;
-use crate::limiter::Decision;
+use crate::limiter::Quota;
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("divvy.lua")));
@@ -214,12 +214,7 @@ impl RedisStore {
 
     /// Checks one request against `limit` (> 0) and counts it if allowed. `now` is the caller's
     /// clock; with [`TimeSource::Redis`] it only helps name the keys.
-    pub async fn hit(
-        &self,
-        key: &CounterKey,
-        limit: u64,
-        now: u64,
-    ) -> Result<Decision, StoreError> {
+    pub async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
         let caller_second = match self.time_source {
             TimeSource::Redis => None,
             TimeSource::Local => Some(i64::try_from(now).unwrap_or(i64::MAX / 2)),
@@ -230,12 +225,7 @@ impl RedisStore {
         self.bounded(self.hit_inner(key, limit, now)).await
     }
 
-    async fn hit_inner(
-        &self,
-        key: &CounterKey,
-        limit: u64,
-        now: u64,
-    ) -> Result<Decision, StoreError> {
+    async fn hit_inner(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
         let now = i64::try_from(now).unwrap_or(i64::MAX / 2);
         // Two tries: the second uses the minute Redis told us about in the first.
         for _ in 0..2 {
@@ -273,7 +263,7 @@ impl RedisStore {
                         self.blocked
                             .remember(key, limit, *redis_now, nonneg(*retry));
                     }
-                    return Ok(Decision {
+                    return Ok(Quota {
                         allowed: *allowed == 1,
                         limit,
                         remaining: nonneg(*remaining),
