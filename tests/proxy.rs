@@ -4,7 +4,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use quotagate::clock::FakeClock;
@@ -424,11 +424,11 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     let mut c = config(&up);
     c.upstream.response_timeout_ms = 200;
     let gw = gateway(c).await;
-    let started = Instant::now();
+    // /slow answers after seconds: only the 200 ms response timeout gives 504 first.
     let r = get(&gw.url("/slow/1"), &[KEY]).await;
     assert_eq!(r.status, 504);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    assert!(started.elapsed() < Duration::from_millis(1500));
+    assert_eq!(r.json()["detail"], "the upstream did not answer in time");
 }
 
 #[tokio::test]
@@ -580,14 +580,11 @@ async fn redis_down_follows_the_failure_policy_within_the_timeout() {
         assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
     }
     redis.pause();
-    let started = Instant::now();
-    let r = get(&closed.url("/items/1"), &[KEY]).await;
+    // The store timeout (250 ms) ends the wait; the deadline only catches a hang.
+    let r = tokio::time::timeout(Duration::from_secs(2), get(&closed.url("/items/1"), &[KEY]))
+        .await
+        .expect("the store timeout ends the wait");
     assert_eq!(r.status, 503);
-    assert!(
-        started.elapsed() < Duration::from_millis(250 + 400),
-        "{:?}",
-        started.elapsed()
-    );
     let r = get(&local.url("/items/1"), &[KEY]).await;
     assert_eq!((r.status, r.header("ratelimit-limit")), (200, Some("1000")));
     let r = get(&open.url("/items/1"), &[KEY]).await;
@@ -757,22 +754,22 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
     use tokio::io::AsyncReadExt;
     let up = Upstream::start().await;
     let mut c = config(&up);
-    c.server.header_read_timeout_ms = 300;
+    c.server.header_read_timeout_ms = 1000;
     let gw = gateway(c).await;
     // Connects and never sends a byte: without this, it would hold a connection slot forever.
     let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let started = Instant::now();
+    // Not closed at once: a whole request on another connection fits well inside the timeout.
+    assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
     let mut buf = [0u8; 1];
-    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+    assert!(
+        matches!(tcp.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the silent connection is still open"
+    );
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
         .await
         .expect("the gateway closes a silent connection")
         .unwrap_or(0);
     assert_eq!(n, 0);
-    assert!(
-        started.elapsed() >= Duration::from_millis(250),
-        "{:?}",
-        started.elapsed()
-    );
     // A client that does talk is served as before.
     assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
 }

@@ -9,6 +9,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
 use super::keys::CounterKey;
+use super::{CounterStore, StoreError};
 use crate::limiter::{Quota, Window};
 
 const SHARDS: usize = 32;
@@ -21,24 +22,24 @@ struct Shard {
     sweep_at: usize,
 }
 
-/// The in-memory store.
+/// Sliding windows in memory, sharded by key.
 #[derive(Debug)]
-pub struct MemoryStore {
+pub struct SlidingWindows {
     /// `std::sync::Mutex`: the critical section is a hash lookup and 60 additions, never held across
     /// an `.await`; sharding keeps unrelated keys from contending.
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
 }
 
-impl Default for MemoryStore {
+impl Default for SlidingWindows {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl MemoryStore {
+impl SlidingWindows {
     pub fn new() -> Self {
-        MemoryStore {
+        SlidingWindows {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
@@ -206,6 +207,67 @@ impl FixedWindows {
     }
 }
 
+/// Live Divvy windows kept in memory at most (memory store, and the `local` fallback). Default:
+/// 1,000,000.
+pub const MAX_FIXED_WINDOWS: usize = 1_000_000;
+
+/// The in-memory store: sliding windows for the gateway, fixed windows for the Divvy port. Also
+/// the `local` fallback while a shared store is down.
+#[derive(Debug)]
+pub struct MemoryStore {
+    windows: SlidingWindows,
+    fixed: FixedWindows,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        MemoryStore {
+            windows: SlidingWindows::new(),
+            fixed: FixedWindows::new(MAX_FIXED_WINDOWS),
+        }
+    }
+
+    /// [`SlidingWindows::hit`].
+    pub fn window(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
+        self.windows.hit(key, limit, now)
+    }
+
+    /// [`FixedWindows::hit`].
+    pub fn fixed(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
+        self.fixed.hit(key, limit, reset, now)
+    }
+}
+
+impl CounterStore for MemoryStore {
+    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        Ok(self.window(key, limit, now))
+    }
+
+    async fn hit_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        now: u64,
+    ) -> Result<FixedDecision, StoreError> {
+        Ok(self.fixed(key, limit, reset, now))
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,7 +301,7 @@ mod tests {
 
     #[test]
     fn memory_stays_flat_under_a_stream_of_distinct_counters() {
-        let store = MemoryStore::new();
+        let store = SlidingWindows::new();
         let mut now = 1_700_000_000;
         let mut peak = 0;
         for i in 0..300_000u32 {

@@ -1,96 +1,61 @@
 //! store: where counters live, and what happens when that place fails.
 //!
-//! Two backends answer the same question ("may this request pass, and count it"): [`MemoryStore`]
-//! (embedded, one instance) and [`RedisStore`] (shared by every instance on one Redis). The store
-//! behaviour suite (`tests/store.rs`) runs the same cases against both.
-//!
-//! [`Store`] wraps the backend with the failure policy. When Redis errors or times out, the store is
-//! marked down (logged once), requests are decided by the policy without waiting on Redis, and a
-//! background probe pings Redis until it answers again (logged once).
+//! - [`CounterStore`]: the question every backend answers ("may this request pass, and count
+//!   it"), for the gateway's sliding windows and the Divvy port's fixed windows.
+//! - [`MemoryStore`] (embedded, one instance) and [`RedisStore`] (shared by every instance on one
+//!   Redis) implement it; the store behaviour suite (`tests/store.rs`) runs the same cases against
+//!   both.
+//! - [`Failover`] wraps any backend with the failure policy; [`Store`] is the failover around the
+//!   configured backend, what the rest of quotagate holds.
+//! - [`keys`]: every Redis key name; `window.lua` and `fixed.lua`: the scripts.
 
 mod blocked;
+mod error;
+mod failover;
 pub mod keys;
 pub mod memory;
 pub mod redis;
 
-use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+pub use error::StoreError;
+pub use failover::Failover;
 pub use keys::CounterKey;
-pub use memory::{FixedDecision, FixedWindows, MemoryStore};
+pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 pub use redis::{RedisOptions, RedisStore, TimeSource};
 
 use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
 use crate::limiter::Quota;
 
-/// A failed store call. Opaque; ask it with the `is_*` predicates.
-#[derive(Debug)]
-pub struct StoreError {
-    kind: Kind,
+/// A place counters live. Calls are bounded by the backend's own timeout.
+pub trait CounterStore: Send + Sync + 'static {
+    /// Checks one request against the sliding window of `key` (`limit` > 0 requests per 60 s) at
+    /// `now` and counts it if allowed.
+    fn hit(
+        &self,
+        key: &CounterKey,
+        limit: u64,
+        now: u64,
+    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+
+    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
+    /// the window starting at its first hit.
+    fn hit_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        now: u64,
+    ) -> impl Future<Output = Result<FixedDecision, StoreError>> + Send;
+
+    /// Does the backend answer? Asked while it is marked down.
+    fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// `memory` or `redis`.
+    fn kind(&self) -> &'static str;
 }
-
-#[derive(Debug)]
-enum Kind {
-    Timeout,
-    Config(String),
-    Pool(String),
-    Redis(deadpool_redis::redis::RedisError),
-    Reply(String),
-}
-
-impl StoreError {
-    pub(crate) fn timeout() -> Self {
-        StoreError {
-            kind: Kind::Timeout,
-        }
-    }
-    pub(crate) fn config(e: impl fmt::Display) -> Self {
-        StoreError {
-            kind: Kind::Config(e.to_string()),
-        }
-    }
-    pub(crate) fn pool(e: impl fmt::Display) -> Self {
-        StoreError {
-            kind: Kind::Pool(e.to_string()),
-        }
-    }
-    pub(crate) fn redis(e: deadpool_redis::redis::RedisError) -> Self {
-        StoreError {
-            kind: Kind::Redis(e),
-        }
-    }
-    pub(crate) fn reply(msg: String) -> Self {
-        StoreError {
-            kind: Kind::Reply(msg),
-        }
-    }
-
-    /// The call did not finish within the store timeout.
-    pub fn is_timeout(&self) -> bool {
-        matches!(self.kind, Kind::Timeout)
-    }
-
-    /// The store could not be set up from its configuration.
-    pub fn is_config(&self) -> bool {
-        matches!(self.kind, Kind::Config(_))
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::Timeout => f.write_str("store call timed out"),
-            Kind::Config(e) => write!(f, "invalid store configuration: {e}"),
-            Kind::Pool(e) => write!(f, "no Redis connection: {e}"),
-            Kind::Redis(e) => write!(f, "Redis error: {e}"),
-            Kind::Reply(e) => write!(f, "bad reply from Redis: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 impl FailurePolicy {
     pub fn as_str(self) -> &'static str {
@@ -168,32 +133,51 @@ impl TryFrom<&StoreConfig> for StoreSettings {
     }
 }
 
-enum Backend {
-    Memory(MemoryStore, FixedWindows),
+/// The configured backend.
+pub enum Backend {
+    Memory(MemoryStore),
+    /// In an `Arc`: the catalog announcements publish and subscribe through it too.
     Redis(Arc<RedisStore>),
 }
 
-/// Live Divvy windows kept in memory at most (memory store, and the `local` fallback). Default:
-/// 1,000,000.
-pub const MAX_FIXED_WINDOWS: usize = 1_000_000;
+impl CounterStore for Backend {
+    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        match self {
+            Backend::Memory(m) => Ok(m.window(key, limit, now)),
+            Backend::Redis(r) => r.hit(key, limit, now).await,
+        }
+    }
 
-/// Health of the shared store, shared with the probe task.
-struct Health {
-    down: AtomicBool,
+    async fn hit_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        now: u64,
+    ) -> Result<FixedDecision, StoreError> {
+        match self {
+            Backend::Memory(m) => Ok(m.fixed(key, limit, reset, now)),
+            Backend::Redis(r) => r.hit_fixed(key, limit, reset, now).await,
+        }
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(_) => Ok(()),
+            Backend::Redis(r) => r.probe().await,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Backend::Memory(m) => m.kind(),
+            Backend::Redis(r) => r.kind(),
+        }
+    }
 }
 
-/// The configured backend plus the failure policy.
-pub struct Store {
-    backend: Backend,
-    policy: FailurePolicy,
-    /// Per-instance counters used while Redis is down under policy `local`.
-    fallback: MemoryStore,
-    fallback_fixed: FixedWindows,
-    health: Arc<Health>,
-    probe_interval: Duration,
-    /// Failed or timed-out store calls (a metric).
-    pub errors: prometheus_client::metrics::counter::Counter,
-}
+/// The configured backend with the failure policy: what the gateway and the Divvy port hold.
+pub type Store = Failover<Backend>;
 
 impl Store {
     /// The configured store. A Redis store connects lazily: this fails only on a malformed URL.
@@ -208,10 +192,10 @@ impl Store {
         })
     }
 
-    /// The embedded in-memory store.
+    /// The embedded in-memory store (it never fails, so the policy never applies).
     pub fn memory() -> Store {
-        Store::with_backend(
-            Backend::Memory(MemoryStore::new(), FixedWindows::new(MAX_FIXED_WINDOWS)),
+        Failover::new(
+            Backend::Memory(MemoryStore::new()),
             FailurePolicy::Local,
             Duration::from_secs(1),
         )
@@ -219,122 +203,19 @@ impl Store {
 
     /// A Redis store. `probe_interval` is how often a down Redis is pinged.
     pub fn redis(store: RedisStore, policy: FailurePolicy, probe_interval: Duration) -> Store {
-        Store::with_backend(Backend::Redis(Arc::new(store)), policy, probe_interval)
-    }
-
-    fn with_backend(backend: Backend, policy: FailurePolicy, probe_interval: Duration) -> Store {
-        Store {
-            backend,
-            policy,
-            fallback: MemoryStore::new(),
-            fallback_fixed: FixedWindows::new(MAX_FIXED_WINDOWS),
-            health: Arc::new(Health {
-                down: AtomicBool::new(false),
-            }),
-            probe_interval,
-            errors: Default::default(),
-        }
+        Failover::new(Backend::Redis(Arc::new(store)), policy, probe_interval)
     }
 
     /// `memory` or `redis`.
     pub fn kind(&self) -> &'static str {
-        match self.backend {
-            Backend::Memory(..) => "memory",
-            Backend::Redis(_) => "redis",
-        }
-    }
-
-    pub fn policy(&self) -> FailurePolicy {
-        self.policy
+        self.backend().kind()
     }
 
     /// The Redis store, when that is the backend (for catalog announcements).
     pub fn redis_store(&self) -> Option<Arc<RedisStore>> {
-        match &self.backend {
+        match &**self.backend() {
             Backend::Redis(r) => Some(r.clone()),
-            Backend::Memory(..) => None,
+            Backend::Memory(_) => None,
         }
-    }
-
-    /// True while the shared store is considered down.
-    pub fn is_degraded(&self) -> bool {
-        self.health.down.load(Ordering::Relaxed)
-    }
-
-    /// Checks one request against `limit` at `now` and counts it if allowed.
-    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
-        if limit == 0 {
-            return Verdict::Decided(Quota::zero_limit());
-        }
-        let redis = match &self.backend {
-            Backend::Memory(m, _) => return Verdict::Decided(m.hit(key, limit, now)),
-            Backend::Redis(r) => r,
-        };
-        // The call is awaited where it is made, not passed to a helper: a future passed by value
-        // into an `async fn` is stored twice, and this one is in every request's future.
-        if !self.is_degraded() {
-            match redis.hit(key, limit, now).await {
-                Ok(d) => return Verdict::Decided(d),
-                Err(e) => self.mark_down(redis, &e),
-            }
-        }
-        self.degraded(|| self.fallback.hit(key, limit, now))
-    }
-
-    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
-    /// the window starting at its first hit.
-    pub async fn check_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        now: u64,
-    ) -> Verdict<FixedDecision> {
-        let redis = match &self.backend {
-            Backend::Memory(_, f) => return Verdict::Decided(f.hit(key, limit, reset, now)),
-            Backend::Redis(r) => r,
-        };
-        if !self.is_degraded() {
-            match redis.hit_fixed(key, limit, reset).await {
-                Ok(d) => return Verdict::Decided(d),
-                Err(e) => self.mark_down(redis, &e),
-            }
-        }
-        self.degraded(|| self.fallback_fixed.hit(key, limit, reset, now))
-    }
-
-    /// The answer while Redis is down or just failed: the failure policy (`local` answers with
-    /// `local()`).
-    fn degraded<D>(&self, local: impl FnOnce() -> D) -> Verdict<D> {
-        match self.policy {
-            FailurePolicy::Local => Verdict::Local(local()),
-            FailurePolicy::Open => Verdict::Open,
-            FailurePolicy::Closed => Verdict::Closed,
-        }
-    }
-
-    fn mark_down(&self, redis: &Arc<RedisStore>, e: &StoreError) {
-        self.errors.inc();
-        if self.health.down.swap(true, Ordering::SeqCst) {
-            return; // already down; the probe is running
-        }
-        tracing::warn!(error = %e, policy = ?self.policy, "store unavailable; applying the failure policy until it answers");
-        let (redis, health, every) = (redis.clone(), self.health.clone(), self.probe_interval);
-        tokio::spawn(async move {
-            let since = Instant::now();
-            loop {
-                tokio::time::sleep(every).await;
-                // A fresh connection per probe: the old one may be stuck behind a hung server.
-                redis.reset_connection();
-                if redis.ping().await.is_ok() {
-                    health.down.store(false, Ordering::SeqCst);
-                    tracing::info!(
-                        down_ms = since.elapsed().as_millis() as u64,
-                        "store recovered"
-                    );
-                    return;
-                }
-            }
-        });
     }
 }

@@ -19,10 +19,10 @@ use arc_swap::ArcSwapOption;
 use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
 
-use super::StoreError;
 use super::blocked::BlockCache;
 use super::keys::{CounterKey, minute_hash};
 use super::memory::FixedDecision;
+use super::{CounterStore, StoreError};
 use crate::limiter::Quota;
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
@@ -214,7 +214,7 @@ impl RedisStore {
 
     /// Checks one request against `limit` (> 0) and counts it if allowed. `now` is the caller's
     /// clock; with [`TimeSource::Redis`] it only helps name the keys.
-    pub async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+    async fn window(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
         let caller_second = match self.time_source {
             TimeSource::Redis => None,
             TimeSource::Local => Some(i64::try_from(now).unwrap_or(i64::MAX / 2)),
@@ -284,12 +284,7 @@ impl RedisStore {
     }
 
     /// One hit on Divvy's fixed window `key` (`limit` and `reset` both above 0).
-    pub async fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-    ) -> Result<FixedDecision, StoreError> {
+    async fn fixed(&self, key: &str, limit: u64, reset: u64) -> Result<FixedDecision, StoreError> {
         let fut = async {
             let reply: Vec<i64> = self
                 .on_connection(|mut conn| {
@@ -341,5 +336,32 @@ impl RedisStore {
         use futures_util::FutureExt;
         tokio::time::timeout(self.timeout, call)
             .map(|r| r.unwrap_or_else(|_| Err(StoreError::timeout())))
+    }
+}
+
+impl CounterStore for RedisStore {
+    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        self.window(key, limit, now).await
+    }
+
+    /// Divvy's keys carry no time: Redis' own expiry times the window, whatever `now` says.
+    async fn hit_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        _now: u64,
+    ) -> Result<FixedDecision, StoreError> {
+        self.fixed(key, limit, reset).await
+    }
+
+    /// A fresh connection per probe: the old one may be stuck behind a hung server.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.reset_connection();
+        self.ping().await
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
     }
 }

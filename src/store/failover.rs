@@ -1,0 +1,250 @@
+//! failover: the failure policy around any [`CounterStore`].
+//!
+//! When the backend errors or times out, it is marked down (logged once), requests are decided by
+//! the policy without waiting on it, and a background probe pings it until it answers again
+//! (logged once). Under `local` the same limits are enforced in this instance's memory meanwhile.
+//! The probe sleeps on tokio's clock, so tests drive it with paused time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::Instant;
+
+use super::memory::MemoryStore;
+use super::{CounterKey, CounterStore, FailurePolicy, FixedDecision, StoreError, Verdict};
+use crate::limiter::Quota;
+
+/// A backend plus the failure policy.
+pub struct Failover<B> {
+    backend: Arc<B>,
+    policy: FailurePolicy,
+    /// Per-instance counters used while the backend is down under policy `local`.
+    fallback: MemoryStore,
+    /// Shared with the probe task.
+    down: Arc<AtomicBool>,
+    probe_interval: Duration,
+    /// Failed or timed-out store calls (a metric).
+    pub errors: Counter,
+}
+
+impl<B: CounterStore> Failover<B> {
+    /// `probe_interval`: how often a down backend is pinged.
+    pub fn new(backend: B, policy: FailurePolicy, probe_interval: Duration) -> Self {
+        Failover {
+            backend: Arc::new(backend),
+            policy,
+            fallback: MemoryStore::new(),
+            down: Arc::new(AtomicBool::new(false)),
+            probe_interval,
+            errors: Counter::default(),
+        }
+    }
+
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
+    }
+
+    /// True while the backend is considered down.
+    pub fn is_degraded(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Checks one request against `limit` at `now` and counts it if allowed.
+    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
+        if limit == 0 {
+            return Verdict::Decided(Quota::zero_limit());
+        }
+        // The call is awaited where it is made, not passed to a helper: a future passed by value
+        // into an `async fn` is stored twice, and this one is in every request's future.
+        if !self.is_degraded() {
+            match self.backend.hit(key, limit, now).await {
+                Ok(q) => return Verdict::Decided(q),
+                Err(e) => self.mark_down(&e),
+            }
+        }
+        self.degraded(|| self.fallback.window(key, limit, now))
+    }
+
+    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
+    /// the window starting at its first hit.
+    pub async fn check_fixed(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        now: u64,
+    ) -> Verdict<FixedDecision> {
+        if !self.is_degraded() {
+            match self.backend.hit_fixed(key, limit, reset, now).await {
+                Ok(d) => return Verdict::Decided(d),
+                Err(e) => self.mark_down(&e),
+            }
+        }
+        self.degraded(|| self.fallback.fixed(key, limit, reset, now))
+    }
+
+    /// The answer while the backend is down or just failed: the failure policy (`local` answers
+    /// with `local()`).
+    fn degraded<D>(&self, local: impl FnOnce() -> D) -> Verdict<D> {
+        match self.policy {
+            FailurePolicy::Local => Verdict::Local(local()),
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
+        }
+    }
+
+    fn mark_down(&self, e: &StoreError) {
+        self.errors.inc();
+        if self.down.swap(true, Ordering::SeqCst) {
+            return; // already down; the probe is running
+        }
+        tracing::warn!(error = %e, policy = self.policy.as_str(), "store unavailable; applying the failure policy until it answers");
+        let (backend, down, every) = (self.backend.clone(), self.down.clone(), self.probe_interval);
+        tokio::spawn(async move {
+            let since = Instant::now();
+            loop {
+                tokio::time::sleep(every).await;
+                if backend.probe().await.is_ok() {
+                    down.store(false, Ordering::SeqCst);
+                    tracing::info!(
+                        down_ms = since.elapsed().as_millis() as u64,
+                        "store recovered"
+                    );
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// A backend that answers "allowed" or fails, as told, and counts its calls.
+    #[derive(Default)]
+    struct Fake {
+        failing: AtomicBool,
+        calls: AtomicU64,
+        probes: AtomicU64,
+    }
+
+    impl Fake {
+        fn answer(&self) -> Result<(), StoreError> {
+            match self.failing.load(Ordering::SeqCst) {
+                true => Err(StoreError::timeout()),
+                false => Ok(()),
+            }
+        }
+    }
+
+    impl CounterStore for Fake {
+        async fn hit(&self, _: &CounterKey, limit: u64, _: u64) -> Result<Quota, StoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.answer().map(|()| Quota {
+                allowed: true,
+                limit,
+                remaining: limit - 1,
+                reset: 60,
+                retry_after: None,
+            })
+        }
+
+        async fn hit_fixed(
+            &self,
+            _: &str,
+            limit: u64,
+            reset: u64,
+            _: u64,
+        ) -> Result<FixedDecision, StoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.answer().map(|()| FixedDecision {
+                allowed: true,
+                credit: limit - 1,
+                reset: reset as i64,
+            })
+        }
+
+        async fn probe(&self) -> Result<(), StoreError> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            self.answer()
+        }
+
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+    }
+
+    fn failing(policy: FailurePolicy) -> Failover<Fake> {
+        let f = Failover::new(Fake::default(), policy, Duration::from_secs(1));
+        f.backend.failing.store(true, Ordering::SeqCst);
+        f
+    }
+
+    const KEY: fn() -> CounterKey = || CounterKey::new(b"k", "GET /a");
+
+    #[tokio::test]
+    async fn each_policy_answers_for_a_failing_backend() {
+        let local = failing(FailurePolicy::Local);
+        for remaining in [1, 0] {
+            let Verdict::Local(q) = local.check(&KEY(), 2, 100).await else {
+                panic!("local")
+            };
+            assert_eq!((q.allowed, q.remaining), (true, remaining));
+        }
+        assert!(matches!(local.check(&KEY(), 2, 100).await, Verdict::Local(q) if !q.allowed));
+        assert!(matches!(
+            local.check_fixed("d", 1, 60, 100).await,
+            Verdict::Local(d) if d.allowed
+        ));
+        let open = failing(FailurePolicy::Open);
+        assert_eq!(open.check(&KEY(), 2, 100).await, Verdict::Open);
+        let closed = failing(FailurePolicy::Closed);
+        assert_eq!(closed.check(&KEY(), 2, 100).await, Verdict::Closed);
+        assert_eq!(closed.check_fixed("d", 1, 60, 100).await, Verdict::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_down_backend_is_not_asked_until_the_probe_sees_it_answer() {
+        let store = failing(FailurePolicy::Closed);
+        store.check(&KEY(), 5, 100).await;
+        assert!(store.is_degraded());
+        assert_eq!(store.errors.get(), 1);
+        for _ in 0..20 {
+            assert_eq!(store.check(&KEY(), 5, 100).await, Verdict::Closed);
+        }
+        // One failing call, then none while down.
+        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(store.backend.probes.load(Ordering::SeqCst), 2);
+        assert!(store.is_degraded());
+
+        store.backend.failing.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!store.is_degraded());
+        assert!(matches!(store.check(&KEY(), 5, 100).await, Verdict::Decided(q) if q.allowed));
+        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(store.errors.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_zero_limit_never_reaches_the_backend() {
+        let store = Failover::new(
+            Fake::default(),
+            FailurePolicy::Closed,
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            store.check(&KEY(), 0, 100).await,
+            Verdict::Decided(Quota::zero_limit())
+        );
+        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 0);
+    }
+}
