@@ -78,16 +78,12 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     assert_eq!(status_of(&gw, "k1").await, 429);
 
     server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5)]));
-    let changed = Instant::now();
-    eventually(Duration::from_secs(2), || async {
+    // The schedule itself (every interval, back-off, spacing) is unit-tested in poller.rs
+    // under paused time; here the deadline only catches a poller that stopped.
+    eventually(Duration::from_secs(5), || async {
         gw.gateway.catalog().snapshot().limit(b"k1", 0) != quotagate::catalog::LimitLookup::Limit(2)
     })
     .await;
-    assert!(
-        changed.elapsed() < Duration::from_millis(100 * 11 / 10 + 700),
-        "{:?}",
-        changed.elapsed()
-    );
     let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("ratelimit-limit"), Some("5"));
@@ -145,8 +141,8 @@ async fn concurrent_forced_refreshes_share_one_fetch() {
             .status,
         200
     );
-    // Let the start-up fetch's spacing pass, so the burst is not also waiting for it.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The burst arrives within the start-up fetch's spacing (1 s), so every trigger waits for,
+    // and shares, the one fetch that ends it.
     let before = server.count("latest");
     let tasks: Vec<_> = (0..100)
         .map(|_| {
@@ -226,24 +222,23 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
     // Without a catalog server there is nothing to fetch: a valid header does not wait.
     let mut c = config(&up, "");
     c.catalog.server_url = String::new();
+    c.catalog.refresh_wait_ms = 60_000;
     let alone = TestGateway::start(
         c,
         &catalog("2026-01-01T00:00:00Z", &[("k1", 1000)]),
         FakeClock::new(T0),
     )
     .await;
-    let started = Instant::now();
-    let r = get(
-        &alone.url("/items/1"),
-        &[("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)],
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        get(
+            &alone.url("/items/1"),
+            &[("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)],
+        ),
     )
-    .await;
+    .await
+    .expect("no wait for a fetch that cannot happen (refresh_wait_ms is 60 s here)");
     assert_eq!(r.status, 200);
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
     assert!(up.last().headers.get(REFRESH).is_none());
 }
 
@@ -280,12 +275,10 @@ async fn two_instances_on_one_redis_converge_within_a_second() {
     )
     .await;
     assert_eq!(r.status, 200);
-    let applied = Instant::now();
     eventually(Duration::from_secs(1), || async {
         status_of(&b, "fresh").await == 200
     })
     .await;
-    assert!(applied.elapsed() < Duration::from_secs(1));
 }
 
 #[tokio::test]
@@ -505,27 +498,33 @@ async fn catalog_server_speaks_the_protocol() {
 }
 
 #[tokio::test]
-async fn forced_fetches_are_spaced_by_the_minimum_interval() {
+async fn a_forced_fetch_waits_for_the_spacing_and_then_runs() {
     let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 1000)])).await;
-    let mut c = config(&up, &server.url());
-    c.catalog.refresh_min_interval_ms = 1000;
-    let gw = ready_gateway(c).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await; // past the start-up fetch's spacing
-    let before = server.count("latest");
     let refresh = [("X-Api-Key", "k1"), (REFRESH, REFRESH_SECRET)];
-    let started = Instant::now();
+    let outcome = |gw: &TestGateway, outcome: &'static str| {
+        gw.gateway
+            .metrics()
+            .catalog_refreshes
+            .get_or_create(&quotagate::metrics::OutcomeLabels { outcome })
+            .get()
+    };
+    // Spacing far beyond the request's wait: the fetch cannot start in time, the request goes on
+    // with the current catalog, and nothing reaches the catalog server.
+    let mut c = config(&up, &server.url());
+    c.catalog.refresh_min_interval_ms = 3_600_000;
+    c.catalog.refresh_wait_ms = 100;
+    let gw = ready_gateway(c).await;
+    let before = server.count("latest");
     assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);
-    let first = started.elapsed();
-    assert!(
-        first < Duration::from_millis(900),
-        "the first forced fetch runs at once: {first:?}"
-    );
+    assert_eq!(outcome(&gw, "timed_out"), 1);
+    assert_eq!(server.count("latest"), before);
+    // No spacing: the fetch runs at once and the request sees it.
+    let mut c = config(&up, &server.url());
+    c.catalog.refresh_min_interval_ms = 0;
+    let gw = ready_gateway(c).await;
+    let before = server.count("latest");
     assert_eq!(get(&gw.url("/items/1"), &refresh).await.status, 200);
-    let second = started.elapsed();
-    assert!(
-        second >= Duration::from_millis(950),
-        "the next one waits for the spacing: {second:?}"
-    );
-    assert_eq!(server.count("latest") - before, 2);
+    assert_eq!(outcome(&gw, "fetched"), 1);
+    assert_eq!(server.count("latest") - before, 1);
 }

@@ -8,6 +8,7 @@
 //! exponentially until the server answers again. A server that only has `/indexed_limits`
 //! (DynLimits) works too.
 
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,8 +131,92 @@ pub trait Announce: Send + Sync {
     fn announce(&self, hash: &str);
 }
 
-pub struct Poller {
+/// One answer of the catalog server: status, `ETag`, body.
+pub type Fetched = (StatusCode, Option<String>, Bytes);
+
+/// How the poller reaches its catalog server: over HTTP ([`Http`]), or a fake in unit tests.
+pub trait Fetch: Send + Sync + 'static {
+    /// `GET url`, with `If-None-Match` when given; the body is read whole, up to the size limit.
+    fn get(
+        &self,
+        url: reqwest::Url,
+        if_none_match: Option<&str>,
+    ) -> impl Future<Output = Result<Fetched, PollError>> + Send;
+}
+
+/// The catalog server over HTTP (reqwest), with the shared secret and the size limit.
+pub struct Http {
     client: reqwest::Client,
+    auth_header: HeaderName,
+    secret: Option<String>,
+    max_bytes: u64,
+}
+
+impl Http {
+    pub fn new(opts: &PollerOptions) -> Result<Http, reqwest::Error> {
+        Ok(Http {
+            client: reqwest::Client::builder()
+                .connect_timeout(opts.connect_timeout)
+                .timeout(opts.request_timeout)
+                .build()?,
+            auth_header: opts.auth_header.clone(),
+            secret: opts.secret.clone(),
+            max_bytes: opts.max_bytes,
+        })
+    }
+}
+
+impl Fetch for Http {
+    async fn get(
+        &self,
+        url: reqwest::Url,
+        if_none_match: Option<&str>,
+    ) -> Result<Fetched, PollError> {
+        let mut req = self.client.get(url);
+        if let Some(secret) = &self.secret {
+            req = req.header(&self.auth_header, secret.as_str());
+        }
+        if let Some(tag) = if_none_match {
+            req = req.header(IF_NONE_MATCH, tag);
+        }
+        let classify = |e: reqwest::Error| {
+            if e.is_timeout() {
+                PollError::Timeout
+            } else {
+                PollError::Unreachable(e.to_string())
+            }
+        };
+        let mut resp = req.send().await.map_err(classify)?;
+        let status = resp.status();
+        let etag = resp
+            .headers()
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if resp.content_length().is_some_and(|n| n > self.max_bytes) {
+            return Err(PollError::TooLarge(self.max_bytes));
+        }
+        let mut body = BytesMut::new();
+        let cut = |e: reqwest::Error| {
+            if e.is_timeout() {
+                PollError::Timeout
+            } else {
+                PollError::Truncated(e.to_string())
+            }
+        };
+        while let Some(chunk) = resp.chunk().await.map_err(cut)? {
+            if (body.len() + chunk.len()) as u64 > self.max_bytes {
+                return Err(PollError::TooLarge(self.max_bytes));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok((status, etag, body.freeze()))
+    }
+}
+
+/// Polls one catalog server (`F`: how it is reached).
+pub struct Poller<F = Http> {
+    fetch: F,
     opts: PollerOptions,
     live: Arc<Live>,
     announce: Option<Arc<dyn Announce>>,
@@ -154,74 +239,41 @@ fn jittered(d: Duration, percent: u64) -> Duration {
 }
 
 impl Poller {
+    /// A poller that reaches its server over HTTP.
     pub fn new(
         opts: PollerOptions,
         live: Arc<Live>,
         announce: Option<Arc<dyn Announce>>,
         polls: Family<OutcomeLabels, Counter>,
     ) -> Result<Poller, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(opts.connect_timeout)
-            .timeout(opts.request_timeout)
-            .build()?;
-        Ok(Poller {
-            client,
+        Ok(Poller::with_fetch(
+            Http::new(&opts)?,
+            opts,
+            live,
+            announce,
+            polls,
+        ))
+    }
+}
+
+impl<F: Fetch> Poller<F> {
+    /// A poller that reaches its server through `fetch`.
+    pub fn with_fetch(
+        fetch: F,
+        opts: PollerOptions,
+        live: Arc<Live>,
+        announce: Option<Arc<dyn Announce>>,
+        polls: Family<OutcomeLabels, Counter>,
+    ) -> Poller<F> {
+        Poller {
+            fetch,
             opts,
             live,
             announce,
             polls,
             no_latest: AtomicBool::new(false),
             etag: std::sync::Mutex::new(None),
-        })
-    }
-
-    async fn get(
-        &self,
-        url: reqwest::Url,
-        if_none_match: Option<&str>,
-    ) -> Result<(StatusCode, Option<String>, Bytes), PollError> {
-        let mut req = self.client.get(url);
-        if let Some(secret) = &self.opts.secret {
-            req = req.header(&self.opts.auth_header, secret.as_str());
         }
-        if let Some(tag) = if_none_match {
-            req = req.header(IF_NONE_MATCH, tag);
-        }
-        let classify = |e: reqwest::Error| {
-            if e.is_timeout() {
-                PollError::Timeout
-            } else {
-                PollError::Unreachable(e.to_string())
-            }
-        };
-        let mut resp = req.send().await.map_err(classify)?;
-        let status = resp.status();
-        let etag = resp
-            .headers()
-            .get(ETAG)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        if resp
-            .content_length()
-            .is_some_and(|n| n > self.opts.max_bytes)
-        {
-            return Err(PollError::TooLarge(self.opts.max_bytes));
-        }
-        let mut body = BytesMut::new();
-        let cut = |e: reqwest::Error| {
-            if e.is_timeout() {
-                PollError::Timeout
-            } else {
-                PollError::Truncated(e.to_string())
-            }
-        };
-        while let Some(chunk) = resp.chunk().await.map_err(cut)? {
-            if (body.len() + chunk.len()) as u64 > self.opts.max_bytes {
-                return Err(PollError::TooLarge(self.opts.max_bytes));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok((status, etag, body.freeze()))
     }
 
     /// `path` on the catalog server, below the configured URL's own path.
@@ -246,6 +298,7 @@ impl Poller {
 
         if !self.no_latest.load(Ordering::Relaxed) {
             let (status, _, body) = self
+                .fetch
                 .get(self.endpoint("/latest"), quoted.as_deref())
                 .await?;
             match status {
@@ -284,6 +337,7 @@ impl Poller {
             None
         };
         let (status, etag, body) = self
+            .fetch
             .get(self.endpoint("/indexed_limits"), etag.as_deref())
             .await?;
         match status {
@@ -322,7 +376,7 @@ impl Poller {
     ) -> Result<Option<Outcome>, PollError> {
         let mut url = self.endpoint("/catalog_diff");
         url.query_pairs_mut().append_pair("from", current_hash);
-        let (status, _, body) = self.get(url, None).await?;
+        let (status, _, body) = self.fetch.get(url, None).await?;
         match status {
             StatusCode::NOT_MODIFIED => Ok(Some(Outcome::Unchanged)),
             StatusCode::OK => {
@@ -359,7 +413,8 @@ impl Poller {
     /// Polls until `shutdown`: at start, every interval (with jitter), and at once when woken.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut failures: u32 = 0;
-        let mut last_fetch: Option<Instant> = None;
+        // tokio's clock: tests run the schedule under paused time.
+        let mut last_fetch: Option<tokio::time::Instant> = None;
         loop {
             if let Some(last) = last_fetch {
                 let delay = if failures == 0 {
@@ -381,15 +436,18 @@ impl Poller {
                 };
                 if woken {
                     let spacing = (last + self.opts.refresh_min_interval)
-                        .saturating_duration_since(Instant::now());
+                        .saturating_duration_since(tokio::time::Instant::now());
                     tokio::select! {
                         () = tokio::time::sleep(spacing.max(COALESCE)) => {}
                         () = shutdown.cancelled() => return,
                     }
                 }
             }
+            // Triggers that arrived while this fetch waited are answered by it: drop their stored
+            // wake-up, or it would start a second fetch for nobody.
+            let _ = futures_util::FutureExt::now_or_never(self.live.woken());
             let generation = self.live.fetch_started();
-            last_fetch = Some(Instant::now());
+            last_fetch = Some(tokio::time::Instant::now());
             let result = self.poll_once().await;
             self.record(&result, &mut failures);
             self.live.fetch_finished(generation);
@@ -429,5 +487,129 @@ impl Poller {
                 status.last_outcome = e.kind().into();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A catalog server that answers every poll "unchanged" (or fails, as told) and notes when it
+    /// was asked, on tokio's clock.
+    struct Fake {
+        start: tokio::time::Instant,
+        failing: AtomicBool,
+        asked: Mutex<Vec<Duration>>,
+    }
+
+    impl Fake {
+        fn asked_at(&self) -> Vec<u64> {
+            let asked = self.asked.lock().unwrap();
+            asked.iter().map(|d| d.as_millis() as u64).collect()
+        }
+    }
+
+    impl Fetch for Arc<Fake> {
+        async fn get(&self, _: reqwest::Url, _: Option<&str>) -> Result<Fetched, PollError> {
+            self.asked.lock().unwrap().push(self.start.elapsed());
+            match self.failing.load(Ordering::SeqCst) {
+                true => Err(PollError::Status(503)),
+                false => Ok((StatusCode::NOT_MODIFIED, None, Bytes::new())),
+            }
+        }
+    }
+
+    fn options() -> PollerOptions {
+        PollerOptions {
+            url: reqwest::Url::parse("http://catalog.test").unwrap(),
+            auth_header: HeaderName::from_static("x-api-key"),
+            secret: None,
+            interval: Duration::from_millis(1000),
+            jitter_percent: 0,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            backoff_max: Duration::from_millis(5000),
+            refresh_min_interval: Duration::from_millis(500),
+            max_bytes: 1024,
+        }
+    }
+
+    /// A running poller on a fake server; `Live` starts ready so polls ask `/latest` only.
+    fn start(failing: bool) -> (Arc<Fake>, Arc<Live>, CancellationToken) {
+        let fake = Arc::new(Fake {
+            start: tokio::time::Instant::now(),
+            failing: AtomicBool::new(failing),
+            asked: Mutex::default(),
+        });
+        let live = Live::new(Some(Snapshot::default()));
+        let poller = Poller::with_fetch(
+            fake.clone(),
+            options(),
+            live.clone(),
+            None,
+            Family::default(),
+        );
+        let stop = CancellationToken::new();
+        tokio::spawn(Arc::new(poller).run(stop.clone()));
+        (fake, live, stop)
+    }
+
+    async fn at(ms: u64, start: tokio::time::Instant) {
+        tokio::time::sleep_until(start + Duration::from_millis(ms)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn polls_at_start_then_every_interval() {
+        let (fake, _live, _stop) = start(false);
+        at(3500, fake.start).await;
+        assert_eq!(fake.asked_at(), [0, 1000, 2000, 3000]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_doubling_up_to_the_maximum() {
+        let (fake, _live, _stop) = start(true);
+        at(20_000, fake.start).await;
+        // Waits of 2, 4, 5 (the maximum), 5 s after the failures.
+        assert_eq!(fake.asked_at(), [0, 2000, 6000, 11_000, 16_000]);
+        fake.failing.store(false, Ordering::SeqCst);
+        at(23_000, fake.start).await;
+        assert_eq!(fake.asked_at()[5..], [21_000, 22_000]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forced_fetches_are_spaced_and_coalesced() {
+        let (fake, live, _stop) = start(false);
+        // 100 ms after the start-up fetch: it waits for the 500 ms spacing, and every trigger
+        // that arrives meanwhile shares that fetch.
+        at(100, fake.start).await;
+        let waiting: Vec<_> = (0..10)
+            .map(|_| {
+                let live = live.clone();
+                tokio::spawn(async move { live.refresh(Duration::from_secs(2)).await })
+            })
+            .collect();
+        for w in waiting {
+            assert!(w.await.unwrap(), "the refresh finished in time");
+        }
+        assert_eq!(fake.asked_at(), [0, 500]);
+        // Long after the last fetch, a trigger waits only the coalescing pause.
+        at(1200, fake.start).await;
+        assert!(live.refresh(Duration::from_secs(2)).await);
+        assert_eq!(
+            fake.asked_at(),
+            [0, 500, 1200 + COALESCE.as_millis() as u64]
+        );
+        // The interval counts from the forced fetch.
+        at(2300, fake.start).await;
+        assert_eq!(fake.asked_at()[3..], [2220]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_that_cannot_start_in_time_says_so() {
+        let (fake, live, _stop) = start(false);
+        at(10, fake.start).await;
+        assert!(!live.refresh(Duration::from_millis(100)).await);
+        assert_eq!(fake.asked_at(), [0]);
     }
 }

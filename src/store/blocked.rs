@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Instant;
+// tokio's clock: the same as std's in production, and frozen under a paused test runtime.
+use tokio::time::Instant;
 
 use super::keys::CounterKey;
 use crate::limiter::Quota;
@@ -117,11 +118,6 @@ impl BlockCache {
     fn len(&self) -> usize {
         self.blocks.lock().unwrap().len()
     }
-
-    #[cfg(test)]
-    fn shift_start(&mut self, by: std::time::Duration) {
-        self.start -= by;
-    }
 }
 
 #[cfg(test)]
@@ -161,9 +157,9 @@ mod tests {
         assert!(c.check(&key("a"), 5, Some(1000)).is_none(), "dropped");
     }
 
-    #[test]
-    fn with_redis_clock_only_away_from_second_boundaries() {
-        let mut c = BlockCache::default();
+    #[tokio::test(start_paused = true)]
+    async fn with_redis_clock_only_away_from_second_boundaries() {
+        let c = BlockCache::default();
         c.remember(&key("a"), 5, 1000, 10);
         assert!(
             c.check(&key("a"), 5, None).is_none(),
@@ -174,7 +170,7 @@ mod tests {
         c.observe_redis_time(1000, 500_000);
         assert_eq!(c.check(&key("a"), 5, None).unwrap().retry_after, Some(10));
         // 0.45 s later it is 1000.95: too close to call.
-        c.shift_start(Duration::from_millis(450));
+        tokio::time::advance(Duration::from_millis(450)).await;
         assert!(c.check(&key("a"), 5, None).is_none());
     }
 
