@@ -1,5 +1,9 @@
 //! path: the one spelling of a request path that quotagate matches, counts and forwards.
 //!
+//! Hand-written on purpose: this decoder is a security rule (what a client may spell differently
+//! without reaching another counter), so its every choice is ours and tested here, not a URL
+//! library's.
+//!
 //! A client must not reach a limited endpoint while dodging its counter by spelling the path another
 //! way, so every request path is reduced to a normal form before routing (rules in
 //! `docs/routing.md`):

@@ -12,58 +12,16 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
+mod glob;
+mod ini;
+mod json;
+
+use glob::Pattern;
+use ini::parse_ini;
+use json::parse_json;
+
 /// Largest rule file accepted. Default: 16 MiB.
 pub const MAX_RULE_FILE_BYTES: u64 = 16 * 1024 * 1024;
-
-/// How a rule value is compared with the request's value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Pattern {
-    /// `*`: the key must be present (any value, empty included).
-    Present,
-    /// Contains `*`: the parts between the stars, matched in order, anchored at both ends.
-    Glob(Vec<String>),
-    Exact(String),
-}
-
-impl Pattern {
-    fn new(text: &str) -> Pattern {
-        if text == "*" {
-            Pattern::Present
-        } else if text.contains('*') {
-            Pattern::Glob(text.split('*').map(str::to_owned).collect())
-        } else {
-            Pattern::Exact(text.to_owned())
-        }
-    }
-
-    fn matches(&self, value: Option<&str>) -> bool {
-        match (self, value) {
-            (_, None) => false,
-            (Pattern::Present, Some(_)) => true,
-            (Pattern::Exact(e), Some(v)) => e == v,
-            (Pattern::Glob(parts), Some(v)) => glob_match(parts, v),
-        }
-    }
-}
-
-/// `parts` are the pieces between the stars (at least two).
-fn glob_match(parts: &[String], value: &str) -> bool {
-    let (first, last) = (&parts[0], &parts[parts.len() - 1]);
-    if value.len() < first.len() + last.len()
-        || !value.starts_with(first.as_str())
-        || !value.ends_with(last.as_str())
-    {
-        return false;
-    }
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for middle in &parts[1..parts.len() - 1] {
-        match rest.find(middle.as_str()) {
-            Some(i) => rest = &rest[i + middle.len()..],
-            None => return false,
-        }
-    }
-    true
-}
 
 /// Whether a rule decides (`stop`) or only observes (`canary`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,144 +109,6 @@ struct RawRule {
     comment: Option<String>,
     /// How the file named it, for messages.
     name: String,
-}
-
-fn unquote(v: &str) -> &str {
-    let b = v.as_bytes();
-    if b.len() >= 2 && (b[0] == b'"' || b[0] == b'\'') && b[b.len() - 1] == b[0] {
-        &v[1..v.len() - 1]
-    } else {
-        v
-    }
-}
-
-/// Strips an inline `;` or `#` comment from an unquoted value (`\;` and `\#` stay literal).
-fn strip_comment(v: &str) -> String {
-    let mut out = String::new();
-    let mut chars = v.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(n @ (';' | '#' | '\\')) => out.push(n),
-                Some(n) => {
-                    out.push('\\');
-                    out.push(n);
-                }
-                None => out.push('\\'),
-            },
-            ';' | '#' => break,
-            c => out.push(c),
-        }
-    }
-    out.trim().to_owned()
-}
-
-fn parse_ini(text: &str) -> Result<Vec<RawRule>, String> {
-    let mut rules: Vec<RawRule> = Vec::new();
-    for (n, raw_line) in text.lines().enumerate() {
-        let line = raw_line.trim();
-        let at = n + 1;
-        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            let name = unquote(name.trim()).trim();
-            let mut operation: Vec<(String, String)> = Vec::new();
-            if name != "default" {
-                for token in name.split(is_space).filter(|t| !t.is_empty()) {
-                    let (k, v) = token.split_once('=').unwrap_or((token, ""));
-                    if operation.iter().any(|(ok, _)| ok == k) {
-                        return Err(format!(
-                            "line {at}: section [{name}] names the key {k:?} twice"
-                        ));
-                    }
-                    operation.push((k.to_owned(), v.to_owned()));
-                }
-            }
-            rules.push(RawRule {
-                operation,
-                name: format!("[{name}] (line {at})"),
-                ..RawRule::default()
-            });
-            continue;
-        }
-        let Some(rule) = rules.last_mut() else {
-            return Err(format!(
-                "line {at}: {line:?} comes before the first [section]"
-            ));
-        };
-        let (key, value) = match line.split_once('=') {
-            Some((k, v)) => (k.trim(), v.trim()),
-            None => return Err(format!("line {at}: {line:?} is not `key = value`")),
-        };
-        let value = if value.len() >= 2 && unquote(value).len() + 2 == value.len() {
-            unquote(value).to_owned()
-        } else {
-            strip_comment(value)
-        };
-        let value = (!value.is_empty() && value != "null").then_some(value);
-        let slot = match key {
-            "creditLimit" => &mut rule.credit_limit,
-            "resetSeconds" => &mut rule.reset_seconds,
-            "actorField" => &mut rule.actor_field,
-            "matchPolicy" => &mut rule.match_policy,
-            "label" => &mut rule.label,
-            "comment" => &mut rule.comment,
-            _ => continue, // Divvy ignores other keys
-        };
-        *slot = value;
-    }
-    Ok(rules)
-}
-
-fn is_space(c: char) -> bool {
-    c.is_whitespace()
-}
-
-fn parse_json(text: &str) -> Result<Vec<RawRule>, String> {
-    let doc: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    let as_text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Null => None,
-        other => Some(other.to_string()),
-    };
-    let rule = |v: &serde_json::Value, name: String| -> Result<RawRule, String> {
-        let obj = v
-            .as_object()
-            .ok_or_else(|| format!("{name} is not an object"))?;
-        let mut operation = Vec::new();
-        if let Some(op) = obj.get("operation") {
-            let op = op
-                .as_object()
-                .ok_or_else(|| format!("{name}: operation is not an object"))?;
-            for (k, v) in op {
-                operation.push((k.clone(), as_text(v).unwrap_or_default()));
-            }
-        }
-        let field = |f: &str| obj.get(f).and_then(as_text).filter(|s| !s.is_empty());
-        Ok(RawRule {
-            operation,
-            credit_limit: field("creditLimit"),
-            reset_seconds: field("resetSeconds"),
-            actor_field: field("actorField"),
-            match_policy: field("matchPolicy"),
-            label: field("label"),
-            comment: field("comment"),
-            name,
-        })
-    };
-    let mut rules = Vec::new();
-    if let Some(overrides) = doc.get("overrides") {
-        let list = overrides.as_array().ok_or("overrides is not a list")?;
-        for (i, v) in list.iter().enumerate() {
-            rules.push(rule(v, format!("overrides[{i}]"))?);
-        }
-    }
-    if let Some(d) = doc.get("default") {
-        rules.push(rule(d, "default".into())?);
-    }
-    Ok(rules)
 }
 
 fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {

@@ -1,0 +1,152 @@
+//! doc: the catalog document as it travels (DynLimits' `APIIndexedLimits` JSON and our additive
+//! fields), and the diff protocol between two versions of it (`docs/catalog-protocol.md`).
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{CatalogError, Problem};
+
+/// `version` of a DynLimits catalog. All fields optional; DynLimits' example catalogs have none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogVersion {
+    #[serde(default)]
+    pub semver: String,
+    #[serde(default)]
+    pub hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<String>,
+}
+
+/// A catalog document as written: the DynLimits `APIIndexedLimits` JSON, not yet validated.
+/// Unknown fields are ignored, so catalogs from newer servers still load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<CatalogVersion>,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub endpoints: Vec<EndpointDef>,
+    #[serde(default)]
+    pub apilimits: Vec<ApiLimits>,
+}
+
+// Indices and limits are read as i64 so that a negative value is a validation problem with a
+// location, not an opaque parse error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointDef {
+    pub p: i64,
+    pub m: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_rl: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiLimits {
+    pub key: String,
+    #[serde(default)]
+    pub limits: Vec<LimitDef>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitDef {
+    pub ep: i64,
+    pub rl: i64,
+}
+
+/// What changed in the API keys' limits between two catalog versions whose methods, paths and
+/// endpoints are the same (`GET /catalog_diff`, see `docs/catalog-protocol.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogDiff {
+    /// The version hash the diff starts from.
+    pub from: String,
+    /// The version the diff leads to.
+    pub version: CatalogVersion,
+    /// Keys that are new or whose limits changed, with all their limits.
+    #[serde(default)]
+    pub apilimits: Vec<ApiLimits>,
+    /// Keys that are gone.
+    #[serde(default)]
+    pub removed_keys: Vec<String>,
+}
+
+impl CatalogDoc {
+    /// Parses a document; `source` names it in errors.
+    pub fn parse(source: &str, json: &[u8]) -> Result<CatalogDoc, CatalogError> {
+        serde_json::from_slice(json).map_err(|e| CatalogError {
+            source: source.to_owned(),
+            problems: vec![Problem {
+                at: String::new(),
+                reason: format!("not a valid catalog document: {e}"),
+            }],
+        })
+    }
+
+    /// The version's hash, empty when the document has none.
+    pub fn hash(&self) -> &str {
+        self.version.as_ref().map_or("", |v| v.hash.as_str())
+    }
+
+    /// The diff from `self` to `newer`, or `None` when their endpoints differ (a client then needs
+    /// the whole catalog).
+    pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
+        if (&self.methods, &self.paths, &self.endpoints)
+            != (&newer.methods, &newer.paths, &newer.endpoints)
+        {
+            return None;
+        }
+        let old: HashMap<&str, &ApiLimits> =
+            self.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
+        let kept: HashSet<&str> = newer.apilimits.iter().map(|a| a.key.as_str()).collect();
+        Some(CatalogDiff {
+            from: self.hash().to_owned(),
+            version: newer.version.clone().unwrap_or_default(),
+            apilimits: newer
+                .apilimits
+                .iter()
+                .filter(|a| old.get(a.key.as_str()) != Some(a))
+                .cloned()
+                .collect(),
+            removed_keys: self
+                .apilimits
+                .iter()
+                .filter(|a| !kept.contains(a.key.as_str()))
+                .map(|a| a.key.clone())
+                .collect(),
+        })
+    }
+
+    /// This document with `diff` applied. The caller checks that `diff.from` is this version.
+    pub fn apply(&self, diff: &CatalogDiff) -> CatalogDoc {
+        let changed: HashMap<&str, &ApiLimits> =
+            diff.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
+        let removed: HashSet<&str> = diff.removed_keys.iter().map(String::as_str).collect();
+        let present: HashSet<&str> = self.apilimits.iter().map(|a| a.key.as_str()).collect();
+        let mut apilimits: Vec<ApiLimits> = self
+            .apilimits
+            .iter()
+            .filter(|a| !removed.contains(a.key.as_str()))
+            .map(|a| {
+                changed
+                    .get(a.key.as_str())
+                    .map_or_else(|| a.clone(), |c| (*c).clone())
+            })
+            .collect();
+        apilimits.extend(
+            diff.apilimits
+                .iter()
+                .filter(|a| !present.contains(a.key.as_str()))
+                .cloned(),
+        );
+        CatalogDoc {
+            version: Some(diff.version.clone()),
+            methods: self.methods.clone(),
+            paths: self.paths.clone(),
+            endpoints: self.endpoints.clone(),
+            apilimits,
+        }
+    }
+}
