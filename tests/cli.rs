@@ -260,6 +260,8 @@ async fn quickstart_answers_the_readme_requests() {
         &format!("127.0.0.1:{gw}"),
         "--upstream",
         &format!("http://127.0.0.1:{up}"),
+        "--set",
+        "log.access=true",
     ]);
     q.wait_for("quotagate listening");
     let url = |p: &str| format!("http://127.0.0.1:{gw}{p}");
@@ -276,8 +278,25 @@ async fn quickstart_answers_the_readme_requests() {
     assert_eq!(r.status, 429);
     assert!(r.header("retry-after").is_some());
     assert_eq!(get(&url("/users/42"), &[]).await.status, 401);
+    // The access log names the key by its fingerprint only.
+    let line = q.wait_for("request");
+    assert_eq!(
+        (&line["decision"], &line["status"], &line["endpoint"]),
+        (
+            &serde_json::json!("allowed"),
+            &serde_json::json!(200),
+            &serde_json::json!("GET /users/{id}")
+        )
+    );
+    assert_eq!(
+        line["key"],
+        quotagate::telemetry::fingerprint(b"demo-key").as_str()
+    );
     q.signal("-TERM");
     assert!(q.wait_exit().success());
+    for line in q.lines.try_iter() {
+        assert!(!line.to_string().contains("demo-key"), "{line}");
+    }
 }
 
 #[tokio::test]
