@@ -32,9 +32,18 @@ pub struct Template {
     route_key: String,
 }
 
+/// Why a catalog template was refused, said in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TemplateError(String);
+
 impl Template {
     /// Parses a catalog template; the error says what is wrong with it.
-    pub fn parse(method: &str, path: &str) -> Result<Template, String> {
+    pub fn parse(method: &str, path: &str) -> Result<Template, TemplateError> {
+        Template::parse_reason(method, path).map_err(TemplateError)
+    }
+
+    fn parse_reason(method: &str, path: &str) -> Result<Template, String> {
         let method = method.to_ascii_uppercase();
         if method.is_empty() || http::Method::from_bytes(method.as_bytes()).is_err() {
             return Err(format!("{method:?} is not a valid HTTP method"));
@@ -168,10 +177,6 @@ impl RouteTable {
         }
     }
 
-    pub fn templates(&self) -> &[Template] {
-        &self.templates
-    }
-
     /// Finds the endpoint for `method` (any case) and a normalised path.
     pub fn lookup(&self, method: &str, path: &NormalPath) -> Option<RouteMatch> {
         let router = if method.bytes().any(|b| b.is_ascii_lowercase()) {
@@ -299,7 +304,7 @@ mod tests {
             ("", "/a", "not a valid HTTP method"),
         ] {
             let e = Template::parse(m, p).unwrap_err();
-            assert!(e.contains(want), "{m} {p}: {e}");
+            assert!(e.to_string().contains(want), "{m} {p}: {e}");
         }
     }
 }

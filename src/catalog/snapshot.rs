@@ -144,11 +144,13 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             }
         };
         if let (Ok(m), Ok(p)) = (m, p) {
-            let parsed = Template::parse(&raw.methods[m], &raw.paths[p]).and_then(|t| {
-                http::Method::from_bytes(t.method.as_bytes())
-                    .map(|m| (t, m))
-                    .map_err(|e| e.to_string())
-            });
+            let parsed = Template::parse(&raw.methods[m], &raw.paths[p])
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    http::Method::from_bytes(t.method.as_bytes())
+                        .map(|m| (t, m))
+                        .map_err(|e| e.to_string())
+                });
             match parsed {
                 Ok((t, method)) => {
                     endpoints.push(Endpoint {
