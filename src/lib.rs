@@ -1,13 +1,15 @@
 //! quotagate: a rate-limiting reverse proxy.
 //!
-//! # Layout
-//! - [`gateway`]: builds the proxy from a [`config::Config`] and serves it ([`server`]).
-//! - [`proxy`]: the request path: API key, route, limit, decision, forward; header rules.
-//! - [`catalog`]: the DynLimits catalog, its validation, and the immutable snapshot requests read.
+//! # Layout (one page: `docs/architecture.md`)
+//! - [`settings`]: the configuration ([`config`]) turned into typed, checked values, once.
+//! - [`app`]: builds and serves every part from the settings, for every command.
+//! - [`gateway`]: the HTTP side: [`proxy`] (the request path; [`proxy::admission`] decides, pure),
+//!   its [`catalog`] and its listener ([`server`]).
 //! - [`path`] and [`router`]: the normal form of request paths and the per-method route tables.
 //! - [`limiter`]: the sliding-window arithmetic (pure, `now` injected by a [`clock::Clock`]).
-//! - [`store`]: counters in memory or in Redis, and the failure policy.
+//! - [`store`]: the counter-store trait, its memory and Redis backends, and the failure policy.
 //! - [`divvy`]: the Divvy-compatible quota port (`HIT` line protocol, Divvy rule files).
+//! - [`admin`] and [`metrics`]: the operator's listener and what it reports.
 //! - [`demo`]: the example upstream API.
 
 pub mod admin;
