@@ -3,7 +3,7 @@
 //!
 //! Sources, later ones winning: built-in defaults, a TOML file (`--config`), `QUOTAGATE_<SECTION>_<KEY>`
 //! environment variables (e.g. `QUOTAGATE_UPSTREAM_URL`), and command-line flags (`--set
-//! section.key=value`, plus a few named shortcuts); see [`load`]. Every option is listed with its
+//! section.key=value`, plus a few named shortcuts); see [`Config::load`]. Every option is listed with its
 //! default in `docs/configuration.md`; the file is parsed strictly, so a misspelt key is an error.
 //!
 //! These structs hold text as written. Each module turns its section into its own typed settings

@@ -1,4 +1,4 @@
-//! proxy: the request path. Read [`Proxy::respond`] top to bottom: the forced-refresh header, the
+//! proxy: the request path. Read `Proxy::respond` top to bottom: the forced-refresh header, the
 //! admission (pure, in [`admission`]: key, route, limit), the store's count, then forward or answer.
 //!
 //! Allowed requests are forwarded with the endpoint's canonical path (see `router`), so the upstream
