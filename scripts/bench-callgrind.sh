@@ -1,0 +1,42 @@
+#!/bin/bash
+# bench-callgrind.sh BIN [GATEWAY ARGS...]: instructions the gateway BIN spends per proxied request,
+# counted by callgrind (repeatable, unlike time on a shared machine): one worker, one keep-alive
+# connection, one API key far under its limit, the example upstream. Runs 500 and 2500 requests and
+# prints (Ir(2500) - Ir(500)) / 2000, so start-up and shutdown cancel out. Compare two builds with
+# the same arguments, e.g. `--set limits.enabled=false` or `--store redis --redis-url URL`.
+set -euo pipefail
+BIN=$1; shift
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+python3 - "$W/catalog.json" <<'PY'
+import json, sys
+keys = [{"key": f"key-{i:04d}", "limits": [{"ep": 0, "rl": 1_000_000_000}]} for i in range(1000)]
+json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
+           "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
+PY
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# instructions N: total instructions of a gateway that served N requests.
+instructions() {
+  local up gw upid gpid
+  up=$(free_port); gw=$(free_port)
+  "$BIN" example-upstream --listen "127.0.0.1:$up" 2>/dev/null & upid=$!
+  valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
+    --upstream "http://127.0.0.1:$up" --catalog "$W/catalog.json" --set log.level=warn \
+    --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
+  for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
+  python3 - "$gw" "$1" <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    c.request("GET", "/users/42", headers={"X-Api-Key": "key-0001"})
+    r = c.getresponse(); r.read()
+    assert r.status == 200, r.status
+PY
+  kill "$gpid"; wait "$gpid" 2>/dev/null || true
+  kill "$upid"; wait "$upid" 2>/dev/null || true
+  grep -E "^(summary|totals):" "$W/cg.out" | head -1 | awk '{print $2}'
+}
+
+few=$(instructions 500 "$@")
+many=$(instructions 2500 "$@")
+echo "instructions per request: $(( (many - few) / 2000 ))"
