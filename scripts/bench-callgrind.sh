@@ -17,14 +17,15 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # instructions N: total instructions of a gateway that served N requests.
 instructions() {
-  local up gw upid gpid
+  local n=$1 up gw upid gpid
+  shift
   up=$(free_port); gw=$(free_port)
   "$BIN" example-upstream --listen "127.0.0.1:$up" 2>/dev/null & upid=$!
   valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
     --upstream "http://127.0.0.1:$up" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  python3 - "$gw" "$1" <<'PY'
+  python3 - "$gw" "$n" <<'PY'
 import http.client, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 for _ in range(int(sys.argv[2])):
