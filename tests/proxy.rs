@@ -432,6 +432,39 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
 }
 
 #[tokio::test]
+async fn upstream_connections_are_reused_and_replaced_when_the_upstream_closes_them() {
+    // This upstream closes a keep-alive connection after 300 ms without a request.
+    let up = Upstream::start_with(quotagate::server::HttpSettings {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    // One worker, so one pool: each worker keeps its own upstream connections.
+    let mut c = config(&up);
+    c.server.workers = 1;
+    let gw = gateway(c).await;
+    for _ in 0..5 {
+        assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    }
+    assert_eq!(up.open.get(), 1, "five requests, one upstream connection");
+    support::eventually(Duration::from_secs(5), || async { up.open.get() == 0 }).await;
+    // The pooled connection is gone: the next request opens another one, and succeeds.
+    assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    assert_eq!(up.requests().len(), 6);
+}
+
+#[tokio::test]
+async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.upstream.pool_idle_timeout_ms = 200;
+    let gw = gateway(c).await;
+    assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    assert_eq!(up.open.get(), 1);
+    support::eventually(Duration::from_secs(5), || async { up.open.get() == 0 }).await;
+}
+
+#[tokio::test]
 async fn bodies_stream_both_ways_and_are_size_limited() {
     let up = Upstream::start().await;
     let mut c = config(&up);

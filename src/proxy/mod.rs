@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod headers;
+pub mod pool;
 pub mod problem;
 pub mod upstream;
 
@@ -33,7 +34,7 @@ use admission::{Action, Decision, Step, Target};
 use upstream::Upstream;
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<pool::PooledBody<upstream::UpstreamBody>, Full<Bytes>>;
 
 /// Request-path settings taken from the configuration.
 #[derive(Debug, Clone)]
@@ -299,7 +300,7 @@ impl Proxy {
             .map(str::to_owned)
             .or_else(|| parts.uri.authority().map(|a| a.to_string()));
         headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
-        // hyper's client sets Host from the URI only when none is present.
+        // The upstream's own Host replaces the client's (`Upstream::send`).
         parts.headers.remove(HOST);
         headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
         parts.uri = uri;

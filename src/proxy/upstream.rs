@@ -1,18 +1,19 @@
-//! upstream: the pooled client that forwards allowed requests.
+//! upstream: the client that forwards allowed requests.
 //!
-//! hyper-util's legacy client, one pool per upstream, HTTP/1.1 towards the upstream. Bodies stream
-//! both ways with backpressure; nothing is buffered whole. Redirects are passed back, never followed.
-//! The connect timeout gives 502 and the response-header timeout 504.
+//! HTTP/1.1 towards the upstream over keep-alive connections, one pool per worker ([`super::pool`]).
+//! Bodies stream both ways with backpressure; nothing is buffered whole. Redirects are passed back,
+//! never followed. The connect timeout gives 502 and the response-header timeout 504.
 
 use std::error::Error as StdError;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response, Uri};
+use http::header::HOST;
+use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::{LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::pool::{self, Idle, PooledBody};
 
 use crate::config::{Config, ConfigError, positive_ms};
 
@@ -34,12 +35,19 @@ pub enum UpstreamError {
     BadRequestBody,
 }
 
+/// A response from the upstream, its body putting the connection back when read.
+pub type UpstreamResponse = Response<PooledBody<UpstreamBody>>;
+
 pub struct Upstream {
-    /// One pool per worker ([`crate::workers`]): a pooled connection's task runs on the worker
-    /// that opened it, so sharing one pool would send requests across threads.
-    clients: Box<[Client<HttpConnector, UpstreamBody>]>,
+    /// One pool per worker ([`crate::workers`]): a connection's task runs on the worker that
+    /// opened it, so sharing one pool would send requests across threads.
+    pools: Box<[Arc<Idle<UpstreamBody>>]>,
     target: UpstreamTarget,
+    /// `Host` of every forwarded request: the upstream's authority.
+    host: HeaderValue,
+    connect_timeout: Duration,
     response_timeout: Duration,
+    max_header_bytes: usize,
 }
 
 /// The upstream's settings (`[upstream]`), checked.
@@ -107,26 +115,20 @@ impl Upstream {
     /// `workers`: how many connection pools to keep (one per worker; `pool_max_idle` applies to
     /// each).
     pub fn new(s: &UpstreamSettings, workers: usize) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(s.connect_timeout));
-        let build = || {
-            Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                .pool_idle_timeout(s.pool_idle_timeout)
-                .pool_max_idle_per_host(s.pool_max_idle)
-                .http1_max_buf_size(s.max_header_bytes.max(8192))
-                .build(connector.clone())
-        };
         Upstream {
-            clients: (0..workers.max(1)).map(|_| build()).collect(),
+            pools: (0..workers.max(1))
+                .map(|_| Idle::new(s.pool_max_idle, s.pool_idle_timeout))
+                .collect(),
+            host: HeaderValue::from_str(s.target.authority.as_str())
+                .expect("an authority is a valid header value"),
             target: s.target.clone(),
+            connect_timeout: s.connect_timeout,
             response_timeout: s.response_timeout,
+            max_header_bytes: s.max_header_bytes,
         }
     }
 
-    /// The absolute URI of `path` (and `query`) on the upstream.
+    /// The request target (origin form) of `path` (and `query`) on the upstream.
     pub fn uri(&self, path: &str, query: Option<&str>) -> Option<Uri> {
         let mut pq = String::with_capacity(
             self.target.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1),
@@ -137,41 +139,75 @@ impl Upstream {
             pq.push('?');
             pq.push_str(q);
         }
-        Uri::builder()
-            .scheme("http")
-            .authority(self.target.authority.clone())
-            .path_and_query(pq)
-            .build()
-            .ok()
+        Uri::try_from(pq).ok()
     }
 
-    /// Sends the request and waits for the response headers.
+    /// Sends the request (its `Host` is set to the upstream's) and waits for the response headers.
     pub async fn send(
         &self,
-        req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let client = &self.clients[crate::workers::current() % self.clients.len()];
-        match tokio::time::timeout(self.response_timeout, client.request(req)).await {
-            Err(_) => Err(UpstreamError::Timeout),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Unreachable),
-            Ok(Err(e)) => {
-                if sources(&e).any(|s| s.is::<LengthLimitError>()) {
-                    return Err(UpstreamError::BodyTooLarge);
+        mut req: Request<UpstreamBody>,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        req.headers_mut().insert(HOST, self.host.clone());
+        let idle = &self.pools[crate::workers::current() % self.pools.len()];
+        let exchange = async {
+            // A reused connection may have been closed by the upstream while idle: a request it
+            // could not start is sent once more, on a new connection.
+            let mut fresh = false;
+            loop {
+                let mut sender = match idle.take().filter(|_| !fresh) {
+                    Some(mut s) => {
+                        if s.ready().await.is_err() {
+                            continue;
+                        }
+                        s
+                    }
+                    None => {
+                        fresh = true;
+                        pool::connect(
+                            self.target.authority.as_str(),
+                            self.connect_timeout,
+                            self.max_header_bytes,
+                        )
+                        .await
+                        .map_err(|e| {
+                            tracing::debug!(error = %e, "cannot connect to the upstream");
+                            UpstreamError::Unreachable
+                        })?
+                    }
+                };
+                match sender.try_send_request(req).await {
+                    Ok(resp) => {
+                        return Ok(resp.map(|body| PooledBody::new(body, sender, idle.clone())));
+                    }
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) if !fresh => {
+                            req = unsent;
+                            fresh = true;
+                        }
+                        _ => return Err(classify(&e.into_error())),
+                    },
                 }
-                // The body hyper sends upstream is the client's: a failure to read it is a
-                // user-body error of the upstream exchange, not the upstream's failure.
-                if sources(&e).any(|s| {
-                    s.downcast_ref::<hyper::Error>()
-                        .is_some_and(hyper::Error::is_user)
-                }) {
-                    return Err(UpstreamError::BadRequestBody);
-                }
-                tracing::debug!(error = %e, "upstream exchange failed");
-                Err(UpstreamError::Broken)
             }
-        }
+        };
+        tokio::time::timeout(self.response_timeout, exchange)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout))
     }
+}
+
+/// What a failed exchange means for the client.
+fn classify(e: &hyper::Error) -> UpstreamError {
+    let mut chain = std::iter::once(e as &(dyn StdError + 'static)).chain(sources(e));
+    if chain.any(|s| s.is::<LengthLimitError>()) {
+        return UpstreamError::BodyTooLarge;
+    }
+    // The body sent upstream is the client's: a failure to read it is a user-body error of the
+    // exchange, not the upstream's failure.
+    if e.is_user() {
+        return UpstreamError::BadRequestBody;
+    }
+    tracing::debug!(error = %e, "upstream exchange failed");
+    UpstreamError::Broken
 }
 
 /// The errors behind `e`, nearest first.

@@ -184,11 +184,21 @@ type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// Connections open to it now.
+    pub open: prometheus_client::metrics::gauge::Gauge,
     token: CancellationToken,
 }
 
 impl Upstream {
     pub async fn start() -> Upstream {
+        Upstream::start_with(Default::default()).await
+    }
+
+    /// An upstream with these connection settings (`header_read_timeout` also closes idle
+    /// keep-alive connections).
+    pub async fn start_with(mut settings: quotagate::server::HttpSettings) -> Upstream {
+        let open = prometheus_client::metrics::gauge::Gauge::default();
+        settings.connections = Some(open.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -200,11 +210,16 @@ impl Upstream {
         };
         tokio::spawn(quotagate::server::serve(
             listener,
-            Default::default(),
+            settings,
             handler,
             token.clone().cancelled_owned(),
         ));
-        Upstream { addr, seen, token }
+        Upstream {
+            addr,
+            seen,
+            open,
+            token,
+        }
     }
 
     pub fn url(&self) -> String {
