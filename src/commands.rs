@@ -18,6 +18,7 @@ use crate::divvy::rules::RuleSet;
 use crate::gateway::{StartError, bind};
 use crate::settings::Settings;
 use crate::shutdown::Token;
+use crate::text::plural;
 use crate::{demo, server};
 
 /// `quotagate` / `quotagate run` / `quotagate quickstart`: the gateway, plus its admin listener and
@@ -28,7 +29,6 @@ pub async fn gateway(
     quickstart: bool,
     token: Token,
 ) -> Result<(), StartError> {
-    tracing::info!(config = %settings.config.redacted_json(), "effective configuration");
     let Some(g) = &settings.gateway else {
         return Ok(());
     };
@@ -57,13 +57,16 @@ pub async fn gateway(
             token.clone().cancelled_owned(),
         ));
     }
-    let shown = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    // Only once everything started: a start-up error is then the one line it should be.
+    tracing::info!(config = %settings.config.redacted_json(), "effective configuration");
+    // Parts that are off are left out of the line rather than shown empty.
+    let shown = |a: Option<SocketAddr>| a.map(tracing::field::display);
     if let Some(gateway) = &app.gateway {
         let snapshot = gateway.catalog().snapshot();
         tracing::info!(
-            listen = %shown(listeners.gateway()),
-            admin = %shown(listeners.admin()),
-            divvy = %shown(listeners.divvy()),
+            listen = shown(listeners.gateway()),
+            admin = shown(listeners.admin()),
+            divvy = shown(listeners.divvy()),
             upstream = %settings.config.upstream.url,
             store = app.store.kind(),
             catalog_version = %snapshot.version.semver,
@@ -174,18 +177,36 @@ pub async fn divvy_load(opts: LoadOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-/// `quotagate health URL`: does `url` answer 2xx within 2 s?
+/// `quotagate health URL`: does `url` answer 2xx within 2 s? Says why not on stderr.
 pub async fn health(url: &str) -> bool {
-    match reqwest::Client::builder()
+    let client = match reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(2))
         .build()
     {
-        Ok(c) => c
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success()),
-        Err(_) => false,
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("health: {e}");
+            return false;
+        }
+    };
+    match client.get(url).send().await {
+        Ok(r) if r.status().is_success() => true,
+        Ok(r) => {
+            eprintln!("health: {url} answered {}", r.status());
+            false
+        }
+        Err(e) if e.is_connect() => {
+            eprintln!("health: nothing answers at {url}");
+            false
+        }
+        Err(e) if e.is_timeout() => {
+            eprintln!("health: {url} did not answer within 2 s");
+            false
+        }
+        Err(e) => {
+            eprintln!("health: {url}: {e}");
+            false
+        }
     }
 }
 
@@ -201,34 +222,44 @@ fn is_rule_file(path: &Path) -> bool {
     }
 }
 
-/// `quotagate validate FILE...`: prints a line per file; true when all are valid.
-pub fn validate(files: &[PathBuf]) -> bool {
+/// `quotagate validate [--strict] FILE...`: prints a line per file, and a warning per catalog field
+/// quotagate does not know; true when all are valid (with `strict`, also without such fields).
+pub fn validate(files: &[PathBuf], strict: bool) -> bool {
     let mut ok = true;
     for f in files {
-        let report = if is_rule_file(f) {
-            RuleSet::load(f)
-                .map(|r| {
-                    format!(
-                        "{}: valid rule file ({} rules)",
-                        f.display(),
-                        r.rules().len()
-                    )
-                })
-                .map_err(|e| e.to_string())
-        } else {
-            Snapshot::load_file(f)
-                .map(|s| {
-                    format!(
-                        "{}: valid catalog ({} endpoints, {} API keys)",
-                        f.display(),
-                        s.endpoints().len(),
-                        s.key_count()
-                    )
-                })
-                .map_err(|e| e.to_string())
-        };
-        match report {
-            Ok(line) => println!("{line}"),
+        let name = f.display();
+        if is_rule_file(f) {
+            match RuleSet::load(f) {
+                Ok(r) => println!(
+                    "{name}: valid rule file ({})",
+                    plural(r.rules().len() as u64, "rule", "rules")
+                ),
+                Err(e) => {
+                    ok = false;
+                    println!("{e}");
+                }
+            }
+            continue;
+        }
+        match Snapshot::load_file(f) {
+            Ok(s) => {
+                let unknown = s.unknown_fields();
+                let refused = strict && !unknown.is_empty();
+                println!(
+                    "{name}: {} catalog ({}, {})",
+                    if refused {
+                        "refused (--strict)"
+                    } else {
+                        "valid"
+                    },
+                    plural(s.endpoints().len() as u64, "endpoint", "endpoints"),
+                    plural(s.key_count() as u64, "API key", "API keys")
+                );
+                for field in unknown {
+                    println!("{name}: warning: unknown field `{field}` (ignored)");
+                }
+                ok &= !refused;
+            }
             Err(e) => {
                 ok = false;
                 println!("{e}");

@@ -188,9 +188,6 @@ impl Gateway {
                 ));
             }
         }
-        if !self.catalog().is_ready() {
-            tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
-        }
     }
 
     /// Serves the proxy on `listener` until `shutdown`, then drains. `false` if draining timed out.

@@ -32,4 +32,5 @@ pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod workers;

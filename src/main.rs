@@ -56,7 +56,11 @@ enum ServerCommand {
 #[derive(Subcommand)]
 enum ToolCommand {
     /// Check catalog and Divvy rule files and report every problem; exit status 1 if any is invalid.
+    /// Catalog fields quotagate does not know are warnings (errors with `--strict`).
     Validate {
+        /// Refuse catalogs with fields quotagate does not know.
+        #[arg(long)]
+        strict: bool,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -168,7 +172,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
 
 async fn run_tool(tool: ToolCommand) -> Result<ExitCode, StartError> {
     Ok(match tool {
-        ToolCommand::Validate { files } => exit(commands::validate(&files)),
+        ToolCommand::Validate { strict, files } => exit(commands::validate(&files, strict)),
         ToolCommand::Health { url } => exit(commands::health(&url).await),
         ToolCommand::DivvyLoad {
             addr,

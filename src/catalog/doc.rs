@@ -19,20 +19,22 @@ pub struct CatalogVersion {
 }
 
 /// A catalog document as written: the DynLimits `APIIndexedLimits` JSON, not yet validated.
-/// Unknown fields are ignored, so catalogs from newer servers still load.
+///
+/// The fields every DynLimits catalog has are required, so a misspelt one (`apilimit`) is an error
+/// rather than an empty catalog. Unknown fields are reported ([`CatalogDoc::parse_reporting`]) and
+/// otherwise ignored, so catalogs from newer servers still load.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatalogDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<CatalogVersion>,
-    #[serde(default)]
     pub methods: Vec<String>,
-    #[serde(default)]
     pub paths: Vec<String>,
-    #[serde(default)]
     pub endpoints: Vec<EndpointDef>,
-    #[serde(default)]
     pub apilimits: Vec<ApiLimits>,
 }
+
+/// Unknown field paths reported per document at most; the rest are counted.
+pub const MAX_UNKNOWN_REPORTED: usize = 20;
 
 // Indices and limits are read as i64 so that a negative value is a validation problem with a
 // location, not an opaque parse error.
@@ -47,7 +49,6 @@ pub struct EndpointDef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiLimits {
     pub key: String,
-    #[serde(default)]
     pub limits: Vec<LimitDef>,
 }
 
@@ -76,13 +77,38 @@ pub struct CatalogDiff {
 impl CatalogDoc {
     /// Parses a document; `source` names it in errors.
     pub fn parse(source: &str, json: &[u8]) -> Result<CatalogDoc, CatalogError> {
-        serde_json::from_slice(json).map_err(|e| CatalogError {
+        CatalogDoc::parse_reporting(source, json).map(|(doc, _)| doc)
+    }
+
+    /// Parses a document and lists the fields it has that quotagate does not know (their paths,
+    /// such as `apilimit` or `endpoints.0.default_r`, at most [`MAX_UNKNOWN_REPORTED`] of them,
+    /// then a count of the rest).
+    pub fn parse_reporting(
+        source: &str,
+        json: &[u8],
+    ) -> Result<(CatalogDoc, Vec<String>), CatalogError> {
+        let invalid = |e: serde_json::Error| CatalogError {
             source: source.to_owned(),
             problems: vec![Problem {
                 at: String::new(),
                 reason: format!("not a valid catalog document: {e}"),
             }],
+        };
+        let (mut unknown, mut more) = (Vec::new(), 0usize);
+        let mut de = serde_json::Deserializer::from_slice(json);
+        let doc = serde_ignored::deserialize(&mut de, |path| {
+            if unknown.len() < MAX_UNKNOWN_REPORTED {
+                unknown.push(path.to_string());
+            } else {
+                more += 1;
+            }
         })
+        .map_err(invalid)?;
+        de.end().map_err(invalid)?;
+        if more > 0 {
+            unknown.push(format!("and {more} more"));
+        }
+        Ok((doc, unknown))
     }
 
     /// The version's hash, empty when the document has none.

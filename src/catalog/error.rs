@@ -18,8 +18,35 @@ pub struct CatalogError {
     pub problems: Vec<Problem>,
 }
 
+impl CatalogError {
+    /// The catalog could not be read at all (`reason`: why, in a few words).
+    pub fn unreadable(source: &str, e: &std::io::Error) -> CatalogError {
+        let reason = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file".to_owned(),
+            std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+            std::io::ErrorKind::IsADirectory => "it is a directory".to_owned(),
+            _ => e.to_string(),
+        };
+        CatalogError {
+            source: source.to_owned(),
+            problems: vec![Problem {
+                at: READ.to_owned(),
+                reason,
+            }],
+        }
+    }
+}
+
+/// The location of a read failure: the whole file, before any content.
+const READ: &str = "\0read";
+
 impl fmt::Display for CatalogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let [p] = self.problems.as_slice()
+            && p.at == READ
+        {
+            return write!(f, "cannot read catalog {}: {}", self.source, p.reason);
+        }
         let n = self.problems.len();
         write!(
             f,

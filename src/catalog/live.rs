@@ -45,6 +45,9 @@ impl Live {
     /// A live catalog starting from `initial` (`None`: nothing loaded yet, not ready).
     pub fn new(initial: Option<Snapshot>) -> Arc<Live> {
         let ready = initial.is_some();
+        if let Some(s) = &initial {
+            warn_unknown_fields(s);
+        }
         Arc::new(Live {
             current: ArcSwap::from_pointee(initial.unwrap_or_default()),
             ready: AtomicBool::new(ready),
@@ -66,6 +69,7 @@ impl Live {
 
     /// Swaps in a new catalog.
     pub fn store(&self, snapshot: Snapshot) {
+        warn_unknown_fields(&snapshot);
         self.current.store(Arc::new(snapshot));
         self.ready.store(true, Ordering::Release);
         self.status
@@ -102,5 +106,19 @@ impl Live {
         tokio::time::timeout(wait, rx.wait_for(|&done| done >= want))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Says once per catalog version served which of its fields are ignored: a misspelt optional
+/// field (`defualt_rl`) would otherwise change nothing, silently.
+fn warn_unknown_fields(snapshot: &Snapshot) {
+    let unknown = snapshot.unknown_fields();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            version = %snapshot.version.semver,
+            hash = %snapshot.version.hash,
+            fields = %unknown.join(", "),
+            "the catalog has fields quotagate does not know; they are ignored"
+        );
     }
 }

@@ -343,7 +343,7 @@ impl<F: Fetch> Poller<F> {
         match status {
             StatusCode::NOT_MODIFIED => Ok(Outcome::Unchanged),
             StatusCode::OK => {
-                let mut doc = CatalogDoc::parse("/indexed_limits", &body)
+                let (mut doc, unknown) = CatalogDoc::parse_reporting("/indexed_limits", &body)
                     .map_err(|e| PollError::Invalid(e.to_string()))?;
                 if doc.hash().is_empty() {
                     // A server without versions: the content identifies the version.
@@ -362,7 +362,7 @@ impl<F: Fetch> Poller<F> {
                         current: current_hash,
                     });
                 }
-                self.apply(doc, false)
+                self.apply(doc, unknown, false)
             }
             other => Err(PollError::Status(other.as_u16())),
         }
@@ -385,15 +385,24 @@ impl<F: Fetch> Poller<F> {
                 if diff.from != current_hash {
                     return Ok(None);
                 }
-                self.apply(current.doc().apply(&diff), true).map(Some)
+                // A diff only carries keys: the document's unknown fields stay as they were.
+                let unknown = current.unknown_fields().to_vec();
+                self.apply(current.doc().apply(&diff), unknown, true)
+                    .map(Some)
             }
             _ => Ok(None),
         }
     }
 
-    fn apply(&self, doc: CatalogDoc, from_diff: bool) -> Result<Outcome, PollError> {
+    fn apply(
+        &self,
+        doc: CatalogDoc,
+        unknown: Vec<String>,
+        from_diff: bool,
+    ) -> Result<Outcome, PollError> {
         let snapshot = Snapshot::build(self.opts.url.as_str(), doc)
-            .map_err(|e| PollError::Invalid(e.to_string()))?;
+            .map_err(|e| PollError::Invalid(e.to_string()))?
+            .with_unknown_fields(unknown);
         let version = snapshot.version.clone();
         tracing::info!(
             hash = %version.hash,
@@ -451,6 +460,10 @@ impl<F: Fetch> Poller<F> {
             let result = self.poll_once().await;
             self.record(&result, &mut failures);
             self.live.fetch_finished(generation);
+            // Said after the first poll, not at start-up: usually the catalog arrives at once.
+            if generation == 1 && !self.live.is_ready() {
+                tracing::warn!("no catalog yet: answering 503 until the catalog server answers");
+            }
         }
     }
 

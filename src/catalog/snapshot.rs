@@ -42,12 +42,26 @@ pub struct Snapshot {
     routes: RouteTable,
     endpoints: Vec<Endpoint>,
     keys: KeyLimits,
+    /// Fields of the document quotagate does not know (ignored; logged once when served).
+    unknown_fields: Vec<String>,
 }
 
 impl Snapshot {
     /// Parses and validates a DynLimits catalog. `source` names it in errors.
     pub fn from_json(source: &str, json: &[u8]) -> Result<Snapshot, CatalogError> {
-        Snapshot::build(source, CatalogDoc::parse(source, json)?)
+        let (doc, unknown) = CatalogDoc::parse_reporting(source, json)?;
+        Ok(Snapshot::build(source, doc)?.with_unknown_fields(unknown))
+    }
+
+    /// Records the fields of the document that quotagate does not know.
+    pub fn with_unknown_fields(mut self, unknown: Vec<String>) -> Snapshot {
+        self.unknown_fields = unknown;
+        self
+    }
+
+    /// The fields of the document quotagate does not know, by path (`apilimit`).
+    pub fn unknown_fields(&self) -> &[String] {
+        &self.unknown_fields
     }
 
     /// Validates a document and builds its snapshot. `source` names it in errors.
@@ -72,14 +86,14 @@ impl Snapshot {
                 reason,
             }],
         };
-        let meta = std::fs::metadata(path).map_err(|e| one(format!("cannot read it: {e}")))?;
+        let meta = std::fs::metadata(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
         if meta.len() > MAX_CATALOG_BYTES {
             return Err(one(format!(
                 "it is {} bytes; the largest catalog accepted is {MAX_CATALOG_BYTES} bytes",
                 meta.len()
             )));
         }
-        let bytes = std::fs::read(path).map_err(|e| one(format!("cannot read it: {e}")))?;
+        let bytes = std::fs::read(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
         Snapshot::from_json(&source, &bytes)
     }
 
@@ -225,6 +239,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         routes,
         endpoints,
         keys,
+        unknown_fields: Vec::new(),
     })
 }
 
@@ -304,7 +319,9 @@ mod tests {
     #[test]
     fn off_by_one_index_is_an_error_not_a_panic() {
         // DynLimits checks `p > len` and crashes on `p == len`.
-        let got = problems(r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":1,"m":0}]}"#);
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":1,"m":0}],"apilimits":[]}"#,
+        );
         assert_eq!(
             got,
             ["endpoints[0].p: index 1 is out of range (paths has 1 entries)"]
@@ -315,7 +332,7 @@ mod tests {
     fn duplicate_and_conflicting_routes_are_refused() {
         let got = problems(
             r#"{"methods":["GET","get"],"paths":["/a/{x}","/A/{y}/"],
-                "endpoints":[{"p":0,"m":0},{"p":1,"m":1}]}"#,
+                "endpoints":[{"p":0,"m":0},{"p":1,"m":1}],"apilimits":[]}"#,
         );
         assert_eq!(got.len(), 1);
         assert!(
@@ -327,7 +344,7 @@ mod tests {
     #[test]
     fn bad_templates_and_methods_are_refused() {
         let got = problems(
-            r#"{"methods":["GET","B AD"],"paths":["nope","/ok"],"endpoints":[{"p":0,"m":0},{"p":1,"m":1}]}"#,
+            r#"{"methods":["GET","B AD"],"paths":["nope","/ok"],"endpoints":[{"p":0,"m":0},{"p":1,"m":1}],"apilimits":[]}"#,
         );
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].starts_with("endpoints[0]: path \"nope\" must start with '/'"));
@@ -380,13 +397,36 @@ mod tests {
 
     #[test]
     fn empty_catalog_is_valid() {
-        let s = Snapshot::from_json("t", b"{}").unwrap();
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods": [], "paths": [], "endpoints": [], "apilimits": []}"#,
+        )
+        .unwrap();
         assert_eq!(s.key_count(), 0);
     }
 
     #[test]
+    fn required_fields_are_required_and_unknown_ones_reported() {
+        // A typo of a field every DynLimits catalog has is an error, not an empty catalog.
+        let typo = br#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0}], "apilimit": []}"#;
+        let e = Snapshot::from_json("t", typo).unwrap_err();
+        assert!(e.to_string().contains("missing field `apilimits`"), "{e}");
+        let extra = br#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0, "defualt_rl": 3}],
+            "apilimits": [{"key": "k", "limits": [], "note": "x"}], "owner": "team"}"#;
+        let s = Snapshot::from_json("t", extra).unwrap();
+        assert_eq!(
+            s.unknown_fields(),
+            ["endpoints.0.defualt_rl", "apilimits.0.note", "owner"]
+        );
+    }
+
+    #[test]
     fn display_lists_every_problem() {
-        let e = Snapshot::from_json("cat.json", br#"{"endpoints":[{"p":0,"m":0}]}"#).unwrap_err();
+        let e = Snapshot::from_json(
+            "cat.json",
+            br#"{"methods":[],"paths":[],"endpoints":[{"p":0,"m":0}],"apilimits":[]}"#,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "catalog cat.json is invalid (2 problems):\n  endpoints[0].m: index 0 is out of range (methods has 0 entries)\n  endpoints[0].p: index 0 is out of range (paths has 0 entries)"

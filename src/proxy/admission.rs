@@ -213,8 +213,9 @@ impl<'s> Pending<'s, '_> {
         }
         let detail = match quota.retry_after {
             Some(s) => format!(
-                "{} allows {} requests per 60 s; retry after {s} s",
-                endpoint.name, quota.limit
+                "{} allows {} per 60 s; retry after {s} s",
+                endpoint.name,
+                crate::text::plural(quota.limit, "request", "requests")
             ),
             None => format!("{} allows no requests for this API key", endpoint.name),
         };
