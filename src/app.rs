@@ -152,6 +152,8 @@ impl App {
     /// Serves every part on its listener until `token` is cancelled. `false` if the proxy's drain
     /// timed out with requests in flight.
     pub async fn run(&self, listeners: Listeners, token: Token) -> bool {
+        let store = self.store.clone();
+        tokio::spawn(async move { store.check_at_start().await });
         if let (Some((l, _)), Some(admin)) = (listeners.admin, &self.admin) {
             let handler = admin.clone();
             tokio::spawn(server::serve(

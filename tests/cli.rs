@@ -342,6 +342,42 @@ async fn quickstart_answers_the_readme_requests() {
     }
 }
 
+/// A wrong Redis address is said at start-up, in one line of our own words, and the gateway serves
+/// under its failure policy anyway.
+#[tokio::test]
+async fn an_unreachable_redis_is_said_at_start_up() {
+    let (gw, up, nothing) = (free_port(), free_port(), free_port());
+    let q = Running::start(&[
+        "quickstart",
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--listen",
+        &format!("127.0.0.1:{gw}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+        "--store",
+        "redis",
+        "--redis-url",
+        &format!("redis://user:hunter2@127.0.0.1:{nothing}"),
+    ]);
+    let line = q.wait_for("store unavailable; applying the failure policy until it answers");
+    let error = line["error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "cannot connect to Redis at redis://user:***@127.0.0.1:{nothing}: "
+        )),
+        "{error}"
+    );
+    assert_eq!(line["policy"], "local");
+    let r = get(
+        &format!("http://127.0.0.1:{gw}/users/42"),
+        &[("X-Api-Key", "demo-key")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "limits enforced per instance meanwhile");
+    q.signal("-TERM");
+}
+
 #[tokio::test]
 async fn the_example_upstream_runs_alone() {
     let q = Running::start(&["example-upstream", "--listen", "127.0.0.1:0"]);

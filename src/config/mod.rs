@@ -14,6 +14,7 @@ mod load;
 mod redact;
 
 pub use load::{ENV_PREFIX, MAX_CONFIG_BYTES};
+pub use redact::redact_url;
 
 use std::net::SocketAddr;
 use std::time::Duration;

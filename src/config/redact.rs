@@ -11,13 +11,18 @@ impl Config {
                 *secret = "***".into();
             }
         }
-        // redis://user:password@host -> redis://user:***@host
-        if let Some((scheme, rest)) = c.store.redis_url.split_once("://")
-            && let Some((auth, host)) = rest.rsplit_once('@')
-        {
-            let user = auth.split_once(':').map_or("", |(u, _)| u);
-            c.store.redis_url = format!("{scheme}://{user}:***@{host}");
-        }
+        c.store.redis_url = redact_url(&c.store.redis_url);
         serde_json::to_string(&c).unwrap_or_default()
     }
+}
+
+/// A URL as it may be logged: `redis://user:password@host` becomes `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some((auth, host)) = rest.rsplit_once('@')
+    {
+        let user = auth.split_once(':').map_or("", |(u, _)| u);
+        return format!("{scheme}://{user}:***@{host}");
+    }
+    url.to_owned()
 }

@@ -12,7 +12,7 @@ pub struct StoreError {
 enum Cause {
     Timeout,
     Config(String),
-    Pool(String),
+    Connect(String),
     Redis(deadpool_redis::redis::RedisError),
     Reply(String),
 }
@@ -28,9 +28,26 @@ impl StoreError {
             cause: Cause::Config(e.to_string()),
         }
     }
-    pub(crate) fn pool(e: impl fmt::Display) -> Self {
+    /// Redis could not be reached; `why` in our words.
+    pub(crate) fn unreachable(why: String) -> Self {
         StoreError {
-            cause: Cause::Pool(e.to_string()),
+            cause: Cause::Connect(why),
+        }
+    }
+
+    /// No connection could be had from the pool for Redis at `url` (logged without its password).
+    pub(crate) fn connect(url: &str, e: deadpool_redis::PoolError) -> Self {
+        use deadpool_redis::PoolError;
+        let why = match e {
+            PoolError::Backend(e) => e.to_string(),
+            PoolError::Timeout(_) => "no connection within store.timeout_ms".to_owned(),
+            other => other.to_string(),
+        };
+        StoreError {
+            cause: Cause::Connect(format!(
+                "cannot connect to Redis at {}: {why}",
+                crate::config::redact_url(url)
+            )),
         }
     }
     pub(crate) fn redis(e: deadpool_redis::redis::RedisError) -> Self {
@@ -55,7 +72,7 @@ impl fmt::Display for StoreError {
         match &self.cause {
             Cause::Timeout => f.write_str("store call timed out"),
             Cause::Config(e) => write!(f, "invalid store configuration: {e}"),
-            Cause::Pool(e) => write!(f, "no Redis connection: {e}"),
+            Cause::Connect(e) => f.write_str(e),
             Cause::Redis(e) => write!(f, "Redis error: {e}"),
             Cause::Reply(e) => write!(f, "bad reply from Redis: {e}"),
         }

@@ -55,6 +55,16 @@ impl<B: CounterStore> Failover<B> {
         self.down.load(Ordering::Relaxed)
     }
 
+    /// Asks the backend once, at start-up, so that an unreachable one is said at once in one line
+    /// (and the failure policy applies from the first request) rather than on the first request.
+    /// Starting never waits for it.
+    pub async fn check_at_start(&self) {
+        match self.backend.check_reachable().await {
+            Ok(()) => tracing::debug!(store = self.backend.kind(), "store answers"),
+            Err(e) => self.mark_down(&e),
+        }
+    }
+
     /// Checks one request against `limit` at `now` and counts it if allowed.
     pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
         if limit == 0 {

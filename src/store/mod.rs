@@ -53,6 +53,12 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Does the backend answer? Asked once at start-up, outside any worker, so it must not leave a
+    /// connection behind for the hot path.
+    fn check_reachable(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.probe()
+    }
+
     /// `memory` or `redis`.
     fn kind(&self) -> &'static str;
 }
@@ -165,6 +171,13 @@ impl CounterStore for Backend {
         match self {
             Backend::Memory(_) => Ok(()),
             Backend::Redis(r) => r.probe().await,
+        }
+    }
+
+    async fn check_reachable(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(_) => Ok(()),
+            Backend::Redis(r) => r.check_reachable().await,
         }
     }
 

@@ -153,7 +153,11 @@ impl RedisStore {
         if let Some(c) = slot.conn.load_full() {
             return Ok(c);
         }
-        let pooled = self.pool.get().await.map_err(StoreError::pool)?;
+        let pooled = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| StoreError::connect(&self.url, e))?;
         // Taken out of the pool for good: given back, the next slot to refill could get this
         // same connection, whose task runs on this worker's thread.
         let mut c = deadpool_redis::Connection::take(pooled);
@@ -359,6 +363,34 @@ impl CounterStore for RedisStore {
     async fn probe(&self) -> Result<(), StoreError> {
         self.reset_connection();
         self.ping().await
+    }
+
+    /// A connection of its own, closed after one `PING`: a pooled one opened here, outside the
+    /// workers, would later serve a worker from another thread.
+    async fn check_reachable(&self) -> Result<(), StoreError> {
+        let fail = |why: String| {
+            StoreError::unreachable(format!(
+                "cannot connect to Redis at {}: {why}",
+                crate::config::redact_url(&self.url)
+            ))
+        };
+        let attempt = async {
+            let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(fail(why)),
+            Err(_) => Err(fail("no answer within store.timeout_ms".into())),
+        }
     }
 
     fn kind(&self) -> &'static str {
