@@ -74,7 +74,8 @@ Try (the README's "Demo" section explains each):
   curl -i -H 'X-Api-Key: demo-key' http://127.0.0.1:8090/items/1
   sed -i 's/"rl": 100/"rl": 3/' $DEMO_DIR/catalogs/v0001.json
   curl -i -H 'X-Api-Key: gold-key' -H 'X-Quotagate-Refresh: demo-refresh-secret' http://127.0.0.1:8080/items/1
-    printf 'HIT method=GET path=/status\n' | nc -q 1 127.0.0.1 8321     # nc: apt-get install netcat-openbsd
+  sleep 1; curl -i -H 'X-Api-Key: gold-key' http://127.0.0.1:8090/items/1   # B within a second
+  bash -c 'exec 3<>/dev/tcp/127.0.0.1/8321; printf "HIT method=GET path=/status\\n" >&3; head -1 <&3'
   curl -s http://127.0.0.1:8081/metrics | grep quotagate_requests_total
 Ctrl-C stops everything.
 EOF
