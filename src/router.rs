@@ -138,7 +138,9 @@ pub struct RouteMatch {
 /// The routes of one catalog version.
 #[derive(Debug, Default)]
 pub struct RouteTable {
-    routers: HashMap<String, matchit::Router<usize>>,
+    /// One router per method (upper case). A list, not a map: there are a handful, and comparing
+    /// a method costs less than hashing it on every request.
+    routers: Vec<(String, matchit::Router<usize>)>,
     templates: Vec<Template>,
 }
 
@@ -148,7 +150,7 @@ impl RouteTable {
     pub fn build(templates: Vec<Template>) -> Result<RouteTable, Vec<(usize, String)>> {
         let mut errors = Vec::new();
         let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
-        let mut routers: HashMap<String, matchit::Router<usize>> = HashMap::new();
+        let mut routers: Vec<(String, matchit::Router<usize>)> = Vec::new();
         for (i, t) in templates.iter().enumerate() {
             if let Some(&first) = seen.get(&(t.method.as_str(), t.route_key.as_str())) {
                 let other = &templates[first];
@@ -162,8 +164,14 @@ impl RouteTable {
                 continue;
             }
             seen.insert((&t.method, &t.route_key), i);
-            let router = routers.entry(t.method.clone()).or_default();
-            if let Err(e) = router.insert(t.route_key.clone(), i) {
+            let at = match routers.iter().position(|(m, _)| *m == t.method) {
+                Some(at) => at,
+                None => {
+                    routers.push((t.method.clone(), matchit::Router::new()));
+                    routers.len() - 1
+                }
+            };
+            if let Err(e) = routers[at].1.insert(t.route_key.clone(), i) {
                 errors.push((
                     i,
                     format!("{} {} conflicts with another route: {e}", t.method, t.path),
@@ -179,11 +187,11 @@ impl RouteTable {
 
     /// Finds the endpoint for `method` (any case) and a normalised path.
     pub fn lookup(&self, method: &str, path: &NormalPath) -> Option<RouteMatch> {
-        let router = if method.bytes().any(|b| b.is_ascii_lowercase()) {
-            self.routers.get(&method.to_ascii_uppercase())
-        } else {
-            self.routers.get(method)
-        }?;
+        let router = &self
+            .routers
+            .iter()
+            .find(|(m, _)| m.eq_ignore_ascii_case(method))?
+            .1;
         let key = path.match_key();
         let m = router.at(&key).ok()?;
         let endpoint = *m.value;

@@ -31,7 +31,10 @@ pub enum LimitLookup {
 }
 
 /// API key bytes -> its (endpoint index, limit) pairs, sorted by endpoint index.
-type KeyLimits = HashMap<Box<[u8]>, Box<[(u32, u64)]>>;
+///
+/// foldhash, seeded per process, rather than SipHash: looked up on every request, and only the
+/// catalog inserts into it, so a client cannot grow it or choose colliding keys to slow it down.
+type KeyLimits = HashMap<Box<[u8]>, Box<[(u32, u64)]>, foldhash::fast::RandomState>;
 
 /// An immutable, validated catalog version: routes, limits and version, swapped in as one.
 #[derive(Debug, Default)]
@@ -179,7 +182,8 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         }
     }
 
-    let mut keys: KeyLimits = HashMap::with_capacity(raw.apilimits.len());
+    let mut keys: KeyLimits =
+        HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
     for (k, entry) in raw.apilimits.iter().enumerate() {
         if entry.key.is_empty() {

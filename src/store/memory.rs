@@ -18,7 +18,10 @@ const MIN_SWEEP_AT: usize = 1024;
 
 #[derive(Debug)]
 struct Shard {
-    windows: HashMap<CounterKey, Window>,
+    /// foldhash rather than SipHash: this runs on every counted request, and only catalog keys
+    /// get a window, so clients cannot choose colliding keys. (Divvy's fixed windows, whose keys
+    /// clients do choose, keep SipHash.)
+    windows: HashMap<CounterKey, Window, foldhash::fast::RandomState>,
     sweep_at: usize,
 }
 
@@ -28,7 +31,7 @@ pub struct SlidingWindows {
     /// `std::sync::Mutex`: the critical section is a hash lookup and 60 additions, never held across
     /// an `.await`; sharding keeps unrelated keys from contending.
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Default for SlidingWindows {
@@ -43,12 +46,12 @@ impl SlidingWindows {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        windows: HashMap::new(),
+                        windows: HashMap::default(),
                         sweep_at: MIN_SWEEP_AT,
                     })
                 })
                 .collect(),
-            hasher: RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
