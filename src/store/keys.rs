@@ -48,7 +48,16 @@ impl CounterKey {
 
 /// The Redis hash that holds `counter`'s per-second counts for Unix minute `minute`.
 pub fn minute_hash(prefix: &str, counter: &CounterKey, minute: i64) -> String {
-    format!("{prefix}:w:{}:{minute}", counter.0)
+    // Four of these per Redis decision: built by hand, `format!` cost 1.5k instructions each.
+    let mut digits = itoa::Buffer::new();
+    let minute = digits.format(minute);
+    let mut s = String::with_capacity(prefix.len() + counter.0.len() + minute.len() + 4);
+    s.push_str(prefix);
+    s.push_str(":w:");
+    s.push_str(&counter.0);
+    s.push(':');
+    s.push_str(minute);
+    s
 }
 
 /// Checks a configured prefix: a brace would steal the cluster hash tag from the API key.

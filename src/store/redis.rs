@@ -240,7 +240,7 @@ impl RedisStore {
             let minute = estimate.div_euclid(60);
             let keys: [String; 4] =
                 std::array::from_fn(|i| minute_hash(&self.prefix, key, minute - 2 + i as i64));
-            let reply: Vec<i64> = self
+            let reply: String = self
                 .on_connection(|mut conn| {
                     let mut call = WINDOW.prepare_invoke();
                     for k in &keys {
@@ -253,7 +253,20 @@ impl RedisStore {
                     async move { call.invoke_async(&mut conn).await }
                 })
                 .await?;
-            match reply.as_slice() {
+            let mut fields = [0i64; 6];
+            let mut n = 0;
+            for word in reply.split(' ') {
+                match (fields.get_mut(n), word.parse()) {
+                    (Some(slot), Ok(v)) => *slot = v,
+                    _ => {
+                        return Err(StoreError::reply(format!(
+                            "unexpected script reply {reply:?}"
+                        )));
+                    }
+                }
+                n += 1;
+            }
+            match &fields[..n] {
                 [-1, redis_now] => {
                     self.offset.store(redis_now - now, Ordering::Relaxed);
                 }

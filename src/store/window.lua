@@ -24,9 +24,10 @@
 -- ARGV[3]     the limit: requests per 60 s, at least 1
 -- ARGV[4]     TTL of a minute hash, in seconds
 --
--- Returns {allowed (1|0), remaining, reset, retry_after (-1 when none), now, microseconds of TIME
--- (-1 when ARGV[2] gave the time)}, or {-1, now} when now's minute is not among KEYS: the caller then
--- retries with the minute it learned.
+-- Returns "allowed (1|0) remaining reset retry_after (-1 when none) now microseconds-of-TIME (-1 when
+-- ARGV[2] gave the time)", or "-1 now" when now's minute is not among KEYS: the caller then retries
+-- with the minute it learned. One string rather than an array of integers: the client decodes one
+-- value instead of six, which was a tenth of the gateway's work per request.
 -- The Rust twin of this arithmetic is limiter::Window; the store behaviour suite keeps them equal.
 
 local m = tonumber(ARGV[1])
@@ -45,7 +46,7 @@ local ttl = tonumber(ARGV[4])
 local minute = math.floor(t / 60)
 local idx = minute - m + 3
 if idx < 2 or idx > 4 then
-  return {-1, t}
+  return string.format('%d %d', -1, t)
 end
 local cur, prev = KEYS[idx], KEYS[idx - 1]
 local base = minute * 60
@@ -61,7 +62,7 @@ end
 local sec = t - base
 
 if b and bl == limit and t < b then
-  return {0, 0, b - t, b - t, t, usec}
+  return string.format('0 0 %d %d %d %d', b - t, b - t, t, usec)
 end
 
 -- Counts read so far, by absolute second: every field is read at most once per call.
@@ -189,7 +190,7 @@ if w + 1 > limit then
   if not c then
     redis.call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
   end
-  return {0, 0, retry, retry, t, usec}
+  return string.format('0 0 %d %d %d %d', retry, retry, t, usec)
 end
 
 w = w + 1
@@ -205,4 +206,4 @@ end
 if not c then
   redis.call('EXPIRE', cur, ttl)
 end
-return {1, limit - w, o + 60 - t, -1, t, usec}
+return string.format('1 %d %d -1 %d %d', limit - w, o + 60 - t, t, usec)
