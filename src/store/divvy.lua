@@ -5,7 +5,8 @@
 -- KEYS[1]  divvy:<sorted rule pairs>:<actor>:<creditLimit>:<resetSeconds>
 -- ARGV[1]  creditLimit (> 0)
 -- ARGV[2]  resetSeconds (> 0)
--- Returns {allowed (1|0), credit left, TTL in seconds (rounded, as Redis' TTL)}.
+-- Returns "allowed (1|0) credit-left TTL-in-seconds" (TTL rounded, as Redis' TTL): one string, which
+-- the client decodes faster than an array of integers.
 
 local left = redis.call('GET', KEYS[1])
 local allowed, credit
@@ -20,4 +21,4 @@ else
   credit = 0
   allowed = 0
 end
-return {allowed, credit, redis.call('TTL', KEYS[1])}
+return string.format('%d %d %d', allowed, credit, redis.call('TTL', KEYS[1]))

@@ -254,19 +254,7 @@ impl RedisStore {
                 })
                 .await?;
             let mut fields = [0i64; 6];
-            let mut n = 0;
-            for word in reply.split(' ') {
-                match (fields.get_mut(n), word.parse()) {
-                    (Some(slot), Ok(v)) => *slot = v,
-                    _ => {
-                        return Err(StoreError::reply(format!(
-                            "unexpected script reply {reply:?}"
-                        )));
-                    }
-                }
-                n += 1;
-            }
-            match &fields[..n] {
+            match integers(&reply, &mut fields) {
                 [-1, redis_now] => {
                     self.offset.store(redis_now - now, Ordering::Relaxed);
                 }
@@ -288,9 +276,9 @@ impl RedisStore {
                         retry_after: (*retry >= 0).then(|| nonneg(*retry)),
                     });
                 }
-                other => {
+                _ => {
                     return Err(StoreError::reply(format!(
-                        "unexpected script reply {other:?}"
+                        "unexpected script reply {reply:?}"
                     )));
                 }
             }
@@ -303,21 +291,22 @@ impl RedisStore {
     /// One hit on Divvy's fixed window `key` (`limit` and `reset` both above 0).
     async fn fixed(&self, key: &str, limit: u64, reset: u64) -> Result<FixedDecision, StoreError> {
         let fut = async {
-            let reply: Vec<i64> = self
+            let reply: String = self
                 .on_connection(|mut conn| {
                     let mut call = DIVVY.key(key);
                     call.arg(limit).arg(reset);
                     async move { call.invoke_async(&mut conn).await }
                 })
                 .await?;
-            match reply.as_slice() {
+            let mut fields = [0i64; 3];
+            match integers(&reply, &mut fields) {
                 [allowed, credit, ttl] => Ok(FixedDecision {
                     allowed: *allowed == 1,
                     credit: u64::try_from(*credit).unwrap_or(0),
                     reset: *ttl,
                 }),
-                other => Err(StoreError::reply(format!(
-                    "unexpected script reply {other:?}"
+                _ => Err(StoreError::reply(format!(
+                    "unexpected script reply {reply:?}"
                 ))),
             }
         };
@@ -354,6 +343,20 @@ impl RedisStore {
         tokio::time::timeout(self.timeout, call)
             .map(|r| r.unwrap_or_else(|_| Err(StoreError::timeout())))
     }
+}
+
+/// The space-separated integers of a script's reply, in `out`; the slice of `out` they filled.
+/// Anything else (too many, not a number) is an empty slice, which no caller accepts.
+fn integers<'a>(reply: &str, out: &'a mut [i64]) -> &'a [i64] {
+    let mut n = 0;
+    for word in reply.split(' ') {
+        match (out.get_mut(n), word.parse()) {
+            (Some(slot), Ok(v)) => *slot = v,
+            _ => return &[],
+        }
+        n += 1;
+    }
+    &out[..n]
 }
 
 impl CounterStore for RedisStore {
@@ -408,5 +411,17 @@ impl CounterStore for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn script_replies_are_read_strictly() {
+        let mut out = [0i64; 3];
+        assert_eq!(super::integers("1 41 -1", &mut out), [1, 41, -1]);
+        for bad in ["", "1  2", "1 2 3 4", "1 x 2", "1.5 2 3"] {
+            assert_eq!(super::integers(bad, &mut out), [] as [i64; 0], "{bad:?}");
+        }
     }
 }
