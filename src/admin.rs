@@ -6,6 +6,11 @@
 //!   is being applied (still 200: the gateway answers, degraded).
 //! - `/metrics`: Prometheus (OpenMetrics) text, see `docs/operations.md`. The `quotagate divvy`
 //!   drop-in serves it on Divvy's `PROMETHEUS_METRICS_PATH` instead.
+//! - `GET /limits?method=M&path=P`, the API key in its usual header: what the gateway would decide
+//!   for that request now and the state of its limit, counting nothing ("why was I limited?").
+//! - `POST /limits/reset`, the API key in its usual header: forgets that key's counters. Allowed
+//!   without more on a loopback listener; on any other, only with `admin.secret` in
+//!   `X-Quotagate-Admin-Secret`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +24,7 @@ use hyper::body::Incoming;
 use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
 use crate::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
+use crate::proxy::Proxy;
 use crate::store::{FailurePolicy, Store};
 
 /// The admin listener's settings (`[admin]`).
@@ -27,7 +33,12 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// Where the metrics are served. Default: `/metrics`.
     pub metrics_path: String,
+    /// Needed (in `X-Quotagate-Admin-Secret`) to reset counters through a non-loopback listener.
+    pub secret: Option<Vec<u8>>,
 }
+
+/// The header that carries `admin.secret`.
+pub const SECRET_HEADER: &str = "x-quotagate-admin-secret";
 
 impl TryFrom<&AdminConfig> for AdminSettings {
     type Error = ConfigError;
@@ -36,6 +47,7 @@ impl TryFrom<&AdminConfig> for AdminSettings {
         Ok(AdminSettings {
             listen: address("admin.listen", &c.listen, "127.0.0.1:8081")?,
             metrics_path: "/metrics".into(),
+            secret: (!c.secret.is_empty()).then(|| c.secret.clone().into_bytes()),
         })
     }
 }
@@ -46,7 +58,9 @@ pub struct Admin {
     /// The gateway's catalog; `None` when only the Divvy port runs.
     catalog: Option<Arc<Live>>,
     store: Arc<Store>,
-    metrics_path: String,
+    /// The gateway's request path, for `/limits`; `None` when only the Divvy port runs.
+    proxy: Option<Arc<Proxy>>,
+    settings: AdminSettings,
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -60,15 +74,16 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
 impl Admin {
     pub fn new(
         metrics: Arc<Metrics>,
-        catalog: Option<Arc<Live>>,
         store: Arc<Store>,
-        metrics_path: String,
+        proxy: Option<Arc<Proxy>>,
+        settings: AdminSettings,
     ) -> Admin {
         Admin {
             metrics,
-            catalog,
+            catalog: proxy.as_ref().map(|p| p.catalog().clone()),
             store,
-            metrics_path,
+            proxy,
+            settings,
         }
     }
 
@@ -103,6 +118,9 @@ impl Admin {
         _peer: SocketAddr,
         req: Request<Incoming>,
     ) -> Response<Full<Bytes>> {
+        if req.uri().path().starts_with("/limits") {
+            return self.limits(&req).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -111,7 +129,7 @@ impl Admin {
             );
         }
         match req.uri().path() {
-            p if p == self.metrics_path => text(
+            p if p == self.settings.metrics_path => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.metrics.render(&self.state()),
@@ -124,13 +142,106 @@ impl Admin {
             _ => text(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "try /metrics, /healthz or /readyz\n".into(),
+                "try /metrics, /healthz, /readyz or /limits\n".into(),
             ),
         }
     }
 }
 
+fn json(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+    text(status, "application/json", body.to_string())
+}
+
+fn refusal(status: StatusCode, error: &str) -> Response<Full<Bytes>> {
+    json(status, serde_json::json!({ "error": error }))
+}
+
 impl Admin {
+    /// `GET /limits` and `POST /limits/reset`.
+    async fn limits(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(proxy) = &self.proxy else {
+            return refusal(StatusCode::NOT_FOUND, "no gateway runs here");
+        };
+        let header = proxy.api_key_header();
+        let key = match req.headers().get(header) {
+            Some(k) if !k.is_empty() => k.as_bytes(),
+            _ => {
+                return refusal(
+                    StatusCode::BAD_REQUEST,
+                    &format!("send the API key in the {header} header"),
+                );
+            }
+        };
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/limits") => {
+                let query = req.uri().query().unwrap_or("");
+                let mut method = None;
+                let mut path = None;
+                for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+                    match &*k {
+                        "method" => method = Some(v.into_owned()),
+                        "path" => path = Some(v.into_owned()),
+                        _ => {}
+                    }
+                }
+                let (Some(method), Some(path)) = (method, path) else {
+                    return refusal(
+                        StatusCode::BAD_REQUEST,
+                        "give the request as ?method=GET&path=/users/42",
+                    );
+                };
+                match proxy.explain(&method, &path, key).await {
+                    Ok(v) => json(StatusCode::OK, v),
+                    Err(e) => refusal(StatusCode::BAD_REQUEST, &e),
+                }
+            }
+            (&Method::POST, "/limits/reset") => {
+                if let Some(refused) = self.may_change_state(req) {
+                    return refused;
+                }
+                match proxy.reset_key(key).await {
+                    Ok(n) => json(
+                        StatusCode::OK,
+                        serde_json::json!({
+                            "key": crate::telemetry::fingerprint(key),
+                            "removed": n,
+                        }),
+                    ),
+                    Err(e) => refusal(StatusCode::SERVICE_UNAVAILABLE, &e),
+                }
+            }
+            _ => refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "GET /limits?method=..&path=.. or POST /limits/reset",
+            ),
+        }
+    }
+
+    /// `None` when this request may change state: the listener is on loopback, or it carries the
+    /// configured secret.
+    fn may_change_state(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        if self.settings.listen.ip().is_loopback() {
+            return None;
+        }
+        let Some(secret) = &self.settings.secret else {
+            return Some(refusal(
+                StatusCode::FORBIDDEN,
+                "this admin listener is not on loopback: set admin.secret to allow counter resets",
+            ));
+        };
+        let given = req
+            .headers()
+            .get(SECRET_HEADER)
+            .map_or(&b""[..], |v| v.as_bytes());
+        match bool::from(subtle::ConstantTimeEq::ct_eq(given, secret.as_slice())) {
+            true => None,
+            false => Some(refusal(
+                StatusCode::FORBIDDEN,
+                &format!("send admin.secret in the {SECRET_HEADER} header"),
+            )),
+        }
+    }
+
     /// The states `/metrics` reports.
     fn state(&self) -> State {
         let mut state = State {

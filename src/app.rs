@@ -109,9 +109,9 @@ impl App {
         let admin = settings.admin.as_ref().map(|a| {
             Arc::new(Admin::new(
                 metrics.clone(),
-                gateway.as_ref().map(|g| g.catalog().clone()),
                 store.clone(),
-                a.metrics_path.clone(),
+                gateway.as_ref().map(|g| g.proxy().clone()),
+                a.clone(),
             ))
         });
         let divvy_settings = DivvySettings {

@@ -160,6 +160,11 @@ impl Gateway {
         })
     }
 
+    /// The request path.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
     /// The live catalog.
     pub fn catalog(&self) -> &Arc<Live> {
         self.proxy.catalog()

@@ -96,6 +96,39 @@ impl Window {
         u64::from(self.counts[(s % WINDOW_SECONDS) as usize])
     }
 
+    /// A window holding `counts` (absolute second, count); seconds outside the 60 ending at `now`
+    /// are left out. For reading a window kept elsewhere (Redis' minute hashes).
+    pub fn from_counts(now: u64, counts: impl IntoIterator<Item = (u64, u32)>) -> Window {
+        let mut w = Window {
+            counts: [0; SLOTS],
+            last: now,
+        };
+        for (s, n) in counts {
+            if s <= now && s + WINDOW_SECONDS > now {
+                let slot = &mut w.counts[(s % WINDOW_SECONDS) as usize];
+                *slot = slot.saturating_add(n);
+            }
+        }
+        w
+    }
+
+    /// The state of `limit` at `now` without counting anything: what is left, and whether the next
+    /// request would pass (`allowed`), with `retry_after` when it would not. `reset` is when the
+    /// oldest counted request leaves the window (0 when the window is empty).
+    pub fn peek(&self, now: u64, limit: u64) -> Quota {
+        let mut probe = self.clone();
+        let q = probe.hit(now, limit);
+        if !q.allowed {
+            return q;
+        }
+        let empty = q.remaining + 1 == limit;
+        Quota {
+            remaining: q.remaining + 1,
+            reset: if empty { 0 } else { q.reset },
+            ..q
+        }
+    }
+
     /// Checks one request at `now` against `limit` and counts it if allowed.
     pub fn hit(&mut self, now: u64, limit: u64) -> Quota {
         if limit == 0 {
@@ -168,6 +201,39 @@ mod tests {
         assert_eq!((d.remaining, d.reset), (4, 60));
         let d = w.hit(T0 + 10, 5);
         assert_eq!((d.remaining, d.reset), (3, 50));
+    }
+
+    #[test]
+    fn peek_tells_without_counting() {
+        let mut w = Window::new();
+        assert_eq!(
+            (
+                w.peek(T0, 3).remaining,
+                w.peek(T0, 3).reset,
+                w.peek(T0, 3).allowed
+            ),
+            (3, 0, true)
+        );
+        hits(&mut w, T0, 3, 2);
+        let p = w.peek(T0 + 10, 3);
+        assert_eq!((p.allowed, p.remaining, p.reset), (true, 1, 50));
+        assert_eq!(
+            w.peek(T0 + 10, 3),
+            w.peek(T0 + 10, 3),
+            "peeking counts nothing"
+        );
+        w.hit(T0 + 10, 3);
+        let p = w.peek(T0 + 20, 3);
+        assert_eq!(
+            (p.allowed, p.remaining, p.retry_after),
+            (false, 0, Some(40))
+        );
+        let copy = Window::from_counts(T0 + 20, [(T0, 2), (T0 + 10, 1), (T0 - 60, 9)]);
+        assert_eq!(
+            copy.peek(T0 + 20, 3),
+            p,
+            "a window rebuilt from its counts answers the same"
+        );
     }
 
     #[test]

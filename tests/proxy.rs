@@ -889,3 +889,104 @@ async fn http11_needs_exactly_one_host() {
         "{out}"
     );
 }
+
+// ---- "why was I limited?" (admin /limits) ----
+
+#[tokio::test]
+async fn the_admin_explains_a_limit_without_counting_and_resets_a_key() {
+    let up = Upstream::start().await;
+    explain_and_reset(&gateway(config(&up)).await).await;
+    let redis = RedisServer::start();
+    explain_and_reset(&gateway(redis_config(&up, &redis, FailurePolicy::Closed)).await).await;
+}
+
+async fn explain_and_reset(gw: &TestGateway) {
+    let admin = |p: &str| format!("http://{}{p}", gw.admin);
+    let why = admin("/limits?method=GET&path=/users/7/prefs");
+    // k1 may make 3 requests a minute on GET /users/{id}/prefs.
+    assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
+    for _ in 0..3 {
+        let r = get(&why, &[KEY]).await;
+        assert_eq!(r.status, 200);
+        let v = r.json();
+        assert_eq!(
+            (&v["decision"], &v["endpoint"], &v["limits"][0]["remaining"]),
+            (
+                &serde_json::json!("allowed"),
+                &serde_json::json!("GET /users/{id}/prefs"),
+                &serde_json::json!(2)
+            ),
+            "{v}"
+        );
+        assert_eq!(v["key"], quotagate::telemetry::fingerprint(b"k1"));
+    }
+    assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
+    assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
+    let v = get(&why, &[KEY]).await.json();
+    assert_eq!(
+        (
+            &v["decision"],
+            &v["limits"][0]["remaining"],
+            &v["limits"][0]["retry_after_seconds"]
+        ),
+        (
+            &serde_json::json!("limited"),
+            &serde_json::json!(0),
+            &serde_json::json!(60)
+        ),
+        "{v}"
+    );
+    // Other answers say why too; a key without a limit here gets no counter.
+    let v = get(&admin("/limits?method=GET&path=/nowhere"), &[KEY])
+        .await
+        .json();
+    assert_eq!(
+        (v["decision"].as_str(), v["status"].as_u64()),
+        (Some("unknown_endpoint"), Some(404))
+    );
+    let v = get(&why, &[("X-Api-Key", "stranger")]).await.json();
+    assert_eq!(v["decision"], "no_limit");
+    assert_eq!(get(&why, &[]).await.status, 400, "the key is needed");
+    assert_eq!(get(&admin("/limits?path=/a"), &[KEY]).await.status, 400);
+
+    // A reset on loopback needs nothing more, and frees the key at once.
+    let r = send(
+        &http1_client(),
+        "POST",
+        &admin("/limits/reset"),
+        &[KEY],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.json()["removed"].as_u64().unwrap() >= 1, "{:?}", r.json());
+    assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
+}
+
+#[tokio::test]
+async fn resets_through_a_non_loopback_admin_listener_need_the_secret() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.admin.listen = "0.0.0.0:0".into();
+    let gw = gateway(c.clone()).await;
+    let reset = format!("http://127.0.0.1:{}/limits/reset", gw.admin.port());
+    let r = send(&http1_client(), "POST", &reset, &[KEY], Bytes::new()).await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("set admin.secret")
+    );
+
+    c.admin.secret = "s3cret".into();
+    let gw = gateway(c).await;
+    let reset = format!("http://127.0.0.1:{}/limits/reset", gw.admin.port());
+    for wrong in [vec![KEY], vec![KEY, ("X-Quotagate-Admin-Secret", "nope")]] {
+        let r = send(&http1_client(), "POST", &reset, &wrong, Bytes::new()).await;
+        assert_eq!(r.status, 403);
+    }
+    let with = [KEY, ("X-Quotagate-Admin-Secret", "s3cret")];
+    let r = send(&http1_client(), "POST", &reset, &with, Bytes::new()).await;
+    assert_eq!(r.status, 200);
+}

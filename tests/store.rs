@@ -76,10 +76,46 @@ on_every_store!(
     time_never_runs_backwards,
     concurrent_requests_never_overshoot,
     agrees_with_the_reference_window_on_a_random_workload,
+    peeking_counts_nothing_and_tells_what_a_hit_would,
+    reset_forgets_one_api_key_on_every_endpoint,
 );
 
 fn key(k: &str) -> CounterKey {
     CounterKey::new(k.as_bytes(), "GET /users/{id}")
+}
+
+async fn peeking_counts_nothing_and_tells_what_a_hit_would(s: Subject) {
+    let k = key("a");
+    let p = s.store.peek(&k, 3, T0).await.unwrap();
+    assert_eq!((p.allowed, p.remaining, p.reset), (true, 3, 0));
+    s.hit(&k, 3, T0 + 50).await;
+    s.hit(&k, 3, T0 + 61).await;
+    for _ in 0..3 {
+        let p = s.store.peek(&k, 3, T0 + 70).await.unwrap();
+        assert_eq!((p.allowed, p.remaining, p.reset), (true, 1, 40));
+    }
+    s.hit(&k, 3, T0 + 70).await;
+    let p = s.store.peek(&k, 3, T0 + 80).await.unwrap();
+    assert_eq!(
+        (p.allowed, p.remaining, p.retry_after),
+        (false, 0, Some(30))
+    );
+    // The hit that peeking predicted is refused, and the window was left as it was.
+    let d = s.hit(&k, 3, T0 + 80).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(30)));
+}
+
+async fn reset_forgets_one_api_key_on_every_endpoint(s: Subject) {
+    let (a1, a2) = (key("a"), CounterKey::new(b"a", "POST /users"));
+    let b = key("b");
+    for k in [&a1, &a2, &b] {
+        s.hit(k, 1, T0).await;
+        assert!(!s.hit(k, 1, T0 + 1).await.allowed);
+    }
+    assert!(s.store.reset(b"a").await.unwrap() >= 2);
+    assert!(s.hit(&a1, 1, T0 + 2).await.allowed, "a's counters are gone");
+    assert!(s.hit(&a2, 1, T0 + 2).await.allowed);
+    assert!(!s.hit(&b, 1, T0 + 2).await.allowed, "b's are not");
 }
 
 async fn allows_up_to_the_limit_and_counts_down(s: Subject) {

@@ -48,6 +48,9 @@ pub struct AdminConfig {
     pub enabled: bool,
     /// Address of the admin listener. Default: `127.0.0.1:8081` (loopback only).
     pub listen: String,
+    /// Needed to reset counters (`POST /limits/reset`) through a listener that is not on loopback.
+    /// Default: none (resets only on loopback).
+    pub secret: String,
 }
 
 impl Default for AdminConfig {
@@ -55,6 +58,7 @@ impl Default for AdminConfig {
         AdminConfig {
             enabled: true,
             listen: "127.0.0.1:8081".into(),
+            secret: String::new(),
         }
     }
 }

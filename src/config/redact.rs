@@ -6,7 +6,11 @@ impl Config {
     /// The configuration as one line of JSON, secrets and Redis passwords replaced by `***`.
     pub fn redacted_json(&self) -> String {
         let mut c = self.clone();
-        for secret in [&mut c.catalog.server_secret, &mut c.catalog.refresh_secret] {
+        for secret in [
+            &mut c.catalog.server_secret,
+            &mut c.catalog.refresh_secret,
+            &mut c.admin.secret,
+        ] {
             if !secret.is_empty() {
                 *secret = "***".into();
             }

@@ -53,6 +53,7 @@ pub fn settings(
                 true => path,
                 false => format!("/{path}"),
             },
+            secret: None,
         }),
         (None, None) => None,
         _ => {

@@ -5,6 +5,7 @@
 //! receives exactly the endpoint that was counted.
 
 pub mod admission;
+mod explain;
 pub mod headers;
 pub mod pool;
 pub mod problem;
@@ -166,6 +167,11 @@ impl Proxy {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The header that carries the API key.
+    pub fn api_key_header(&self) -> &HeaderName {
+        &self.policy.api_key_header
     }
 
     /// Handles one request from `peer`. Never fails: every outcome is a response.

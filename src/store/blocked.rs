@@ -100,6 +100,14 @@ impl BlockCache {
         })
     }
 
+    /// Forgets the blocks of every counter whose name starts with `prefix` (its counts were reset).
+    pub fn forget(&self, prefix: &str) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !k.as_str().starts_with(prefix));
+    }
+
     /// Remembers a rejection Redis gave at script second `now`.
     pub fn remember(&self, key: &CounterKey, limit: u64, now: i64, retry_after: u64) {
         let until = now.saturating_add(i64::try_from(retry_after).unwrap_or(i64::MAX / 2));

@@ -99,6 +99,18 @@ impl<B: CounterStore> Failover<B> {
         self.degraded(|| self.fallback.fixed(key, limit, reset, now))
     }
 
+    /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
+    /// counts nothing).
+    pub async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        self.backend.peek(key, limit, now).await
+    }
+
+    /// [`CounterStore::reset`] of the backend, and of the `local` fallback's counters too.
+    pub async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
+        let local = self.fallback.reset(api_key).await.unwrap_or(0);
+        Ok(self.backend.reset(api_key).await? + local)
+    }
+
     /// The answer while the backend is down or just failed: the failure policy (`local` answers
     /// with `local()`).
     fn degraded<D>(&self, local: impl FnOnce() -> D) -> Verdict<D> {
@@ -185,6 +197,20 @@ mod tests {
         async fn probe(&self) -> Result<(), StoreError> {
             self.probes.fetch_add(1, Ordering::SeqCst);
             self.answer()
+        }
+
+        async fn peek(&self, _: &CounterKey, limit: u64, _: u64) -> Result<Quota, StoreError> {
+            self.answer().map(|()| Quota {
+                allowed: true,
+                limit,
+                remaining: limit,
+                reset: 0,
+                retry_after: None,
+            })
+        }
+
+        async fn reset(&self, _: &[u8]) -> Result<u64, StoreError> {
+            self.answer().map(|()| 0)
         }
 
         fn kind(&self) -> &'static str {

@@ -44,6 +44,31 @@ impl CounterKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The start shared by every counter of `api_key` (`{<api key>}:`).
+    pub fn api_key_prefix(api_key: &[u8]) -> String {
+        let mut s = String::with_capacity(api_key.len() + 3);
+        s.push('{');
+        escape(api_key, &mut s);
+        s.push_str("}:");
+        s
+    }
+}
+
+/// A `SCAN MATCH` pattern for every minute hash of `api_key`'s counters. Counter names hold no
+/// glob characters (see [`CounterKey`]); the configured prefix may, so they are escaped.
+pub fn api_key_pattern(prefix: &str, api_key: &[u8]) -> String {
+    let mut s = String::new();
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            s.push('\\');
+        }
+        s.push(c);
+    }
+    s.push_str(":w:");
+    s.push_str(&CounterKey::api_key_prefix(api_key));
+    s.push('*');
+    s
 }
 
 /// The Redis hash that holds `counter`'s per-second counts for Unix minute `minute`.

@@ -83,6 +83,26 @@ impl SlidingWindows {
     }
 
     /// Number of counters held (for tests and metrics).
+    /// [`Window::peek`] of `key`'s window (an empty one when it has none).
+    pub fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
+        match self.shard(key).windows.get(key) {
+            Some(w) => w.peek(now, limit),
+            None => Window::new().peek(now, limit),
+        }
+    }
+
+    /// Forgets every window whose counter name starts with `prefix`; how many.
+    pub fn forget(&self, prefix: &str) -> u64 {
+        let mut gone = 0;
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let before = shard.windows.len();
+            shard.windows.retain(|k, _| !k.as_str().starts_with(prefix));
+            gone += (before - shard.windows.len()) as u64;
+        }
+        gone
+    }
+
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -264,6 +284,14 @@ impl CounterStore for MemoryStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        Ok(self.windows.peek(key, limit, now))
+    }
+
+    async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
+        Ok(self.windows.forget(&CounterKey::api_key_prefix(api_key)))
     }
 
     fn kind(&self) -> &'static str {

@@ -53,6 +53,19 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The state of `key`'s sliding window against `limit` at `now`, counting nothing
+    /// ([`crate::limiter::Window::peek`]). For the admin's "why was I limited".
+    fn peek(
+        &self,
+        key: &CounterKey,
+        limit: u64,
+        now: u64,
+    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+
+    /// Forgets every sliding-window count of `api_key`, on every endpoint; the number of counters
+    /// (memory) or minute hashes (Redis) removed.
+    fn reset(&self, api_key: &[u8]) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Does the backend answer? Asked once at start-up, outside any worker, so it must not leave a
     /// connection behind for the hot path.
     fn check_reachable(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -178,6 +191,20 @@ impl CounterStore for Backend {
         match self {
             Backend::Memory(_) => Ok(()),
             Backend::Redis(r) => r.check_reachable().await,
+        }
+    }
+
+    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        match self {
+            Backend::Memory(m) => m.peek(key, limit, now).await,
+            Backend::Redis(r) => r.peek(key, limit, now).await,
+        }
+    }
+
+    async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
+        match self {
+            Backend::Memory(m) => m.reset(api_key).await,
+            Backend::Redis(r) => r.reset(api_key).await,
         }
     }
 

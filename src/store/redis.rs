@@ -20,10 +20,10 @@ use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
 
 use super::blocked::BlockCache;
-use super::keys::{CounterKey, minute_hash};
+use super::keys::{CounterKey, api_key_pattern, minute_hash};
 use super::memory::FixedDecision;
 use super::{CounterStore, StoreError};
-use crate::limiter::Quota;
+use crate::limiter::{Quota, Window};
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("divvy.lua")));
@@ -379,6 +379,71 @@ impl CounterStore for RedisStore {
     async fn probe(&self) -> Result<(), StoreError> {
         self.reset_connection();
         self.ping().await
+    }
+
+    /// Reads the two minute hashes that hold the window at `now` and asks the Rust arithmetic
+    /// ([`Window::peek`]) about them: a read, no script, nothing counted.
+    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+        let now = match self.time_source {
+            TimeSource::Local => now,
+            TimeSource::Redis => {
+                let (seconds, _micros): (u64, u64) = self.command(redis::cmd("TIME")).await?;
+                seconds
+            }
+        };
+        let minute = i64::try_from(now / 60).unwrap_or(i64::MAX / 2);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(minute_hash(&self.prefix, key, minute - 1))
+            .cmd("HGETALL")
+            .arg(minute_hash(&self.prefix, key, minute));
+        type Fields = Vec<(String, String)>;
+        let (prev, cur): (Fields, Fields) = self
+            .bounded(self.on_connection(|mut conn| {
+                let pipe = pipe.clone();
+                async move { pipe.query_async(&mut conn).await }
+            }))
+            .await?;
+        let base = |m: i64| u64::try_from(m * 60).unwrap_or(0);
+        // Fields that are not a second of the minute are the script's state (c, w, o, b, bl).
+        let counts = [(base(minute - 1), prev), (base(minute), cur)]
+            .into_iter()
+            .flat_map(|(base, fields)| {
+                fields.into_iter().filter_map(move |(f, v)| {
+                    let second: u64 = f.parse().ok().filter(|s| *s < 60)?;
+                    Some((base + second, v.parse().ok()?))
+                })
+            });
+        Ok(Window::from_counts(now, counts).peek(now, limit))
+    }
+
+    /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a
+    /// request's).
+    async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
+        let pattern = api_key_pattern(&self.prefix, api_key);
+        // Remembered rejections would otherwise outlive the counts they came from.
+        self.blocked.forget(&CounterKey::api_key_prefix(api_key));
+        let (mut cursor, mut gone) = (0u64, 0u64);
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, keys): (u64, Vec<String>) = self.command(scan).await?;
+            if !keys.is_empty() {
+                let mut del = redis::cmd("DEL");
+                del.arg(&keys);
+                gone += self.command::<u64>(del).await?;
+            }
+            if next == 0 {
+                // Again: a rejection computed before the DEL may have been remembered meanwhile.
+                self.blocked.forget(&CounterKey::api_key_prefix(api_key));
+                return Ok(gone);
+            }
+            cursor = next;
+        }
     }
 
     /// A connection of its own, closed after one `PING`: a pooled one opened here, outside the

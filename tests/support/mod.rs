@@ -349,7 +349,10 @@ impl TestGateway {
             catalog_json.map(|j| Snapshot::from_json("test catalog", j.as_bytes()).unwrap());
         let mut config = config;
         config.server.listen = "127.0.0.1:0".into();
-        config.admin.listen = "127.0.0.1:0".into();
+        // Port 0; a test may ask for another interface (0.0.0.0:0: not loopback).
+        if config.admin.listen == quotagate::config::Config::default().admin.listen {
+            config.admin.listen = "127.0.0.1:0".into();
+        }
         config.admin.enabled = true;
         let settings = Settings::new(config, |_| None).unwrap();
         let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());

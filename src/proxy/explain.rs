@@ -1,0 +1,69 @@
+//! explain: "why was I limited?" for the admin listener: what the gateway would decide for an API
+//! key and a request, with the state of every limit that applies, counting nothing. And the reset
+//! of one key's counters.
+
+use http::header::HOST;
+use serde_json::{Value, json};
+
+use super::Proxy;
+use super::admission::{self, Action, Step};
+
+impl Proxy {
+    /// What a request `method path` with `api_key` would get now, without counting it. `Err`: the
+    /// method or path cannot be a request's.
+    pub async fn explain(&self, method: &str, path: &str, api_key: &[u8]) -> Result<Value, String> {
+        let head = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, "admin")
+            .header(&self.policy.api_key_header, api_key)
+            .body(())
+            .map_err(|e| format!("{method} {path} is not a request: {e}"))?
+            .into_parts()
+            .0;
+        let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+        let mut out = json!({
+            "key": crate::telemetry::fingerprint(api_key),
+            "method": method,
+            "path": path,
+        });
+        match admission::admit(&head, &self.policy, catalog.as_deref()) {
+            Step::Done(a) => {
+                out["decision"] = a.decision.as_str().into();
+                out["endpoint"] = a.endpoint.map(|e| e.name.clone()).into();
+                out["limits"] = json!([]);
+                if let Action::Reject(r) = a.action {
+                    out["status"] = r.status.as_u16().into();
+                    out["detail"] = r.detail.into();
+                }
+            }
+            Step::Count(pending) => {
+                let q = self
+                    .store
+                    .peek(&pending.counter(), pending.limit, self.clock.now())
+                    .await
+                    .map_err(|e| format!("the store cannot tell: {e}"))?;
+                let decision = if q.allowed { "allowed" } else { "limited" };
+                out["decision"] = decision.into();
+                out["endpoint"] = pending.endpoint.name.clone().into();
+                out["limits"] = json!([{
+                    "window_seconds": crate::limiter::WINDOW_SECONDS,
+                    "limit": q.limit,
+                    "remaining": q.remaining,
+                    "reset_seconds": q.reset,
+                    "retry_after_seconds": q.retry_after,
+                    "next_request": decision,
+                }]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets every counter of `api_key`; how many counters (memory) or minute hashes (Redis).
+    pub async fn reset_key(&self, api_key: &[u8]) -> Result<u64, String> {
+        self.store
+            .reset(api_key)
+            .await
+            .map_err(|e| format!("the store could not reset the counters: {e}"))
+    }
+}
