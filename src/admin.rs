@@ -129,6 +129,12 @@ impl Admin {
             );
         }
         match req.uri().path() {
+            "/" if self.proxy.is_some() => text(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                DASHBOARD.to_owned(),
+            ),
+            "/status" => json(StatusCode::OK, self.status()),
             p if p == self.settings.metrics_path => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -142,11 +148,15 @@ impl Admin {
             _ => text(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "try /metrics, /healthz, /readyz or /limits\n".into(),
+                "try /, /status, /metrics, /healthz, /readyz or /limits\n".into(),
             ),
         }
     }
 }
+
+/// The dashboard: one self-contained page (no external scripts, fonts or styles) that reads
+/// `/status` every two seconds.
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
     text(status, "application/json", body.to_string())
@@ -240,6 +250,49 @@ impl Admin {
                 &format!("send admin.secret in the {SECRET_HEADER} header"),
             )),
         }
+    }
+
+    /// `GET /status`: see `docs/operations.md`.
+    fn status(&self) -> serde_json::Value {
+        let state = self.state();
+        let samples = crate::status::parse_samples(&self.metrics.render(&state));
+        let mut out = crate::status::traffic(&samples);
+        out["version"] = env!("CARGO_PKG_VERSION").into();
+        out["store"] = serde_json::json!({
+            "kind": self.store.kind(),
+            "policy": self.store.policy().as_str(),
+            "degraded": self.store.is_degraded(),
+            "errors": self.store.errors.get(),
+        });
+        out["catalog"] = match &self.catalog {
+            None => serde_json::Value::Null,
+            Some(live) => {
+                let snapshot = live.snapshot();
+                let poll = live
+                    .status
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                serde_json::json!({
+                    "ready": live.is_ready(),
+                    "semver": snapshot.version.semver,
+                    "hash": snapshot.version.hash,
+                    "age_seconds": state.catalog_age_seconds,
+                    "endpoints": snapshot.endpoints().len(),
+                    "keys": snapshot.key_count(),
+                    "poller": {
+                        "polls": poll.polls,
+                        "failures": poll.failures,
+                        "last_outcome": poll.last_outcome,
+                        "last_poll_seconds_ago": poll.last_poll.map(|t| t.elapsed().as_secs_f64()),
+                    },
+                })
+            }
+        };
+        if let Some(p) = &self.proxy {
+            out["upstream"]["failing"] = p.upstream_failing().into();
+        }
+        out
     }
 
     /// The states `/metrics` reports.

@@ -30,6 +30,7 @@ pub mod router;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod text;

@@ -378,6 +378,84 @@ async fn an_unreachable_redis_is_said_at_start_up() {
     q.signal("-TERM");
 }
 
+/// The admin dashboard in a real headless browser (Debian's chromium; `.ci/run` installs it): it
+/// loads with no console message at all and shows the numbers of real traffic.
+#[tokio::test]
+async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
+    let chromium = ["chromium", "/usr/bin/chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok())
+        .expect("this test needs chromium (Debian: apt-get install chromium)");
+    let (gw, up) = (free_port(), free_port());
+    let q = Running::start(&[
+        "quickstart",
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--listen",
+        &format!("127.0.0.1:{gw}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+    ]);
+    let admin = q.wait_for("quotagate listening")["admin"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let key = ("X-Api-Key", "demo-key");
+    for _ in 0..3 {
+        assert_eq!(
+            get(&format!("http://127.0.0.1:{gw}/users/1"), &[key])
+                .await
+                .status,
+            200
+        );
+    }
+    for _ in 0..4 {
+        get(&format!("http://127.0.0.1:{gw}/reports/1"), &[key]).await;
+    }
+    let status = get(&format!("http://{admin}/status"), &[]).await.json();
+    assert_eq!(
+        status["requests"]["by_decision"]["allowed"], 4.0,
+        "{status}"
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=3000",
+                "--dump-dom",
+                &format!("http://{admin}/"),
+            ])
+            .output()
+            .expect("run chromium")
+    })
+    .await
+    .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        dom.contains(r#"data-loaded="yes""#),
+        "the page read /status: {dom}"
+    );
+    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "console messages: {console:?}");
+    // The row of GET /reports/{id}: 1 allowed, 3 limited, 0 rejected, as sent.
+    let row = dom
+        .split("<tr")
+        .find(|r| r.contains(r#"data-endpoint="GET /reports/{id}""#))
+        .unwrap_or_else(|| panic!("no row for GET /reports/{{id}}: {dom}"));
+    let cells: Vec<&str> = row
+        .split("<td>")
+        .skip(1)
+        .map(|c| c.split('<').next().unwrap_or(""))
+        .collect();
+    assert_eq!(cells[4..7], ["1", "3", "0"], "{row}");
+    q.signal("-TERM");
+}
+
 #[tokio::test]
 async fn the_example_upstream_runs_alone() {
     let q = Running::start(&["example-upstream", "--listen", "127.0.0.1:0"]);

@@ -54,7 +54,10 @@ impl Live {
             wake: Notify::new(),
             started: AtomicU64::new(0),
             finished: watch::Sender::new(0),
-            status: Mutex::new(PollStatus::default()),
+            status: Mutex::new(PollStatus {
+                applied_at: ready.then(Instant::now),
+                ..PollStatus::default()
+            }),
         })
     }
 

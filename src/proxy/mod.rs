@@ -169,6 +169,11 @@ impl Proxy {
         &self.metrics
     }
 
+    /// True while upstream requests fail (since the last one that got an answer).
+    pub fn upstream_failing(&self) -> bool {
+        self.upstream_failing.load(Ordering::Relaxed)
+    }
+
     /// The header that carries the API key.
     pub fn api_key_header(&self) -> &HeaderName {
         &self.policy.api_key_header

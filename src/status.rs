@@ -1,0 +1,205 @@
+//! status: the admin listener's `GET /status`, one JSON document of what the dashboard shows, read
+//! from the rendered metrics (one source of truth for numbers) and the live states.
+//!
+//! Counters are totals since start; a reader computes rates from two reads (the dashboard does).
+
+use serde_json::{Map, Value, json};
+
+/// One sample of OpenMetrics text: name, labels, value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> &str {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// The samples of OpenMetrics text (comments and malformed lines are skipped).
+pub fn parse_samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(parse_line)
+        .collect()
+}
+
+fn parse_line(line: &str) -> Option<Sample> {
+    let (series, value) = line.rsplit_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let Some((name, rest)) = series.split_once('{') else {
+        return Some(Sample {
+            name: series.to_owned(),
+            labels: Vec::new(),
+            value,
+        });
+    };
+    let mut labels = Vec::new();
+    let mut rest = rest.strip_suffix('}')?;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once("=\"")?;
+        let mut v = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (i, '"') => break i,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => v.push('\n'),
+                    c => v.push(c),
+                },
+                (_, c) => v.push(c),
+            }
+        };
+        labels.push((key.trim_start_matches(',').to_owned(), v));
+        rest = after[end + 1..].trim_start_matches(',');
+    }
+    Some(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
+}
+
+/// The value below which a share `q` of a histogram's observations fall, from its cumulative
+/// `(upper bound, count)` buckets (the bound of the bucket that holds it).
+pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map(|(le, _)| *le)
+}
+
+/// Decisions whose requests went upstream (the rest were answered by quotagate).
+const FORWARDED: [&str; 3] = ["allowed", "unlimited", "store_open"];
+
+/// The request, upstream and Divvy parts of `/status`, from the metrics' samples.
+pub fn traffic(samples: &[Sample]) -> Value {
+    let mut endpoints: Map<String, Value> = Map::new();
+    let mut decisions: Map<String, Value> = Map::new();
+    let mut classes: Map<String, Value> = Map::new();
+    let mut rules: Map<String, Value> = Map::new();
+    let mut buckets = Vec::new();
+    for s in samples {
+        match s.name.as_str() {
+            "quotagate_requests_total" => {
+                let d = s.label("decision");
+                let e = s.label("endpoint");
+                let e = if e.is_empty() { "(no endpoint)" } else { e };
+                add(&mut decisions, d, s.value);
+                let entry = endpoints.entry(e).or_insert_with(|| {
+                    json!({"name": e, "allowed": 0.0, "limited": 0.0, "rejected": 0.0, "decisions": {}})
+                });
+                let group = match d {
+                    "limited" => "limited",
+                    d if FORWARDED.contains(&d) => "allowed",
+                    _ => "rejected",
+                };
+                entry[group] = json!(entry[group].as_f64().unwrap_or(0.0) + s.value);
+                if let Some(m) = entry["decisions"].as_object_mut() {
+                    add(m, d, s.value);
+                }
+            }
+            "quotagate_upstream_responses_total" => add(&mut classes, s.label("class"), s.value),
+            "quotagate_request_duration_seconds_bucket" => {
+                let le = s.label("le");
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::INFINITY)
+                };
+                buckets.push((le, s.value));
+            }
+            "divvy_hits_total" => {
+                let rule = s.label("rule_label");
+                let rule = if rule.is_empty() { "(no label)" } else { rule };
+                let entry = rules
+                    .entry(rule)
+                    .or_insert_with(|| json!({"rule": rule, "statuses": {}}));
+                if let Some(m) = entry["statuses"].as_object_mut() {
+                    add(m, s.label("status"), s.value);
+                }
+            }
+            _ => {}
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let q = |p| quantile(&buckets, p).filter(|v| v.is_finite());
+    json!({
+        "requests": {
+            "by_decision": decisions,
+            "latency_seconds": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99)},
+        },
+        "endpoints": endpoints.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        "upstream": {"responses": classes},
+        "divvy": rules.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    })
+}
+
+fn add(m: &mut Map<String, Value>, key: &str, v: f64) {
+    let now = m.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+    m.insert(key.to_owned(), json!(now + v));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP quotagate_requests Requests by decision and endpoint
+# TYPE quotagate_requests counter
+quotagate_requests_total{decision="allowed",endpoint="GET /users/{id}"} 7
+quotagate_requests_total{decision="limited",endpoint="GET /users/{id}"} 2
+quotagate_requests_total{decision="missing_key",endpoint=""} 1
+quotagate_upstream_responses_total{class="2xx"} 7
+quotagate_request_duration_seconds_bucket{le="0.001"} 6
+quotagate_request_duration_seconds_bucket{le="0.01"} 9
+quotagate_request_duration_seconds_bucket{le="+Inf"} 10
+divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
+# EOF
+"#;
+
+    #[test]
+    fn samples_and_their_escaped_labels() {
+        let s = parse_samples(TEXT);
+        assert_eq!(s.len(), 8);
+        assert_eq!(s[0].label("endpoint"), "GET /users/{id}");
+        assert_eq!(s[7].label("rule_label"), "say \"hi\"");
+        assert_eq!(s[7].value, 3.0);
+    }
+
+    #[test]
+    fn traffic_groups_decisions_per_endpoint() {
+        let t = traffic(&parse_samples(TEXT));
+        // Sorted by name: "(no endpoint)" first.
+        let users = &t["endpoints"][1];
+        assert_eq!(
+            (
+                &users["name"],
+                &users["allowed"],
+                &users["limited"],
+                &users["rejected"]
+            ),
+            (
+                &json!("GET /users/{id}"),
+                &json!(7.0),
+                &json!(2.0),
+                &json!(0.0)
+            )
+        );
+        assert_eq!(t["endpoints"][0]["rejected"], json!(1.0));
+        assert_eq!(t["requests"]["latency_seconds"]["p50"], json!(0.001));
+        assert_eq!(t["requests"]["latency_seconds"]["p90"], json!(0.01));
+        assert_eq!(t["requests"]["latency_seconds"]["p99"], Value::Null);
+        assert_eq!(t["upstream"]["responses"]["2xx"], json!(7.0));
+        assert_eq!(t["divvy"][0]["statuses"]["accepted"], json!(3.0));
+    }
+}
