@@ -456,6 +456,112 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
     q.signal("-TERM");
 }
 
+/// Every metric the Grafana dashboard (examples/grafana) queries is one that `/metrics` exports.
+#[tokio::test]
+async fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("examples/grafana/quotagate-dashboard.json").unwrap(),
+    )
+    .unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices(['q', 'd']) {
+                let rest = &expr[i..];
+                if (rest.starts_with("quotagate_") || rest.starts_with("divvy_"))
+                    && !expr[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                {
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    queried.insert(rest[..end].to_owned());
+                }
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
+
+    // Every part that has metrics runs: a catalog server to poll, and the Divvy port.
+    let (gw, up, cat) = (free_port(), free_port(), free_port());
+    let catalog = Running::start(&[
+        "catalog-server",
+        "--catalog",
+        "catalogs/quickstart.json",
+        "--listen",
+        &format!("127.0.0.1:{cat}"),
+    ]);
+    catalog.wait_for("catalog server listening");
+    let q = Running::start(&[
+        "quickstart",
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--set",
+        &format!("catalog.server_url=http://127.0.0.1:{cat}"),
+        "--set",
+        "divvy.rules=examples/divvy-example.ini",
+        "--set",
+        "divvy.listen=127.0.0.1:0",
+        "--listen",
+        &format!("127.0.0.1:{gw}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+    ]);
+    let line = q.wait_for("quotagate listening");
+    let admin = line["admin"].as_str().unwrap().to_owned();
+    let divvy = line["divvy"].as_str().unwrap().to_owned();
+    get(
+        &format!("http://127.0.0.1:{gw}/users/1"),
+        &[("X-Api-Key", "demo-key")],
+    )
+    .await;
+    {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(&divvy).await.unwrap();
+        tcp.write_all(b"HIT method=GET path=/status\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        tokio::io::BufReader::new(tcp)
+            .read_line(&mut reply)
+            .await
+            .unwrap();
+        assert!(reply.starts_with("OK "), "{reply}");
+    }
+    let polled = || async {
+        let text = get(&format!("http://{admin}/metrics"), &[]).await;
+        String::from_utf8_lossy(&text.body).contains("quotagate_catalog_polls_total")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !polled().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no catalog poll within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = get(&format!("http://{admin}/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&text.body).into_owned();
+    let samples: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let declared = |base: &str, kind: &str| text.contains(&format!("# TYPE {base} {kind}\n"));
+    for m in &queried {
+        let exported = samples.contains(m.as_str())
+            || m.strip_suffix("_total")
+                .is_some_and(|b| declared(b, "counter"))
+            || m.strip_suffix("_bucket")
+                .is_some_and(|b| declared(b, "histogram"));
+        assert!(
+            exported,
+            "the dashboard queries {m}, which /metrics does not export"
+        );
+    }
+    q.signal("-TERM");
+}
+
 #[tokio::test]
 async fn the_example_upstream_runs_alone() {
     let q = Running::start(&["example-upstream", "--listen", "127.0.0.1:0"]);
