@@ -6,7 +6,9 @@
 //!
 //! This module depends on no other part of quotagate: the parts that count hold its families.
 
-use std::sync::atomic::AtomicU64;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +24,15 @@ pub struct RequestLabels {
     /// The endpoint's name (`GET /users/{id}`), empty when no endpoint matched.
     pub endpoint: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// The endpoint's name, empty when no endpoint matched.
+    pub endpoint: String,
+}
+
+/// A latency histogram, as a family's constructor.
+pub type LatencyFamily<S> = Family<S, Histogram, fn() -> Histogram>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassLabels {
@@ -46,11 +57,35 @@ pub struct CatalogLabels {
     pub semver: String,
 }
 
+/// Distinct decision labels at most ([`Metrics::count_request`]'s `decision.0`).
+pub const DECISIONS: usize = 16;
+
+/// Each [`Metrics`] has its own id, so a thread's cache of handles never serves another instance
+/// (even one allocated where a dropped one was).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The metric handles of one endpoint, resolved once per worker thread: a family lookup hashes its
+/// label set with SipHash under a lock, and a request would do two.
+struct Handles {
+    latency: Histogram,
+    decisions: [Option<Counter>; DECISIONS],
+}
+
+/// Endpoints cached per thread at most; beyond, the cache starts over.
+const MAX_CACHED_ENDPOINTS: usize = 10_000;
+
+thread_local! {
+    static HANDLES: RefCell<(u64, HashMap<String, Handles, foldhash::fast::RandomState>)> =
+        RefCell::new((0, HashMap::default()));
+}
+
 /// The gateway's metrics.
 pub struct Metrics {
+    id: u64,
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
-    pub request_seconds: Histogram,
+    /// Time to answer, per endpoint (sum over `endpoint` for all requests).
+    pub request_seconds: LatencyFamily<EndpointLabels>,
     pub decision_seconds: Histogram,
     pub upstream_responses: Family<ClassLabels, Counter>,
     pub open_connections: Gauge,
@@ -77,7 +112,7 @@ pub struct State {
     pub store_degraded: bool,
 }
 
-fn latency_buckets() -> impl Iterator<Item = f64> {
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
     // 100 µs to about 13 s.
     exponential_buckets(0.0001, 2.0, 18)
 }
@@ -88,8 +123,9 @@ impl Metrics {
     pub fn new(store_errors: Counter, gateway: bool) -> Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             requests: Family::default(),
-            request_seconds: Histogram::new(latency_buckets()),
+            request_seconds: Family::new_with_constructor(|| Histogram::new(latency_buckets())),
             decision_seconds: Histogram::new(latency_buckets()),
             upstream_responses: Family::default(),
             open_connections: Gauge::default(),
@@ -173,6 +209,50 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// Counts one answered request of `endpoint` (empty: none matched): its decision (an index
+    /// below [`DECISIONS`] and its label) and how long it took.
+    pub fn count_request(&self, endpoint: &str, decision: (usize, &'static str), seconds: f64) {
+        HANDLES.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let (owner, handles) = &mut *cache;
+            if *owner != self.id || handles.len() >= MAX_CACHED_ENDPOINTS {
+                *owner = self.id;
+                handles.clear();
+            }
+            if !handles.contains_key(endpoint) {
+                let latency = self
+                    .request_seconds
+                    .get_or_create(&EndpointLabels {
+                        endpoint: endpoint.to_owned(),
+                    })
+                    .clone();
+                handles.insert(
+                    endpoint.to_owned(),
+                    Handles {
+                        latency,
+                        decisions: Default::default(),
+                    },
+                );
+            }
+            let Some(h) = handles.get_mut(endpoint) else {
+                return;
+            };
+            h.latency.observe(seconds);
+            let (index, label) = decision;
+            if let Some(slot) = h.decisions.get_mut(index) {
+                slot.get_or_insert_with(|| {
+                    self.requests
+                        .get_or_create(&RequestLabels {
+                            decision: label,
+                            endpoint: endpoint.to_owned(),
+                        })
+                        .clone()
+                })
+                .inc();
+            }
+        });
+    }
+
     /// Adds metrics registered elsewhere (the Divvy port's).
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
@@ -205,5 +285,35 @@ pub fn status_class(status: u16) -> &'static str {
         400..=499 => "4xx",
         500..=599 => "5xx",
         _ => "1xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_instance_counts_its_own_requests_on_one_thread() {
+        let (a, b) = (
+            Metrics::new(Counter::default(), true),
+            Metrics::new(Counter::default(), true),
+        );
+        a.count_request("GET /x", (0, "allowed"), 0.001);
+        b.count_request("GET /x", (1, "limited"), 0.001);
+        a.count_request("GET /x", (0, "allowed"), 0.001);
+        let (ta, tb) = (a.render(&State::default()), b.render(&State::default()));
+        assert!(
+            ta.contains(r#"quotagate_requests_total{decision="allowed",endpoint="GET /x"} 2"#),
+            "{ta}"
+        );
+        assert!(!ta.contains("limited"), "{ta}");
+        assert!(
+            tb.contains(r#"quotagate_requests_total{decision="limited",endpoint="GET /x"} 1"#),
+            "{tb}"
+        );
+        assert!(
+            ta.contains(r#"quotagate_request_duration_seconds_count{endpoint="GET /x"} 2"#),
+            "{ta}"
+        );
     }
 }

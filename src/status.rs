@@ -88,7 +88,8 @@ pub fn traffic(samples: &[Sample]) -> Value {
     let mut decisions: Map<String, Value> = Map::new();
     let mut classes: Map<String, Value> = Map::new();
     let mut rules: Map<String, Value> = Map::new();
-    let mut buckets = Vec::new();
+    // Cumulative latency buckets, per endpoint and over all (summed by bound).
+    let mut buckets: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
     for s in samples {
         match s.name.as_str() {
             "quotagate_requests_total" => {
@@ -117,7 +118,9 @@ pub fn traffic(samples: &[Sample]) -> Value {
                 } else {
                     le.parse().unwrap_or(f64::INFINITY)
                 };
-                buckets.push((le, s.value));
+                let e = s.label("endpoint");
+                let e = if e.is_empty() { "(no endpoint)" } else { e };
+                buckets.entry(e.to_owned()).or_default().push((le, s.value));
             }
             "divvy_hits_total" => {
                 let rule = s.label("rule_label");
@@ -132,8 +135,22 @@ pub fn traffic(samples: &[Sample]) -> Value {
             _ => {}
         }
     }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let q = |p| quantile(&buckets, p).filter(|v| v.is_finite());
+    let mut all: Vec<(f64, f64)> = Vec::new();
+    for (name, b) in &mut buckets {
+        b.sort_by(|x, y| x.0.total_cmp(&y.0));
+        for &(le, n) in b.iter() {
+            match all.iter_mut().find(|(l, _)| *l == le) {
+                Some(slot) => slot.1 += n,
+                None => all.push((le, n)),
+            }
+        }
+        if let Some(e) = endpoints.get_mut(name) {
+            let q = |p| quantile(b, p).filter(|v| v.is_finite());
+            e["latency_seconds"] = json!({"p50": q(0.5), "p99": q(0.99)});
+        }
+    }
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let q = |p| quantile(&all, p).filter(|v| v.is_finite());
     json!({
         "requests": {
             "by_decision": decisions,
@@ -160,9 +177,12 @@ quotagate_requests_total{decision="allowed",endpoint="GET /users/{id}"} 7
 quotagate_requests_total{decision="limited",endpoint="GET /users/{id}"} 2
 quotagate_requests_total{decision="missing_key",endpoint=""} 1
 quotagate_upstream_responses_total{class="2xx"} 7
-quotagate_request_duration_seconds_bucket{le="0.001"} 6
-quotagate_request_duration_seconds_bucket{le="0.01"} 9
-quotagate_request_duration_seconds_bucket{le="+Inf"} 10
+quotagate_request_duration_seconds_bucket{endpoint="GET /users/{id}",le="0.001"} 6
+quotagate_request_duration_seconds_bucket{endpoint="GET /users/{id}",le="0.01"} 9
+quotagate_request_duration_seconds_bucket{endpoint="GET /users/{id}",le="+Inf"} 9
+quotagate_request_duration_seconds_bucket{endpoint="",le="0.001"} 0
+quotagate_request_duration_seconds_bucket{endpoint="",le="0.01"} 0
+quotagate_request_duration_seconds_bucket{endpoint="",le="+Inf"} 1
 divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
 # EOF
 "#;
@@ -170,10 +190,10 @@ divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
     #[test]
     fn samples_and_their_escaped_labels() {
         let s = parse_samples(TEXT);
-        assert_eq!(s.len(), 8);
+        assert_eq!(s.len(), 11);
         assert_eq!(s[0].label("endpoint"), "GET /users/{id}");
-        assert_eq!(s[7].label("rule_label"), "say \"hi\"");
-        assert_eq!(s[7].value, 3.0);
+        assert_eq!(s[10].label("rule_label"), "say \"hi\"");
+        assert_eq!(s[10].value, 3.0);
     }
 
     #[test]
@@ -196,6 +216,8 @@ divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
             )
         );
         assert_eq!(t["endpoints"][0]["rejected"], json!(1.0));
+        assert_eq!(users["latency_seconds"]["p50"], json!(0.001));
+        assert_eq!(users["latency_seconds"]["p99"], json!(0.01));
         assert_eq!(t["requests"]["latency_seconds"]["p50"], json!(0.001));
         assert_eq!(t["requests"]["latency_seconds"]["p90"], json!(0.01));
         assert_eq!(t["requests"]["latency_seconds"]["p99"], Value::Null);

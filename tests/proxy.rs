@@ -716,7 +716,18 @@ async fn metrics_move_as_requests_flow_and_health_is_reported() {
         delta(r#"quotagate_upstream_responses_total{class="2xx"}"#),
         3.0
     );
-    assert_eq!(delta("quotagate_request_duration_seconds_count"), 7.0);
+    // Latency is by endpoint: every request is in one of the series.
+    let all = |m: &std::collections::HashMap<String, f64>| -> f64 {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("quotagate_request_duration_seconds_count"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    assert_eq!(all(&after) - all(&before), 7.0);
+    assert_eq!(
+        delta(r#"quotagate_request_duration_seconds_count{endpoint=""}"#),
+        2.0
+    );
     assert_eq!(delta("quotagate_decision_duration_seconds_count"), 4.0);
     assert_eq!(
         after[r#"quotagate_catalog_info{hash="h1",semver="v1"}"#],

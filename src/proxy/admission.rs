@@ -28,6 +28,7 @@ use crate::path;
 use crate::store::{CounterKey, Verdict};
 
 /// What happened to a request: the `decision` label of `quotagate_requests` and the access log.
+/// (`as usize` indexes the metrics' per-endpoint handles: fewer than `metrics::DECISIONS`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// Within its limit: forwarded and counted.

@@ -28,7 +28,7 @@ use crate::clock::Clock;
 use crate::config::{
     CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
 };
-use crate::metrics::{ClassLabels, Metrics, RequestLabels, status_class};
+use crate::metrics::{ClassLabels, Metrics, status_class};
 use crate::path::EscapedSlashes;
 use crate::store::Store;
 use admission::{Action, Decision, Step, Target};
@@ -193,7 +193,12 @@ impl Proxy {
         let mut record = Record::default();
         let resp = self.respond(peer, req, &mut record).await;
         let elapsed = started.elapsed();
-        self.metrics.request_seconds.observe(elapsed.as_secs_f64());
+        let decision = record.decision;
+        self.metrics.count_request(
+            &record.endpoint,
+            (decision as usize, decision.as_str()),
+            elapsed.as_secs_f64(),
+        );
         if let Some((method, path)) = access {
             tracing::info!(
                 target: "quotagate::access",
@@ -207,13 +212,6 @@ impl Proxy {
                 "request"
             );
         }
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                decision: record.decision.as_str(),
-                endpoint: record.endpoint,
-            })
-            .inc();
         resp
     }
 
