@@ -278,6 +278,23 @@ fn start_up_errors_are_one_clear_line() {
     }
 }
 
+/// `quotagate quickstart` on ports `gw` (and the example upstream on `up`), its admin listener on
+/// port 0, with `extra` arguments.
+fn quickstart(gw: u16, up: u16, extra: &[&str]) -> Running {
+    let (listen, upstream) = (format!("127.0.0.1:{gw}"), format!("http://127.0.0.1:{up}"));
+    let mut args = vec![
+        "quickstart",
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--listen",
+        &listen,
+        "--upstream",
+        &upstream,
+    ];
+    args.extend_from_slice(extra);
+    Running::start(&args)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -295,17 +312,7 @@ async fn quickstart_answers_the_readme_requests() {
         "README shows the quick start command"
     );
     let (gw, up) = (free_port(), free_port());
-    let mut q = Running::start(&[
-        "quickstart",
-        "--set",
-        "admin.listen=127.0.0.1:0",
-        "--listen",
-        &format!("127.0.0.1:{gw}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-        "--set",
-        "log.access=true",
-    ]);
+    let mut q = quickstart(gw, up, &["--set", "log.access=true"]);
     q.wait_for("quotagate listening");
     let url = |p: &str| format!("http://127.0.0.1:{gw}{p}");
     let key = ("X-Api-Key", "demo-key");
@@ -347,19 +354,16 @@ async fn quickstart_answers_the_readme_requests() {
 #[tokio::test]
 async fn an_unreachable_redis_is_said_at_start_up() {
     let (gw, up, nothing) = (free_port(), free_port(), free_port());
-    let q = Running::start(&[
-        "quickstart",
-        "--set",
-        "admin.listen=127.0.0.1:0",
-        "--listen",
-        &format!("127.0.0.1:{gw}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-        "--store",
-        "redis",
-        "--redis-url",
-        &format!("redis://user:hunter2@127.0.0.1:{nothing}"),
-    ]);
+    let q = quickstart(
+        gw,
+        up,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &format!("redis://user:hunter2@127.0.0.1:{nothing}"),
+        ],
+    );
     let line = q.wait_for("store unavailable; applying the failure policy until it answers");
     let error = line["error"].as_str().unwrap();
     assert!(
@@ -387,15 +391,7 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
         .find(|c| Command::new(c).arg("--version").output().is_ok())
         .expect("this test needs chromium (Debian: apt-get install chromium)");
     let (gw, up) = (free_port(), free_port());
-    let q = Running::start(&[
-        "quickstart",
-        "--set",
-        "admin.listen=127.0.0.1:0",
-        "--listen",
-        &format!("127.0.0.1:{gw}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-    ]);
+    let q = quickstart(gw, up, &[]);
     let admin = q.wait_for("quotagate listening")["admin"]
         .as_str()
         .unwrap()
@@ -492,21 +488,18 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
         &format!("127.0.0.1:{cat}"),
     ]);
     catalog.wait_for("catalog server listening");
-    let q = Running::start(&[
-        "quickstart",
-        "--set",
-        "admin.listen=127.0.0.1:0",
-        "--set",
-        &format!("catalog.server_url=http://127.0.0.1:{cat}"),
-        "--set",
-        "divvy.rules=examples/divvy-example.ini",
-        "--set",
-        "divvy.listen=127.0.0.1:0",
-        "--listen",
-        &format!("127.0.0.1:{gw}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-    ]);
+    let q = quickstart(
+        gw,
+        up,
+        &[
+            "--set",
+            &format!("catalog.server_url=http://127.0.0.1:{cat}"),
+            "--set",
+            "divvy.rules=examples/divvy-example.ini",
+            "--set",
+            "divvy.listen=127.0.0.1:0",
+        ],
+    );
     let line = q.wait_for("quotagate listening");
     let admin = line["admin"].as_str().unwrap().to_owned();
     let divvy = line["divvy"].as_str().unwrap().to_owned();
