@@ -1001,3 +1001,125 @@ async fn resets_through_a_non_loopback_admin_listener_need_the_secret() {
     let r = send(&http1_client(), "POST", &reset, &with, Bytes::new()).await;
     assert_eq!(r.status, 200);
 }
+
+// ---- HTTP framing probes (issue 9) ----
+
+/// Request-smuggling and framing probes: each gets its status, and none of the malformed ones
+/// reaches the upstream (so no second request can hide in a body).
+#[tokio::test]
+async fn framing_probes_are_refused_before_the_upstream() {
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    const H: &str = "Host: x\r\nX-Api-Key: k1\r\nConnection: close\r\n";
+    // (name, request, status, reaches the upstream)
+    let probes: Vec<(&str, String, &str, bool)> = vec![
+        // hyper frames it by Transfer-Encoding alone and drops Content-Length (RFC 9112 §6.3): the
+        // upstream gets one framing, checked below.
+        (
+            "CL and TE",
+            format!(
+                "POST /users HTTP/1.1\r\n{H}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            ),
+            "200",
+            true,
+        ),
+        (
+            "two different CL",
+            format!(
+                "POST /users HTTP/1.1\r\n{H}Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"
+            ),
+            "400",
+            false,
+        ),
+        (
+            "signed CL",
+            format!("POST /users HTTP/1.1\r\n{H}Content-Length: +4\r\n\r\nabcd"),
+            "400",
+            false,
+        ),
+        (
+            "CL list",
+            format!("POST /users HTTP/1.1\r\n{H}Content-Length: 4, 5\r\n\r\nabcde"),
+            "400",
+            false,
+        ),
+        (
+            "obs-fold",
+            format!("GET /users/7/prefs HTTP/1.1\r\n{H}X-Folded: a\r\n b\r\n\r\n"),
+            "400",
+            false,
+        ),
+        (
+            "TE not ending in chunked",
+            format!(
+                "POST /users HTTP/1.1\r\n{H}Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"
+            ),
+            "400",
+            false,
+        ),
+        (
+            "TE unknown",
+            format!("POST /users HTTP/1.1\r\n{H}Transfer-Encoding: gzip\r\n\r\nabcd"),
+            "400",
+            false,
+        ),
+        (
+            "NUL in a header value",
+            format!("GET /users/7/prefs HTTP/1.1\r\n{H}X-Nul: a\0b\r\n\r\n"),
+            "400",
+            false,
+        ),
+        (
+            "NUL in the target",
+            format!("GET /users/7\0/prefs HTTP/1.1\r\n{H}\r\n"),
+            "400",
+            false,
+        ),
+        (
+            "space before colon",
+            format!("GET /users/7/prefs HTTP/1.1\r\n{H}X-Odd : 1\r\n\r\n"),
+            "400",
+            false,
+        ),
+        (
+            "HTTP/0.9 style",
+            "GET /users/7/prefs\r\n\r\n".to_owned(),
+            "400",
+            false,
+        ),
+        // Accepted, and forwarded re-framed by the gateway, so nothing ambiguous goes on.
+        (
+            "bare LF line ends",
+            "GET /users/7/prefs HTTP/1.1\nHost: x\nX-Api-Key: k1\nConnection: close\n\n".to_owned(),
+            "200",
+            true,
+        ),
+        (
+            "absolute-form target",
+            format!("GET http://elsewhere.example/users/7/prefs HTTP/1.1\r\n{H}\r\n"),
+            "200",
+            true,
+        ),
+    ];
+    for (name, request, want, forwarded) in probes {
+        let before = up.requests().len();
+        let out = raw(&gw, request.as_bytes()).await;
+        assert_eq!(out.get(9..12), Some(want), "{name}: {out}");
+        assert_eq!(
+            up.requests().len() - before,
+            usize::from(forwarded),
+            "{name}"
+        );
+        if name == "CL and TE" {
+            let seen = up.last();
+            assert!(
+                seen.headers.get("content-length").is_none_or(|v| v != "4"),
+                "{name}: {:?}",
+                seen.headers
+            );
+            assert_eq!(seen.body_len, 0, "{name}");
+        }
+    }
+    // The absolute-form target was forwarded to the upstream's own path, not to elsewhere.example.
+    assert_eq!(up.last().path_and_query, "/users/7/prefs");
+}
