@@ -522,3 +522,50 @@ async fn an_idle_timeout_disconnect_is_retried_on_a_fresh_connection() {
     })
     .await;
 }
+
+/// Added network latency between two instances and Redis: below the store timeout every decision
+/// is Redis' and together they admit exactly the limit; above it, a call ends at the timeout and
+/// the failure policy answers (no request waits on the slow link longer than that).
+#[tokio::test]
+async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() {
+    let server = RedisServer::start();
+    // 10 ms each way against a 1 s store timeout: a new connection (connect, two SCRIPT LOADs,
+    // the call) fits many times over, even on a loaded machine.
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(10));
+    let (url, _proxy) = server.delayed(delay.clone()).await;
+    let open = |url: &str| {
+        let options = RedisOptions {
+            timeout: Duration::from_secs(1),
+            ..redis_options(url.to_owned(), TimeSource::Local)
+        };
+        let store = RedisStore::connect(&options).unwrap();
+        Arc::new(Store::redis(
+            store,
+            FailurePolicy::Closed,
+            Duration::from_millis(50),
+        ))
+    };
+    let (a, b) = (open(&url), open(&url));
+    let k = key("slow");
+    let calls: Vec<_> = (0..120)
+        .map(|i| {
+            let (store, k) = (if i % 2 == 0 { a.clone() } else { b.clone() }, k.clone());
+            tokio::spawn(async move { store.check(&k, 50, T0).await })
+        })
+        .collect();
+    let mut allowed = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            Verdict::Decided(d) => allowed += u32::from(d.allowed),
+            other => panic!("20 ms round trips are far below the 1 s timeout: {other:?}"),
+        }
+    }
+    assert_eq!(allowed, 50, "exactly the limit across both instances");
+
+    delay.store(3_000, std::sync::atomic::Ordering::Relaxed);
+    let v = tokio::time::timeout(Duration::from_secs(2), a.check(&key("other"), 5, T0))
+        .await
+        .expect("the 1 s store timeout ends the call, not the 6 s round trip");
+    assert_eq!(v, Verdict::Closed);
+    assert!(a.is_degraded());
+}

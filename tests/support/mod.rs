@@ -25,6 +25,34 @@ impl RedisServer {
         self.dir.path().join("redis.sock")
     }
 
+    /// A TCP proxy to this server that holds every chunk, each way, for a delay that can change while
+    /// it runs (added network latency). Stops with the returned token.
+    pub async fn delayed(
+        &self,
+        delay: Arc<std::sync::atomic::AtomicU64>,
+    ) -> (String, CancellationToken) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (socket, stop) = (self.socket(), CancellationToken::new());
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let client = tokio::select! {
+                    c = listener.accept() => match c { Ok((c, _)) => c, Err(_) => return },
+                    () = stopped.cancelled() => return,
+                };
+                let Ok(server) = tokio::net::UnixStream::connect(&socket).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(relay(cr, sw, delay.clone(), stopped.clone()));
+                tokio::spawn(relay(sr, cw, delay.clone(), stopped.clone()));
+            }
+        });
+        (format!("redis://{addr}"), stop)
+    }
+
     /// `redis+unix://` URL of the server.
     pub fn url(&self) -> String {
         format!("redis+unix://{}", self.socket().display())
@@ -94,6 +122,28 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+}
+
+/// Copies `from` to `to`, holding each chunk for the current delay (ms).
+async fn relay(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    delay: Arc<std::sync::atomic::AtomicU64>,
+    stop: CancellationToken,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+            () = stop.cancelled() => return,
+        };
+        let ms = delay.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 
