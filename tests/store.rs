@@ -523,6 +523,14 @@ async fn an_idle_timeout_disconnect_is_retried_on_a_fresh_connection() {
     .await;
 }
 
+#[tokio::test]
+async fn a_script_flush_under_two_instances_loses_no_count() {
+    two_instances_survive_dropped_connections(|server| {
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+    })
+    .await;
+}
+
 /// Added network latency between two instances and Redis: below the store timeout every decision
 /// is Redis' and together they admit exactly the limit; above it, a call ends at the timeout and
 /// the failure policy answers (no request waits on the slow link longer than that).
