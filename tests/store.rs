@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate::limiter::{Quota, Window};
+use quotagate::limiter::{Counter, Limit, Outcome, Quota, Window};
 use quotagate::store::{
     CounterKey, FailurePolicy, RedisOptions, RedisStore, Store, TimeSource, Verdict,
 };
@@ -27,6 +27,22 @@ impl Subject {
             Verdict::Decided(d) => d,
             other => panic!("store did not decide: {other:?}"),
         }
+    }
+
+    async fn hit_all(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        match self.store.check_all(key, limits, cost, now_ms).await {
+            Verdict::Decided(o) => o,
+            other => panic!("store did not decide: {other:?}"),
+        }
+    }
+
+    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
+        let limits = [Limit::per_minute(limit)];
+        self.store
+            .peek(key, &limits, 1, now * 1000)
+            .await
+            .unwrap()
+            .quotas()[0]
     }
 }
 
@@ -78,6 +94,11 @@ on_every_store!(
     agrees_with_the_reference_window_on_a_random_workload,
     peeking_counts_nothing_and_tells_what_a_hit_would,
     reset_forgets_one_api_key_on_every_endpoint,
+    several_windows_count_together_or_not_at_all,
+    cost_uses_units_and_a_cost_above_the_limit_never_passes,
+    shadow_limits_count_but_never_refuse,
+    agrees_with_the_reference_counter_on_random_windows_costs_and_shadows,
+    peeking_several_windows_agrees_with_the_reference,
 );
 
 fn key(k: &str) -> CounterKey {
@@ -86,16 +107,16 @@ fn key(k: &str) -> CounterKey {
 
 async fn peeking_counts_nothing_and_tells_what_a_hit_would(s: Subject) {
     let k = key("a");
-    let p = s.store.peek(&k, 3, T0).await.unwrap();
+    let p = s.peek(&k, 3, T0).await;
     assert_eq!((p.allowed, p.remaining, p.reset), (true, 3, 0));
     s.hit(&k, 3, T0 + 50).await;
     s.hit(&k, 3, T0 + 61).await;
     for _ in 0..3 {
-        let p = s.store.peek(&k, 3, T0 + 70).await.unwrap();
+        let p = s.peek(&k, 3, T0 + 70).await;
         assert_eq!((p.allowed, p.remaining, p.reset), (true, 1, 40));
     }
     s.hit(&k, 3, T0 + 70).await;
-    let p = s.store.peek(&k, 3, T0 + 80).await.unwrap();
+    let p = s.peek(&k, 3, T0 + 80).await;
     assert_eq!(
         (p.allowed, p.remaining, p.retry_after),
         (false, 0, Some(30))
@@ -275,6 +296,145 @@ async fn agrees_with_the_reference_window_on_a_random_workload(s: Subject) {
             "step {step}, key {i}, now {now}, limit {}",
             limits[i]
         );
+    }
+}
+
+fn lim(rl: u64, w: u32) -> Limit {
+    Limit {
+        rl,
+        w,
+        shadow: false,
+    }
+}
+
+fn shadow(rl: u64, w: u32) -> Limit {
+    Limit {
+        shadow: true,
+        ..lim(rl, w)
+    }
+}
+
+async fn several_windows_count_together_or_not_at_all(s: Subject) {
+    let k = key("a");
+    let limits = [lim(2, 1), lim(3, 60), lim(10, 3600)];
+    let t = T0 * 1000;
+    assert!(s.hit_all(&k, &limits, 1, t).await.allowed);
+    assert!(s.hit_all(&k, &limits, 1, t + 100).await.allowed);
+    let o = s.hit_all(&k, &limits, 1, t + 200).await;
+    assert!(!o.allowed, "the per-second limit refuses");
+    assert_eq!(o.retry_after(&limits), Some(1));
+    let left: Vec<u64> = o.quotas().iter().map(|q| q.remaining).collect();
+    assert_eq!(left, [0, 1, 8], "the refused request used up nothing");
+    let o = s.hit_all(&k, &limits, 1, t + 1_000).await;
+    assert!(o.allowed);
+    let left: Vec<u64> = o.quotas().iter().map(|q| q.remaining).collect();
+    assert_eq!(
+        left,
+        [0, 0, 7],
+        "the request at t left the per-second window at t + 1 s"
+    );
+    let o = s.hit_all(&k, &limits, 1, t + 2_000).await;
+    assert!(!o.allowed, "now the per-minute limit refuses");
+    assert_eq!(o.retry_after(&limits), Some(58));
+    assert!(!s.hit_all(&k, &limits, 1, t + 59_999).await.allowed);
+    let o = s.hit_all(&k, &limits, 1, t + 60_000).await;
+    assert!(o.allowed, "after exactly Retry-After it passes");
+    assert_eq!(o.quotas()[2].remaining, 6, "the hour still holds all four");
+}
+
+async fn cost_uses_units_and_a_cost_above_the_limit_never_passes(s: Subject) {
+    let k = key("a");
+    let limits = [lim(10, 1), lim(25, 60)];
+    let t = T0 * 1000;
+    let o = s.hit_all(&k, &limits, 4, t).await;
+    let left: Vec<u64> = o.quotas().iter().map(|q| q.remaining).collect();
+    assert_eq!(left, [6, 21]);
+    let o = s.hit_all(&k, &limits, 7, t + 300).await;
+    assert!(!o.allowed);
+    assert_eq!(o.retry_after(&limits), Some(1));
+    let o = s.hit_all(&k, &limits, 11, t + 300).await;
+    assert!(!o.allowed);
+    assert_eq!(o.retry_after(&limits), None, "never: no Retry-After");
+    let one = [lim(3, 60)];
+    let o = s.hit_all(&key("b"), &one, 4, t).await;
+    assert_eq!((o.allowed, o.quotas()[0].retry_after), (false, None));
+    let o = s.hit_all(&key("b"), &one, 3, t).await;
+    assert!(o.allowed, "a cost equal to the limit fits an empty window");
+}
+
+async fn shadow_limits_count_but_never_refuse(s: Subject) {
+    let k = key("a");
+    let limits = [lim(10, 60), shadow(2, 3600)];
+    let t = T0 * 1000;
+    for _ in 0..2 {
+        let o = s.hit_all(&k, &limits, 1, t).await;
+        assert!(o.allowed && !o.shadow_limited);
+    }
+    let o = s.hit_all(&k, &limits, 1, t + 10).await;
+    assert!(o.allowed && o.shadow_limited);
+    assert_eq!(o.quotas()[0].remaining, 7);
+    assert_eq!(o.quotas()[1].retry_after, Some(3600));
+    // A whole catalog in shadow: refusals are only reported.
+    let dry = [shadow(1, 1)];
+    assert!(!s.hit_all(&key("b"), &dry, 1, t).await.shadow_limited);
+    let o = s.hit_all(&key("b"), &dry, 1, t + 10).await;
+    assert!(o.allowed && o.shadow_limited);
+}
+
+/// The random walk of the single window, with several windows, costs and shadow limits, against
+/// `limiter::Counter`.
+async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s: Subject) {
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let sets: [&[Limit]; 5] = [
+        &[lim(3, 1), lim(8, 60)],
+        &[lim(4, 10), shadow(6, 3600)],
+        &[lim(5, 60)],
+        &[lim(7, 90), shadow(2, 1), lim(12, 7)],
+        &[shadow(3, 2), shadow(9, 60)],
+    ];
+    let keys = [key("a"), key("b")];
+    let mut reference = vec![Counter::default(); keys.len()];
+    let mut now = T0 * 1000 + 17;
+    for step in 0..1200 {
+        match next(100) {
+            0..=49 => {}
+            50..=89 => now += next(400),
+            90..=97 => now += next(20_000),
+            _ => now += 50_000 + next(100_000),
+        }
+        let i = next(2) as usize;
+        // A key keeps its set for a while, as a catalog would.
+        let set = sets[(i + step / 300) % sets.len()];
+        let cost = 1 + next(3);
+        let want = reference[i].hit(set, cost, now);
+        let got = s.hit_all(&keys[i], set, cost, now).await;
+        assert_eq!(
+            got, want,
+            "step {step}, key {i}, now {now}, cost {cost}, {set:?}"
+        );
+    }
+}
+
+async fn peeking_several_windows_agrees_with_the_reference(s: Subject) {
+    let k = key("a");
+    let limits = [lim(3, 1), lim(5, 60), lim(9, 3600)];
+    let mut reference = Counter::default();
+    let t = T0 * 1000;
+    for (i, dt) in [0u64, 150, 420, 1_300, 61_000, 62_500]
+        .into_iter()
+        .enumerate()
+    {
+        reference.hit(&limits, 1, t + dt);
+        s.hit_all(&k, &limits, 1, t + dt).await;
+        let at = t + dt + 50 * i as u64;
+        let got = s.store.peek(&k, &limits, 1, at).await.unwrap();
+        assert_eq!(got, reference.peek(&limits, 1, at), "after step {i}");
     }
 }
 

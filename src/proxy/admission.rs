@@ -182,7 +182,7 @@ impl<'s> Pending<'s, '_> {
     }
 
     /// The second half: the store's verdict turned into the admission.
-    pub fn conclude(self, verdict: Verdict) -> Admission<'s> {
+    pub fn conclude(self, verdict: Verdict<Quota>) -> Admission<'s> {
         let endpoint = self.endpoint;
         let target = |limit| Target {
             path: self.path,

@@ -38,11 +38,13 @@ impl Proxy {
                 }
             }
             Step::Count(pending) => {
-                let q = self
+                let limits = [crate::limiter::Limit::per_minute(pending.limit)];
+                let o = self
                     .store
-                    .peek(&pending.counter(), pending.limit, self.clock.now())
+                    .peek(&pending.counter(), &limits, 1, self.clock.now() * 1000)
                     .await
                     .map_err(|e| format!("the store cannot tell: {e}"))?;
+                let q = o.quotas()[0];
                 let decision = if q.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
                 out["endpoint"] = pending.endpoint.name.clone().into();

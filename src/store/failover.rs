@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::memory::MemoryStore;
 use super::{CounterKey, CounterStore, FailurePolicy, FixedDecision, StoreError, Verdict};
-use crate::limiter::Quota;
+use crate::limiter::{Limit, Outcome, Quota};
 
 /// A backend plus the failure policy.
 pub struct Failover<B> {
@@ -65,20 +65,52 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
-    /// Checks one request against `limit` at `now` and counts it if allowed.
-    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict {
-        if limit == 0 {
-            return Verdict::Decided(Quota::zero_limit());
+    /// Checks one request of `cost` units against `limits` at `now_ms` and counts it where it
+    /// belongs ([`CounterStore::hit`]).
+    pub async fn check_all(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Verdict {
+        // One enforced limit the request can never pass (a zero limit, a cost above it): the
+        // answer needs no store.
+        if let [l] = limits
+            && !l.shadow
+            && cost > l.rl
+        {
+            let q = Quota {
+                limit: l.rl,
+                reset: u64::from(l.w),
+                ..Quota::zero_limit()
+            };
+            return Verdict::Decided(Outcome::new(false, false, &[q]));
         }
         // The call is awaited where it is made, not passed to a helper: a future passed by value
         // into an `async fn` is stored twice, and this one is in every request's future.
         if !self.is_degraded() {
-            match self.backend.hit(key, limit, now).await {
-                Ok(q) => return Verdict::Decided(q),
+            match self.backend.hit(key, limits, cost, now_ms).await {
+                Ok(o) => return Verdict::Decided(o),
                 Err(e) => self.mark_down(&e),
             }
         }
-        self.degraded(|| self.fallback.window(key, limit, now))
+        self.degraded(|| self.fallback.window(key, limits, cost, now_ms))
+    }
+
+    /// One request against one enforced limit of `limit` per 60 s at second `now`: the DynLimits
+    /// case, [`Failover::check_all`] with one limit.
+    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict<Quota> {
+        let one = |o: Outcome| o.quotas()[0];
+        match self
+            .check_all(key, &[Limit::per_minute(limit)], 1, now * 1000)
+            .await
+        {
+            Verdict::Decided(o) => Verdict::Decided(one(o)),
+            Verdict::Local(o) => Verdict::Local(one(o)),
+            Verdict::Open => Verdict::Open,
+            Verdict::Closed => Verdict::Closed,
+        }
     }
 
     /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
@@ -101,8 +133,14 @@ impl<B: CounterStore> Failover<B> {
 
     /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
     /// counts nothing).
-    pub async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        self.backend.peek(key, limit, now).await
+    pub async fn peek(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        self.backend.peek(key, limits, cost, now_ms).await
     }
 
     /// [`CounterStore::reset`] of the backend, and of the `local` fallback's counters too.
@@ -168,14 +206,24 @@ mod tests {
     }
 
     impl CounterStore for Fake {
-        async fn hit(&self, _: &CounterKey, limit: u64, _: u64) -> Result<Quota, StoreError> {
+        async fn hit(
+            &self,
+            _: &CounterKey,
+            limits: &[Limit],
+            _: u64,
+            _: u64,
+        ) -> Result<Outcome, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.answer().map(|()| Quota {
-                allowed: true,
-                limit,
-                remaining: limit - 1,
-                reset: 60,
-                retry_after: None,
+            let limit = limits[0].rl;
+            self.answer().map(|()| {
+                let q = Quota {
+                    allowed: true,
+                    limit,
+                    remaining: limit - 1,
+                    reset: 60,
+                    retry_after: None,
+                };
+                Outcome::new(true, false, &[q])
             })
         }
 
@@ -199,14 +247,14 @@ mod tests {
             self.answer()
         }
 
-        async fn peek(&self, _: &CounterKey, limit: u64, _: u64) -> Result<Quota, StoreError> {
-            self.answer().map(|()| Quota {
-                allowed: true,
-                limit,
-                remaining: limit,
-                reset: 0,
-                retry_after: None,
-            })
+        async fn peek(
+            &self,
+            key: &CounterKey,
+            limits: &[Limit],
+            cost: u64,
+            now_ms: u64,
+        ) -> Result<Outcome, StoreError> {
+            self.hit(key, limits, cost, now_ms).await
         }
 
         async fn reset(&self, _: &[u8]) -> Result<u64, StoreError> {

@@ -6,7 +6,8 @@
 //! are the Redis Cluster hash tag: all counters of one API key live in one slot, and the hashes of
 //! adjacent minutes (which one script call touches together) always share a slot.
 //!
-//! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`.
+//! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`;
+//! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<api key>}:<endpoint>:s<w>`.
 
 /// Redis key prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "quotagate";
@@ -85,6 +86,20 @@ pub fn minute_hash(prefix: &str, counter: &CounterKey, minute: i64) -> String {
     s
 }
 
+/// The Redis hash that holds `counter`'s buckets for its window of `w` seconds (any `w` but 60,
+/// which keeps the DynLimits minute hashes). `s<w>` can never be a minute number.
+pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
+    let mut digits = itoa::Buffer::new();
+    let w = digits.format(w);
+    let mut s = String::with_capacity(prefix.len() + counter.0.len() + w.len() + 5);
+    s.push_str(prefix);
+    s.push_str(":w:");
+    s.push_str(&counter.0);
+    s.push_str(":s");
+    s.push_str(w);
+    s
+}
+
 /// Checks a configured prefix: a brace would steal the cluster hash tag from the API key.
 pub fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.is_empty() || prefix.contains(['{', '}']) {
@@ -106,6 +121,10 @@ mod tests {
         assert_eq!(
             minute_hash("quotagate", &k, 29_000_000),
             "quotagate:w:{7H6AMB0F}:GET%20/users/%7Bid%7D/prefs:29000000"
+        );
+        assert_eq!(
+            window_hash("quotagate", &k, 3600),
+            "quotagate:w:{7H6AMB0F}:GET%20/users/%7Bid%7D/prefs:s3600"
         );
     }
 

@@ -1,7 +1,7 @@
 //! memory: the embedded store. One process, no setup, bounded.
 //!
-//! Counters live in sharded maps of [`Window`]s. A shard sweeps out idle windows (nothing left in
-//! their 60 s) whenever it has doubled since its last sweep, so memory follows the number of counters
+//! Counters live in sharded maps of [`Counter`]s. A shard sweeps out idle counters (nothing left in
+//! any of their windows) whenever it has doubled since its last sweep, so memory follows the number of counters
 //! used in the last minute, never the number ever seen, at amortised O(1) per request.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use super::keys::CounterKey;
 use super::{CounterStore, StoreError};
-use crate::limiter::{Quota, Window};
+use crate::limiter::{Counter, Limit, Outcome};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -21,7 +21,7 @@ struct Shard {
     /// foldhash rather than SipHash: this runs on every counted request, and only catalog keys
     /// get a window, so clients cannot choose colliding keys. (Divvy's fixed windows, whose keys
     /// clients do choose, keep SipHash.)
-    windows: HashMap<CounterKey, Window, foldhash::fast::RandomState>,
+    windows: HashMap<CounterKey, Counter, foldhash::fast::RandomState>,
     sweep_at: usize,
 }
 
@@ -62,32 +62,31 @@ impl SlidingWindows {
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Checks one request at `now` against `limit` (requests per 60 s) and counts it if allowed.
-    pub fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
-        if limit == 0 {
-            return Quota::zero_limit();
-        }
+    /// [`Counter::hit`] on `key`'s counter: checks one request of `cost` at `now_ms` against
+    /// `limits` and counts it where it belongs, under one lock.
+    pub fn hit(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         let mut shard = self.shard(key);
-        if let Some(w) = shard.windows.get_mut(key) {
-            return w.hit(now, limit);
+        if let Some(c) = shard.windows.get_mut(key) {
+            return c.hit(limits, cost, now_ms);
         }
         if shard.windows.len() >= shard.sweep_at {
-            shard.windows.retain(|_, w| !w.is_idle(now));
+            shard.windows.retain(|_, c| !c.is_idle(now_ms));
             shard.sweep_at = (shard.windows.len() * 2).max(MIN_SWEEP_AT);
         }
-        shard
-            .windows
-            .entry(key.clone())
-            .or_default()
-            .hit(now, limit)
+        let mut counter = Counter::default();
+        let outcome = counter.hit(limits, cost, now_ms);
+        // A request that counted nothing leaves nothing behind.
+        if !counter.is_idle(now_ms) {
+            shard.windows.insert(key.clone(), counter);
+        }
+        outcome
     }
 
-    /// Number of counters held (for tests and metrics).
-    /// [`Window::peek`] of `key`'s window (an empty one when it has none).
-    pub fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
+    /// [`Counter::peek`] of `key`'s counter (an empty one when it has none).
+    pub fn peek(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         match self.shard(key).windows.get(key) {
-            Some(w) => w.peek(now, limit),
-            None => Window::new().peek(now, limit),
+            Some(c) => c.peek(limits, cost, now_ms),
+            None => Counter::default().peek(limits, cost, now_ms),
         }
     }
 
@@ -257,8 +256,8 @@ impl MemoryStore {
     }
 
     /// [`SlidingWindows::hit`].
-    pub fn window(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
-        self.windows.hit(key, limit, now)
+    pub fn window(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        self.windows.hit(key, limits, cost, now_ms)
     }
 
     /// [`FixedWindows::hit`].
@@ -268,8 +267,14 @@ impl MemoryStore {
 }
 
 impl CounterStore for MemoryStore {
-    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        Ok(self.window(key, limit, now))
+    async fn hit(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        Ok(self.window(key, limits, cost, now_ms))
     }
 
     async fn hit_fixed(
@@ -286,8 +291,14 @@ impl CounterStore for MemoryStore {
         Ok(())
     }
 
-    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        Ok(self.windows.peek(key, limit, now))
+    async fn peek(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        Ok(self.windows.peek(key, limits, cost, now_ms))
     }
 
     async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
@@ -339,7 +350,12 @@ mod tests {
             if i % 1000 == 0 {
                 now += 1; // 1000 new counters per second
             }
-            store.hit(&CounterKey::new(&i.to_be_bytes(), "GET /x"), 10, now);
+            store.hit(
+                &CounterKey::new(&i.to_be_bytes(), "GET /x"),
+                &[crate::limiter::Limit::per_minute(10)],
+                1,
+                now * 1000,
+            );
             if i % 10_000 == 0 {
                 peak = peak.max(store.len());
             }

@@ -27,18 +27,20 @@ pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, Sl
 pub use redis::{RedisOptions, RedisStore, TimeSource};
 
 use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
-use crate::limiter::Quota;
+use crate::limiter::{Limit, Outcome};
 
 /// A place counters live. Calls are bounded by the backend's own timeout.
 pub trait CounterStore: Send + Sync + 'static {
-    /// Checks one request against the sliding window of `key` (`limit` > 0 requests per 60 s) at
-    /// `now` and counts it if allowed.
+    /// Checks one request of `cost` units against every sliding window of `key` (`limits`: distinct
+    /// window lengths, at most [`crate::limiter::MAX_LIMITS`]) at `now_ms` (Unix milliseconds) and
+    /// counts it where it belongs, atomically ([`crate::limiter::Counter::hit`]).
     fn hit(
         &self,
         key: &CounterKey,
-        limit: u64,
-        now: u64,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
     /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
     /// the window starting at its first hit.
@@ -53,14 +55,15 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The state of `key`'s sliding window against `limit` at `now`, counting nothing
-    /// ([`crate::limiter::Window::peek`]). For the admin's "why was I limited".
+    /// The state of `key`'s windows against `limits` at `now_ms` for one more request of `cost`,
+    /// counting nothing ([`crate::limiter::Counter::peek`]). For the admin's "why was I limited".
     fn peek(
         &self,
         key: &CounterKey,
-        limit: u64,
-        now: u64,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
     /// Forgets every sliding-window count of `api_key`, on every endpoint; the number of counters
     /// (memory) or minute hashes (Redis) removed.
@@ -99,9 +102,10 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The answer for one request (`D`: a sliding-window [`Quota`] or a Divvy [`FixedDecision`]).
+/// The answer for one request (`D`: the sliding windows' [`Outcome`], one [`crate::limiter::Quota`],
+/// or a Divvy [`FixedDecision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict<D = Quota> {
+pub enum Verdict<D = Outcome> {
     /// Decided by the configured store.
     Decided(D),
     /// Decided in this instance's memory because the shared store is down (policy `local`).
@@ -160,10 +164,16 @@ pub enum Backend {
 }
 
 impl CounterStore for Backend {
-    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+    async fn hit(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
         match self {
-            Backend::Memory(m) => Ok(m.window(key, limit, now)),
-            Backend::Redis(r) => r.hit(key, limit, now).await,
+            Backend::Memory(m) => Ok(m.window(key, limits, cost, now_ms)),
+            Backend::Redis(r) => r.hit(key, limits, cost, now_ms).await,
         }
     }
 
@@ -194,10 +204,16 @@ impl CounterStore for Backend {
         }
     }
 
-    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
+    async fn peek(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
         match self {
-            Backend::Memory(m) => m.peek(key, limit, now).await,
-            Backend::Redis(r) => r.peek(key, limit, now).await,
+            Backend::Memory(m) => m.peek(key, limits, cost, now_ms).await,
+            Backend::Redis(r) => r.peek(key, limits, cost, now_ms).await,
         }
     }
 

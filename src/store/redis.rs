@@ -20,10 +20,10 @@ use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
 
 use super::blocked::BlockCache;
-use super::keys::{CounterKey, api_key_pattern, minute_hash};
+use super::keys::{CounterKey, api_key_pattern, minute_hash, window_hash};
 use super::memory::FixedDecision;
 use super::{CounterStore, StoreError};
-use crate::limiter::{Quota, Window};
+use crate::limiter::{Counter, Limit, MAX_LIMITS, Outcome, Quota, Window, buckets, ceil_seconds};
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("divvy.lua")));
@@ -91,7 +91,8 @@ pub struct RedisStore {
     timeout: Duration,
     prefix: String,
     time_source: TimeSource,
-    /// Redis' clock minus ours, in seconds, as last seen in a reply. Only used to guess the minute.
+    /// Redis' clock minus ours, in milliseconds, as last seen in a reply. Only used to guess the
+    /// minute.
     offset: AtomicI64,
     /// Counters known to be over their limit: answered without a round trip.
     blocked: BlockCache,
@@ -216,65 +217,118 @@ impl RedisStore {
         }
     }
 
-    /// Checks one request against `limit` (> 0) and counts it if allowed. `now` is the caller's
-    /// clock; with [`TimeSource::Redis`] it only helps name the keys.
-    async fn window(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        let caller_second = match self.time_source {
-            TimeSource::Redis => None,
-            TimeSource::Local => Some(i64::try_from(now).unwrap_or(i64::MAX / 2)),
-        };
-        if let Some(d) = self.blocked.check(key, limit, caller_second) {
-            return Ok(d);
+    /// Checks one request of `cost` against `limits` and counts it where it belongs. `now_ms` is
+    /// the caller's clock; with [`TimeSource::Redis`] it only helps name the keys.
+    async fn window(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        if let [l] = limits
+            && !l.shadow
+        {
+            let caller_ms = match self.time_source {
+                TimeSource::Redis => None,
+                TimeSource::Local => Some(i64::try_from(now_ms).unwrap_or(i64::MAX / 2)),
+            };
+            if let Some(q) = self.blocked.check(key, l, cost, caller_ms) {
+                return Ok(Outcome::new(false, false, &[q]));
+            }
         }
-        self.bounded(self.hit_inner(key, limit, now)).await
+        self.bounded(self.hit_inner(key, limits, cost, now_ms))
+            .await
     }
 
-    async fn hit_inner(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        let now = i64::try_from(now).unwrap_or(i64::MAX / 2);
+    async fn hit_inner(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
+        let has_minute_window = limits.iter().any(|l| l.w == 60);
+        // Other window lengths have a hash each; most requests have none.
+        let others: Vec<String> = limits
+            .iter()
+            .filter(|l| l.w != 60)
+            .map(|l| window_hash(&self.prefix, key, l.w))
+            .collect();
         // Two tries: the second uses the minute Redis told us about in the first.
         for _ in 0..2 {
             let (estimate, now_arg) = match self.time_source {
                 TimeSource::Redis => (now + self.offset.load(Ordering::Relaxed), String::new()),
                 TimeSource::Local => (now, now.to_string()),
             };
-            let minute = estimate.div_euclid(60);
-            let keys: [String; 4] =
-                std::array::from_fn(|i| minute_hash(&self.prefix, key, minute - 2 + i as i64));
+            let minute = estimate.div_euclid(60_000);
+            let minutes: [String; 4] = if has_minute_window {
+                std::array::from_fn(|i| minute_hash(&self.prefix, key, minute - 2 + i as i64))
+            } else {
+                Default::default()
+            };
             let reply: String = self
                 .on_connection(|mut conn| {
                     let mut call = WINDOW.prepare_invoke();
-                    for k in &keys {
+                    if has_minute_window {
+                        for k in &minutes {
+                            call.key(k);
+                        }
+                    }
+                    for k in &others {
                         call.key(k);
                     }
                     call.arg(minute)
                         .arg(&now_arg)
-                        .arg(limit)
-                        .arg(MINUTE_HASH_TTL);
+                        .arg(MINUTE_HASH_TTL)
+                        .arg(cost)
+                        .arg(limits.len());
+                    for l in limits {
+                        call.arg(l.rl).arg(l.w).arg(u8::from(l.shadow));
+                    }
                     async move { call.invoke_async(&mut conn).await }
                 })
                 .await?;
-            let mut fields = [0i64; 6];
+            let mut fields = [0i64; 4 + 4 * MAX_LIMITS];
             match integers(&reply, &mut fields) {
                 [-1, redis_now] => {
                     self.offset.store(redis_now - now, Ordering::Relaxed);
                 }
-                [allowed, remaining, reset, retry, redis_now, micros] => {
+                [allowed, shadow_limited, redis_now, micros, per_limit @ ..]
+                    if per_limit.len() == 4 * limits.len() =>
+                {
                     if *micros >= 0 {
                         self.offset.store(redis_now - now, Ordering::Relaxed);
-                        self.blocked.observe_redis_time(*redis_now, *micros);
+                        self.blocked
+                            .observe_redis_time(redis_now.div_euclid(1000), *micros);
                     }
                     let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
-                    if *allowed != 1 && *retry > 0 {
-                        self.blocked
-                            .remember(key, limit, *redis_now, nonneg(*retry));
+                    let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+                    for (i, (l, f)) in limits.iter().zip(per_limit.chunks(4)).enumerate() {
+                        let [fits, remaining, reset_ms, retry_ms] = [f[0], f[1], f[2], f[3]];
+                        quotas[i] = Quota {
+                            allowed: fits == 1,
+                            limit: l.rl,
+                            remaining: nonneg(remaining),
+                            reset: ceil_seconds(nonneg(reset_ms)),
+                            retry_after: (retry_ms >= 0).then(|| ceil_seconds(nonneg(retry_ms))),
+                        };
                     }
-                    return Ok(Quota {
-                        allowed: *allowed == 1,
-                        limit,
-                        remaining: nonneg(*remaining),
-                        reset: nonneg(*reset),
-                        retry_after: (*retry >= 0).then(|| nonneg(*retry)),
-                    });
+                    if let [l] = limits
+                        && !l.shadow
+                        && *allowed != 1
+                        && per_limit[3] > 0
+                    {
+                        self.blocked
+                            .remember(key, l, cost, *redis_now, per_limit[3]);
+                    }
+                    return Ok(Outcome::new(
+                        *allowed == 1,
+                        *shadow_limited == 1,
+                        &quotas[..limits.len()],
+                    ));
                 }
                 _ => {
                     return Err(StoreError::reply(format!(
@@ -360,8 +414,14 @@ fn integers<'a>(reply: &str, out: &'a mut [i64]) -> &'a [i64] {
 }
 
 impl CounterStore for RedisStore {
-    async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        self.window(key, limit, now).await
+    async fn hit(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        self.window(key, limits, cost, now_ms).await
     }
 
     /// Divvy's keys carry no time: Redis' own expiry times the window, whatever `now` says.
@@ -381,40 +441,79 @@ impl CounterStore for RedisStore {
         self.ping().await
     }
 
-    /// Reads the two minute hashes that hold the window at `now` and asks the Rust arithmetic
-    /// ([`Window::peek`]) about them: a read, no script, nothing counted.
-    async fn peek(&self, key: &CounterKey, limit: u64, now: u64) -> Result<Quota, StoreError> {
-        let now = match self.time_source {
-            TimeSource::Local => now,
+    /// Reads the hashes that hold the windows at `now_ms` and asks the Rust arithmetic
+    /// ([`Counter::peek`]) about them: a read, no script, nothing counted.
+    async fn peek(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let now_ms = match self.time_source {
+            TimeSource::Local => now_ms,
             TimeSource::Redis => {
-                let (seconds, _micros): (u64, u64) = self.command(redis::cmd("TIME")).await?;
-                seconds
+                let (seconds, micros): (u64, u64) = self.command(redis::cmd("TIME")).await?;
+                seconds * 1000 + micros / 1000
             }
         };
+        let now = now_ms / 1000;
         let minute = i64::try_from(now / 60).unwrap_or(i64::MAX / 2);
         let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL")
-            .arg(minute_hash(&self.prefix, key, minute - 1))
-            .cmd("HGETALL")
-            .arg(minute_hash(&self.prefix, key, minute));
+        for l in limits {
+            if l.w == 60 {
+                pipe.cmd("HGETALL")
+                    .arg(minute_hash(&self.prefix, key, minute - 1))
+                    .cmd("HGETALL")
+                    .arg(minute_hash(&self.prefix, key, minute));
+            } else {
+                pipe.cmd("HGETALL").arg(window_hash(&self.prefix, key, l.w));
+            }
+        }
         type Fields = Vec<(String, String)>;
-        let (prev, cur): (Fields, Fields) = self
+        let mut replies: std::vec::IntoIter<Fields> = self
             .bounded(self.on_connection(|mut conn| {
                 let pipe = pipe.clone();
-                async move { pipe.query_async(&mut conn).await }
+                async move { pipe.query_async::<Vec<Fields>>(&mut conn).await }
             }))
-            .await?;
+            .await?
+            .into_iter();
         let base = |m: i64| u64::try_from(m * 60).unwrap_or(0);
-        // Fields that are not a second of the minute are the script's state (c, w, o, b, bl).
-        let counts = [(base(minute - 1), prev), (base(minute), cur)]
-            .into_iter()
-            .flat_map(|(base, fields)| {
-                fields.into_iter().filter_map(move |(f, v)| {
-                    let second: u64 = f.parse().ok().filter(|s| *s < 60)?;
-                    Some((base + second, v.parse().ok()?))
-                })
-            });
-        Ok(Window::from_counts(now, counts).peek(now, limit))
+        let number = |v: &str| v.parse::<u64>().ok();
+        let mut windows = Vec::with_capacity(limits.len());
+        for l in limits {
+            if l.w == 60 {
+                let prev = replies.next().unwrap_or_default();
+                let cur = replies.next().unwrap_or_default();
+                // Fields that are not a second of the minute are the script's state.
+                let counts = [(base(minute - 1), prev), (base(minute), cur)]
+                    .into_iter()
+                    .flat_map(|(base, fields)| {
+                        fields.into_iter().filter_map(move |(f, v)| {
+                            let second: u64 = f.parse().ok().filter(|s| *s < 60)?;
+                            Some((base + second, v.parse().ok()?))
+                        })
+                    });
+                windows.push(Window::from_counts(60, now, counts));
+            } else {
+                let fields = replies.next().unwrap_or_default();
+                let n = buckets(l.w);
+                let latest = fields
+                    .iter()
+                    .find(|(f, _)| f == "c")
+                    .and_then(|(_, v)| number(v))
+                    .unwrap_or(0);
+                // Field `i` holds the bucket b <= latest with b mod n = i.
+                let counts = fields.iter().filter_map(|(f, v)| {
+                    let slot = number(f).filter(|i| *i < n)?;
+                    let b = latest.checked_sub((latest + n - slot) % n)?;
+                    Some((b, u32::try_from(number(v)?).ok()?))
+                });
+                let at = crate::limiter::bucket_of(l.w, now_ms).max(latest);
+                windows.push(Window::from_counts(l.w, at, counts));
+            }
+        }
+        Ok(Counter::from_windows(windows).peek(limits, cost, now_ms))
     }
 
     /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a

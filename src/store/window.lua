@@ -1,209 +1,413 @@
--- window.lua: check one request against a 60-second sliding window and count it if allowed, atomically.
+-- window.lua: check one request against every sliding window of its (API key, endpoint) counter
+-- and count it in all of them or in none, atomically. The Rust twin is limiter::Counter; the store
+-- behaviour suite keeps them equal.
 --
--- Layout (DynLimits): one hash per (counter, minute); field "<second of the minute>" holds the number
--- of allowed requests in that second. The window at second t is the 60 buckets [t-59, t]: this
--- minute's fields up to t, plus the previous minute's fields after t.
+-- A request passes iff every enforced limit has room for its cost (sum + cost <= rl). It is then
+-- counted in every enforced window, and in the shadow windows too if all of them have room (else
+-- in none of them, and the reply says "shadow limited"). A limit whose rl is below the cost can
+-- never pass and is not read at all.
 --
--- A few more fields in each minute's hash keep the cost of a request independent of how many seconds
--- hold counts (a naive HGETALL-and-sum costs 2.5x more once a minute is full):
+-- The 60 s window keeps the DynLimits layout: one hash per (counter, minute); field "<second of the
+-- minute>" holds the units counted in that second. The window at second t is the 60 buckets
+-- [t-59, t]: this minute's fields up to t, plus the previous minute's fields after t. A few more
+-- fields in each minute's hash keep the cost of a request independent of how many seconds hold
+-- counts (a naive HGETALL-and-sum costs 2.5x more once a minute is full):
 --   c  the second (Unix) at which w and o were last brought up to date
 --   w  the window's sum at c
 --   o  the oldest second (Unix) in the window at c that holds a count; -1 when the window is empty
---   b  rejected until this second (Unix): nothing is counted while rejecting, so this stays true for
---   bl the limit it was computed for (a changed limit recomputes it)
+--   b  refused until this second (Unix): nothing is counted while refusing, so this stays true for
+--   bl the room (rl - cost) it was computed for (a changed limit or cost recomputes it)
 -- Counts are only ever added at c, the latest second a hash has seen, so a window moves forward by
--- subtracting the seconds that leave it. A request in the same second as the previous one costs one
--- HMGET and one HSET; in a new second, one more HMGET (the seconds that left, and the next, where
--- the oldest count is looked for first); in a new minute, the state is carried over from the previous
--- minute's hash the same way, plus an EXPIRE. So a key hit every second costs about the same at a
--- minute boundary as anywhere else. Scans read fields in batches, never one command per second.
+-- subtracting the seconds that leave it. Scans read fields in batches, never one command per second.
 --
--- KEYS[1..4]  the hashes of minutes m-2, m-1, m and m+1
+-- Any other window length w has one hash of its own, `<counter>:s<w>`, with n buckets (60 for
+-- w >= 60, one per 100 ms below): bucket b holds the milliseconds [ceil(b*1000*w/n),
+-- ceil((b+1)*1000*w/n)). Field "<b mod n>" holds bucket b's units, and c, s, o hold the latest
+-- bucket, the sum and the oldest bucket with a count, kept up to date the same way. Buckets are
+-- deleted as they leave, so the hash never holds more than n + 3 fields.
+--
+-- KEYS[1..4]  the minute hashes m-2, m-1, m and m+1, when a limit has w = 60
+-- KEYS[...]   then one hash per other limit, in the order of the limits
 -- ARGV[1]     m: the caller's estimate of the current minute
--- ARGV[2]     now in Unix seconds, or "" to use this server's TIME (one clock for every instance)
--- ARGV[3]     the limit: requests per 60 s, at least 1
--- ARGV[4]     TTL of a minute hash, in seconds
+-- ARGV[2]     now in Unix milliseconds, or "" to use this server's TIME (one clock for every instance)
+-- ARGV[3]     TTL of a minute hash, in seconds
+-- ARGV[4]     cost of the request (>= 1)
+-- ARGV[5]     k, the number of limits; then rl, w, shadow (0 or 1) for each
 --
--- Returns "allowed (1|0) remaining reset retry_after (-1 when none) now microseconds-of-TIME (-1 when
--- ARGV[2] gave the time)", or "-1 now" when now's minute is not among KEYS: the caller then retries
--- with the minute it learned. One string rather than an array of integers: the client decodes one
--- value instead of six, which was a tenth of the gateway's work per request.
--- The Rust twin of this arithmetic is limiter::Window; the store behaviour suite keeps them equal.
+-- Returns one string (the client decodes one value instead of many): "allowed shadow_limited
+-- now_ms usec" (usec: microseconds of TIME, -1 when ARGV[2] gave the time), then per limit
+-- "fits remaining reset_ms retry_ms" (retry_ms -1 when none); or "-1 now_ms" when now's minute is
+-- not among KEYS: the caller then retries with the minute it learned.
 
 local m = tonumber(ARGV[1])
-local t
+local now_ms
 local usec = -1
 if ARGV[2] == '' then
   local now = redis.call('TIME')
-  t = tonumber(now[1])
   usec = tonumber(now[2])
+  now_ms = tonumber(now[1]) * 1000 + (usec - usec % 1000) / 1000
 else
-  t = tonumber(ARGV[2])
+  now_ms = tonumber(ARGV[2])
 end
-local limit = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local k = tonumber(ARGV[5])
 
-local minute = math.floor(t / 60)
-local idx = minute - m + 3
-if idx < 2 or idx > 4 then
-  return string.format('%d %d', -1, t)
-end
-local cur, prev = KEYS[idx], KEYS[idx - 1]
-local base = minute * 60
-
-local st = redis.call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', t % 60)
-local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-local b, bl = tonumber(st[4]), tonumber(st[5])
-local here = tonumber(st[6]) or 0 -- the count of second t
-if c and t < c then
-  t = c -- a window's clock never runs backwards
-  here = tonumber(redis.call('HGET', cur, t % 60)) or 0
-end
-local sec = t - base
-
-if b and bl == limit and t < b then
-  return string.format('0 0 %d %d %d %d', b - t, b - t, t, usec)
+local limits = {}
+local has60 = false
+for i = 1, k do
+  local l = {rl = tonumber(ARGV[3 + 3 * i]), w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1'}
+  l.never = l.rl < cost
+  if l.w == 60 then has60 = true end
+  limits[i] = l
 end
 
--- Counts read so far, by absolute second: every field is read at most once per call.
-local known = {}
+-- Integer division of non-negative integers, exact in doubles below 2^53.
+local function div(a, b)
+  return (a - a % b) / b
+end
 
--- Reads the counts of absolute seconds from..to of one minute's hash (`key`, minute `hm`) into
--- `known`, with `extra` field names first; returns the values of the extra fields.
-local function read(key, hm, from, to, extra)
-  local names = {}
-  for _, e in ipairs(extra) do
-    names[#names + 1] = e
+-- The 60 s window (DynLimits layout). ------------------------------------------------------------
+
+local D = {}
+
+-- Reads the state of the 60 s window at now; returns false when now's minute is not among KEYS.
+local function dyn_check(l)
+  local t = div(now_ms, 1000)
+  local minute = div(t, 60)
+  local idx = minute - m + 3
+  if idx < 2 or idx > 4 then
+    return false
   end
-  local n = #names
-  for s = from, to do
-    names[#names + 1] = s - hm * 60
-  end
-  if #names == 0 then
-    return {}
-  end
-  local vals = redis.call('HMGET', key, unpack(names))
-  for i = n + 1, #names do
-    known[from + i - n - 1] = tonumber(vals[i]) or 0
-  end
-  return vals
-end
+  local cur, prev = KEYS[idx], KEYS[idx - 1]
+  local base = minute * 60
+  local room = l.rl - cost
 
--- The counts of absolute seconds from..to (at most 60 of them, within minutes minute-2 .. minute),
--- as a list, reading what is not known yet with one HMGET per minute hash.
-local function counts(from, to)
-  local out = {}
-  local s = from
-  while s <= to do
-    local hm = math.floor(s / 60)
-    local last = math.min(to, hm * 60 + 59)
-    if known[s] == nil or known[last] == nil then
-      read(KEYS[idx - (minute - hm)], hm, s, last, {})
+  local st = redis.call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', t % 60)
+  local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  local b, bl = tonumber(st[4]), tonumber(st[5])
+  local here = tonumber(st[6]) or 0 -- the count of second t
+  if c and t < c then
+    t = c -- a window's clock never runs backwards
+    here = tonumber(redis.call('HGET', cur, t % 60)) or 0
+  end
+  local nowx = math.max(now_ms, t * 1000)
+  D.cur, D.t, D.c, D.b, D.here, D.sec, D.nowx = cur, t, c, b, here, t - base, nowx
+
+  if b and bl == room and t < b then
+    l.fits, l.remaining, l.retry = false, 0, b * 1000 - nowx
+    l.reset = l.retry
+    D.blocked = true
+    return true
+  end
+
+  -- Counts read so far, by absolute second: every field is read at most once per call.
+  local known = {}
+
+  -- Reads the counts of absolute seconds from..to of one minute's hash (`key`, minute `hm`) into
+  -- `known`, with `extra` field names first; returns the values of the extra fields.
+  local function read(key, hm, from, to, extra)
+    local names = {}
+    for _, e in ipairs(extra) do
+      names[#names + 1] = e
     end
-    for k = s, last do
-      out[#out + 1] = known[k]
+    local n = #names
+    for s = from, to do
+      names[#names + 1] = s - hm * 60
     end
-    s = last + 1
+    if #names == 0 then
+      return {}
+    end
+    local vals = redis.call('HMGET', key, unpack(names))
+    for i = n + 1, #names do
+      known[from + i - n - 1] = tonumber(vals[i]) or 0
+    end
+    return vals
   end
-  return out
-end
 
-local function sum(from, to)
-  local total = 0
-  if from <= to then
-    for _, n in ipairs(counts(from, to)) do total = total + n end
+  -- The counts of absolute seconds from..to (at most 60 of them, within minutes minute-2 ..
+  -- minute), as a list, reading what is not known yet with one HMGET per minute hash.
+  local function counts(from, to)
+    local out = {}
+    local s = from
+    while s <= to do
+      local hm = div(s, 60)
+      local last = math.min(to, hm * 60 + 59)
+      if known[s] == nil or known[last] == nil then
+        read(KEYS[idx - (minute - hm)], hm, s, last, {})
+      end
+      for q = s, last do
+        out[#out + 1] = known[q]
+      end
+      s = last + 1
+    end
+    return out
   end
-  return total
-end
 
--- The first second in [from, t] that holds a count, or -1. The oldest count is usually at the
--- start (a busy key), so this reads 1 second, then 4, then 16... (a small hash is a list that every
--- field lookup scans: reading fields that are not needed is not free).
-local function first_count(from)
-  local s = from
-  local batch = 1
-  while s <= t do
-    local last = math.min(t, s + batch - 1)
-    for i, n in ipairs(counts(s, last)) do
-      if n > 0 then
-        return s + i - 1
+  local function sum(from, to)
+    local total = 0
+    if from <= to then
+      for _, n in ipairs(counts(from, to)) do total = total + n end
+    end
+    return total
+  end
+
+  -- The first second in [from, t] that holds a count, or -1. The oldest count is usually at the
+  -- start (a busy key), so this reads 1 second, then 4, then 16... (a small hash is a list that
+  -- every field lookup scans: reading fields that are not needed is not free).
+  local function first_count(from)
+    local s = from
+    local batch = 1
+    while s <= t do
+      local last = math.min(t, s + batch - 1)
+      for i, n in ipairs(counts(s, last)) do
+        if n > 0 then
+          return s + i - 1
+        end
+      end
+      s = last + 1
+      batch = batch * 4
+    end
+    return -1
+  end
+
+  if not c then
+    -- First request of this minute for this counter: nothing is counted here yet, so the window is
+    -- what the previous minute's hash holds after second t-60. Take it from that hash's state. The
+    -- same read fetches the seconds this needs if that hash was last used a second ago (a busy
+    -- key): t-60, which leaves the window, and t-59, where the oldest count is looked for first.
+    local p = read(prev, minute - 1, t - 60, math.min(t - 59, base - 1), {'c', 'w', 'o'})
+    local pc, pw, po = tonumber(p[1]), tonumber(p[2]), tonumber(p[3])
+    if not pc or pc <= t - 60 then
+      w = 0
+    elseif t - pc <= pc - t + 60 and idx >= 3 then
+      -- Fewer seconds left the window since pc than are left in it: subtract those.
+      w = pw - sum(pc - 59, t - 60)
+    else
+      w = sum(t - 59, pc)
+    end
+    if w <= 0 then
+      w = 0
+      o = -1
+    elseif po >= t - 59 then
+      o = po
+    else
+      o = first_count(t - 59)
+    end
+  elseif c < t then
+    -- Seconds c-59 .. t-60, all in the previous minute, leave the window; read them together with
+    -- t-59, where the oldest count is looked for first when it left.
+    read(prev, minute - 1, c - 59, math.min(t - 59, base - 1), {})
+    w = w - sum(c - 59, t - 60)
+    if w <= 0 then
+      w = 0
+      o = -1
+    elseif o < t - 59 then
+      o = first_count(t - 59)
+    end
+  end
+  D.w, D.o = w, o
+
+  if w + cost > l.rl then
+    -- Walk the oldest seconds out of the window until the cost fits.
+    local retry = 60
+    local left = w
+    local from = o
+    if from < 0 then
+      from = t
+    end
+    for i, n in ipairs(counts(from, t)) do
+      left = left - n
+      if left <= room then
+        retry = from + i - 1 + 60 - t
+        break
       end
     end
-    s = last + 1
-    batch = batch * 4
+    -- Remembered even if another limit refused too: nothing is counted here until t + retry.
+    redis.call('HSET', cur, 'c', t, 'w', w, 'o', o, 'b', t + retry, 'bl', room)
+    if not c then
+      redis.call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
+    end
+    l.fits, l.remaining, l.retry = false, 0, (t + retry) * 1000 - nowx
+    l.reset = l.retry
+    return true
   end
-  return -1
+  l.fits, l.remaining, l.retry = true, l.rl - w, -1
+  l.reset = o >= 0 and (o + 60) * 1000 - nowx or 0
+  return true
 end
 
-if not c then
-  -- First request of this minute for this counter: nothing is counted here yet, so the window is
-  -- what the previous minute's hash holds after second t-60. Take it from that hash's state. The
-  -- same read fetches the seconds this needs if that hash was last used a second ago (a busy key):
-  -- t-60, which leaves the window, and t-59, where the oldest count is looked for first.
-  local p = read(prev, minute - 1, t - 60, math.min(t - 59, base - 1), {'c', 'w', 'o'})
-  local pc, pw, po = tonumber(p[1]), tonumber(p[2]), tonumber(p[3])
-  if not pc or pc <= t - 60 then
-    w = 0
-  elseif t - pc <= pc - t + 60 and idx >= 3 then
-    -- Fewer seconds left the window since pc than are left in it: subtract those.
-    w = pw - sum(pc - 59, t - 60)
+local function dyn_count(l)
+  local t, o = D.t, D.o
+  local w = D.w + cost
+  if o < 0 then
+    o = t
+  end
+  -- One write: the count of second t (read above) and the state.
+  if D.b then
+    redis.call('HSET', D.cur, D.sec, D.here + cost, 'c', t, 'w', w, 'o', o, 'b', 0)
   else
-    w = sum(t - 59, pc)
+    redis.call('HSET', D.cur, D.sec, D.here + cost, 'c', t, 'w', w, 'o', o)
   end
-  if w <= 0 then
-    w = 0
-    o = -1
-  elseif po >= t - 59 then
-    o = po
-  else
-    o = first_count(t - 59)
+  if not D.c then
+    redis.call('EXPIRE', D.cur, ttl)
   end
-elseif c < t then
-  -- Seconds c-59 .. t-60, all in the previous minute, leave the window; read them together with
-  -- t-59, where the oldest count is looked for first when it left.
-  read(prev, minute - 1, c - 59, math.min(t - 59, base - 1), {})
-  w = w - sum(c - 59, t - 60)
-  if w <= 0 then
-    w = 0
-    o = -1
-  elseif o < t - 59 then
-    o = first_count(t - 59)
-  end
+  l.remaining = l.rl - w
+  l.reset = (o + 60) * 1000 - D.nowx
 end
 
-if w + 1 > limit then
-  -- Walk the oldest seconds out of the window until one more request fits.
-  local retry = 60
-  local left = w
-  local from = o
-  if from < 0 then
-    from = t
+-- Any other window length. -----------------------------------------------------------------------
+
+local function gen_check(l, key)
+  local w = l.w
+  local n = w >= 60 and 60 or 10 * w
+  local function start(b)
+    return div(b * 1000 * w + n - 1, n)
   end
-  for i, n in ipairs(counts(from, t)) do
-    left = left - n
-    if left < limit then
-      retry = from + i - 1 + 60 - t
-      break
+  local t = div(now_ms * n, 1000 * w)
+  local st = redis.call('HMGET', key, 'c', 's', 'o')
+  local c, s, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if c and t < c then
+    t = c
+  end
+  local dirty = false
+  if c and t - c >= n then
+    redis.call('DEL', key)
+    c = nil
+  end
+  if not c then
+    s, o = 0, -1
+    dirty = true
+  elseif c < t then
+    -- Buckets c-n+1 .. t-n leave the window (their slots are about to be reused).
+    local names = {}
+    for b = c - n + 1, t - n do
+      if b >= 0 then names[#names + 1] = b % n end
+    end
+    if #names > 0 then
+      local vals = redis.call('HMGET', key, unpack(names))
+      local gone = {}
+      for i, v in ipairs(vals) do
+        local x = tonumber(v)
+        if x then
+          s = s - x
+          gone[#gone + 1] = names[i]
+        end
+      end
+      if #gone > 0 then
+        redis.call('HDEL', key, unpack(gone))
+      end
+    end
+    dirty = true
+  end
+  local function counts(from, to)
+    local names = {}
+    for b = from, to do names[#names + 1] = b % n end
+    local vals = redis.call('HMGET', key, unpack(names))
+    local out = {}
+    for i = 1, #names do out[i] = tonumber(vals[i]) or 0 end
+    return out
+  end
+  if s <= 0 then
+    s, o = 0, -1
+  elseif o < t - n + 1 then
+    -- The oldest count left: look for the next, 1 bucket, then 4, then 16...
+    local b, batch = t - n + 1, 1
+    o = -1
+    while b <= t and o < 0 do
+      local last = math.min(t, b + batch - 1)
+      for i, x in ipairs(counts(b, last)) do
+        if x > 0 then
+          o = b + i - 1
+          break
+        end
+      end
+      b, batch = last + 1, batch * 4
     end
   end
-  redis.call('HSET', cur, 'c', t, 'w', w, 'o', o, 'b', t + retry, 'bl', limit)
-  if not c then
-    redis.call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
+  local nowx = math.max(now_ms, start(t))
+  l.G = {key = key, t = t, s = s, o = o, n = n, start = start, nowx = nowx, dirty = dirty}
+  if s + cost > l.rl then
+    local left, at, b, batch = s, t, o, 1
+    while b <= t do
+      local last = math.min(t, b + batch - 1)
+      local found = false
+      for i, x in ipairs(counts(b, last)) do
+        left = left - x
+        if left + cost <= l.rl then
+          at, found = b + i - 1, true
+          break
+        end
+      end
+      if found then break end
+      b, batch = last + 1, batch * 4
+    end
+    l.fits, l.remaining, l.retry = false, 0, start(at + n) - nowx
+    l.reset = l.retry
+  else
+    l.fits, l.remaining, l.retry = true, l.rl - s, -1
+    l.reset = o >= 0 and start(o + n) - nowx or 0
   end
-  return string.format('0 0 %d %d %d %d', retry, retry, t, usec)
 end
 
-w = w + 1
-if o < 0 then
-  o = t
+local function gen_write(l, counted)
+  local g = l.G
+  if counted then
+    local o = g.o >= 0 and g.o or g.t
+    redis.call('HINCRBY', g.key, g.t % g.n, cost)
+    redis.call('HSET', g.key, 'c', g.t, 's', g.s + cost, 'o', o)
+    l.remaining = l.rl - g.s - cost
+    l.reset = g.start(o + g.n) - g.nowx
+  elseif g.dirty then
+    redis.call('HSET', g.key, 'c', g.t, 's', g.s, 'o', g.o)
+  else
+    return
+  end
+  -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
+  redis.call('EXPIRE', g.key, 2 * l.w + 60)
 end
--- One write: the count of second t (read above) and the state.
-if b then
-  redis.call('HSET', cur, sec, here + 1, 'c', t, 'w', w, 'o', o, 'b', 0)
-else
-  redis.call('HSET', cur, sec, here + 1, 'c', t, 'w', w, 'o', o)
+
+-- Decide, then count. ----------------------------------------------------------------------------
+
+local enforced_ok, shadow_ok = true, true
+local function judge(l)
+  if not l.fits then
+    if l.shadow then shadow_ok = false else enforced_ok = false end
+  end
 end
-if not c then
-  redis.call('EXPIRE', cur, ttl)
+-- The 60 s window first: it is the one that may find the minute guessed wrong, and nothing may be
+-- written before that is known.
+for _, l in ipairs(limits) do
+  if l.w == 60 and not l.never then
+    if not dyn_check(l) then
+      return string.format('%d %d', -1, now_ms)
+    end
+  end
 end
-return string.format('1 %d %d -1 %d %d', limit - w, o + 60 - t, t, usec)
+local next_key = has60 and 5 or 1
+for _, l in ipairs(limits) do
+  if l.never then
+    l.fits, l.remaining, l.reset, l.retry = false, 0, l.w * 1000, -1
+  elseif l.w ~= 60 then
+    gen_check(l, KEYS[next_key])
+  end
+  if l.w ~= 60 then
+    next_key = next_key + 1
+  end
+  judge(l)
+end
+
+local out = {}
+for i, l in ipairs(limits) do
+  local counted = enforced_ok and (shadow_ok or not l.shadow) and l.fits
+  if l.never then
+    -- nothing to write
+  elseif l.w == 60 then
+    if counted then dyn_count(l) end
+  else
+    gen_write(l, counted)
+  end
+  out[i] = string.format('%d %d %d %d', l.fits and 1 or 0, l.remaining, l.reset, l.retry)
+end
+local sl = (enforced_ok and not shadow_ok) and 1 or 0
+return string.format('%d %d %d %d ', enforced_ok and 1 or 0, sl, now_ms, usec) .. table.concat(out, ' ')

@@ -1,0 +1,375 @@
+//! limiter: the sliding-window arithmetic, pure and exact.
+//!
+//! A request on an endpoint is checked against every [`Limit`] its key has there (one per window
+//! length: 10 per second *and* 1000 per minute), each a [`Window`] of its own. It passes only if
+//! every enforced limit has room for its cost, and it is counted in all of them or in none
+//! ([`Counter::hit`]). Shadow limits are computed and counted as if enforced but never refuse.
+//! No I/O and no clock here: `now` is always an argument. The memory store runs this code
+//! directly; the Redis script (`store/window.lua`) computes the same answers, and the store
+//! behaviour suite holds them equal.
+
+mod window;
+
+pub use window::{Check, WINDOW_SECONDS, Window, bucket_of, bucket_start, buckets, ceil_seconds};
+
+/// Longest window a limit may have, in seconds (one day).
+pub const MAX_WINDOW_SECONDS: u32 = 86_400;
+/// Limits one key may have on one endpoint (one per window length).
+pub const MAX_LIMITS: usize = 6;
+
+/// One limit: `rl` units per `w` seconds, enforced or shadow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub rl: u64,
+    /// Window length in seconds, 1 to [`MAX_WINDOW_SECONDS`].
+    pub w: u32,
+    /// Computed and counted, never refuses.
+    pub shadow: bool,
+}
+
+impl Limit {
+    /// An enforced DynLimits limit: `rl` requests per 60 s.
+    pub fn per_minute(rl: u64) -> Limit {
+        Limit {
+            rl,
+            w: WINDOW_SECONDS as u32,
+            shadow: false,
+        }
+    }
+}
+
+/// The state of one limit after checking one request against it: allowed or not, and what is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// This limit has room for the request.
+    pub allowed: bool,
+    /// The limit the request was checked against (units per window).
+    pub limit: u64,
+    /// Units still allowed in the current window after this request (if it was counted).
+    pub remaining: u64,
+    /// Seconds until more quota is available. Rejected: the wait after which the same request passes
+    /// (equal to `retry_after`). Allowed: until the oldest counted request leaves the window.
+    pub reset: u64,
+    /// Set on rejections that waiting can cure: whole seconds after which the same request passes
+    /// if nothing else is sent (rounded up). `None` when it never can (its cost is above the limit).
+    pub retry_after: Option<u64>,
+}
+
+impl Quota {
+    /// The answer for a zero limit, which rejects every request without touching any counter.
+    pub fn zero_limit() -> Self {
+        Quota {
+            allowed: false,
+            limit: 0,
+            remaining: 0,
+            reset: WINDOW_SECONDS,
+            retry_after: None,
+        }
+    }
+}
+
+/// The answer for one request against all its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Every enforced limit had room: the request passes and was counted.
+    pub allowed: bool,
+    /// Allowed, but at least one shadow limit would have refused it.
+    pub shadow_limited: bool,
+    quotas: [Quota; MAX_LIMITS],
+    len: u8,
+}
+
+impl Outcome {
+    /// An outcome from per-limit quotas (in the order of the request's limits).
+    pub fn new(allowed: bool, shadow_limited: bool, quotas: &[Quota]) -> Outcome {
+        let mut all = [Quota::zero_limit(); MAX_LIMITS];
+        let len = quotas.len().min(MAX_LIMITS);
+        all[..len].copy_from_slice(&quotas[..len]);
+        Outcome {
+            allowed,
+            shadow_limited,
+            quotas: all,
+            len: len as u8,
+        }
+    }
+
+    /// One quota per limit of the request, in its order.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas[..usize::from(self.len)]
+    }
+
+    /// The wait in whole seconds after which the request passes every enforced limit, if nothing
+    /// else is sent; `None` when allowed, or when some limit can never pass it.
+    pub fn retry_after(&self, limits: &[Limit]) -> Option<u64> {
+        if self.allowed {
+            return None;
+        }
+        let mut wait = 0;
+        for (l, q) in limits.iter().zip(self.quotas()) {
+            if l.shadow || q.allowed {
+                continue;
+            }
+            wait = wait.max(q.retry_after?);
+        }
+        Some(wait)
+    }
+
+    /// The enforced limit that tells most about this answer, for the single-policy headers: on a
+    /// refusal the refusing limit with the longest wait (one that can never pass first); else the
+    /// one with the least left, then the longest reset. `None` when every limit is shadow.
+    pub fn most_restrictive(&self, limits: &[Limit]) -> Option<usize> {
+        let rank = |q: &Quota| {
+            (
+                q.allowed,
+                std::cmp::Reverse(q.retry_after.unwrap_or(u64::MAX)),
+                q.remaining,
+                std::cmp::Reverse(q.reset),
+            )
+        };
+        limits
+            .iter()
+            .zip(self.quotas())
+            .enumerate()
+            .filter(|(_, (l, _))| !l.shadow)
+            .min_by_key(|(_, (_, q))| rank(q))
+            .map(|(i, _)| i)
+    }
+}
+
+/// The windows of one (API key, endpoint) counter, one per window length.
+#[derive(Debug, Clone, Default)]
+pub struct Counter {
+    windows: Vec<Window>,
+}
+
+impl Counter {
+    /// A counter holding `windows` (one per window length; later duplicates are ignored).
+    pub fn from_windows(windows: Vec<Window>) -> Counter {
+        let mut c = Counter::default();
+        for w in windows {
+            if c.get(w.seconds()).is_none() {
+                c.windows.push(w);
+            }
+        }
+        c
+    }
+
+    /// True when no window holds anything at `now_ms`.
+    pub fn is_idle(&self, now_ms: u64) -> bool {
+        self.windows.iter().all(|w| w.is_idle(now_ms))
+    }
+
+    /// The window of `w` seconds (created empty if new).
+    fn window(&mut self, w: u32) -> usize {
+        match self.windows.iter().position(|x| x.seconds() == w) {
+            Some(i) => i,
+            None => {
+                self.windows.push(Window::of_seconds(w));
+                self.windows.len() - 1
+            }
+        }
+    }
+
+    /// The window of `w` seconds, if it has one.
+    pub fn get(&self, w: u32) -> Option<&Window> {
+        self.windows.iter().find(|x| x.seconds() == w)
+    }
+
+    /// Checks one request of `cost` units at `now_ms` against `limits` (distinct `w`, at most
+    /// [`MAX_LIMITS`]) and counts it where it belongs:
+    /// - if an enforced limit has no room, it is refused and counted nowhere;
+    /// - else it is counted in every enforced limit, and in the shadow limits too if all of them
+    ///   have room; if one has not, it is counted in no shadow limit (as if a shadow refusal were
+    ///   real, so a catalog run all in shadow counts exactly what enforcing it would) and the
+    ///   outcome is `shadow_limited`.
+    pub fn hit(&mut self, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        let mut at = [0usize; MAX_LIMITS];
+        let mut checks = [None::<Check>; MAX_LIMITS];
+        let (mut enforced_ok, mut shadow_ok) = (true, true);
+        for (i, l) in limits.iter().enumerate() {
+            if l.rl == 0 || cost > l.rl {
+                // Can never pass: no window is needed to say so.
+                if l.shadow {
+                    shadow_ok = false;
+                } else {
+                    enforced_ok = false;
+                }
+                continue;
+            }
+            at[i] = self.window(l.w);
+            let c = self.windows[at[i]].check(now_ms, l.rl, cost);
+            if !c.fits {
+                if l.shadow {
+                    shadow_ok = false;
+                } else {
+                    enforced_ok = false;
+                }
+            }
+            checks[i] = Some(c);
+        }
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        for (i, l) in limits.iter().enumerate() {
+            let Some(c) = &checks[i] else {
+                quotas[i] = Quota {
+                    limit: l.rl,
+                    reset: u64::from(l.w),
+                    ..Quota::zero_limit()
+                };
+                continue;
+            };
+            let counted = enforced_ok && (shadow_ok || !l.shadow);
+            let win = &mut self.windows[at[i]];
+            if counted {
+                win.count(cost);
+            }
+            quotas[i] = win.quota(c, now_ms, l.rl, cost, counted);
+        }
+        Outcome::new(
+            enforced_ok,
+            enforced_ok && !shadow_ok,
+            &quotas[..limits.len()],
+        )
+    }
+
+    /// The state of every limit at `now_ms` for one more request of `cost`, counting nothing.
+    pub fn peek(&self, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        self.clone().hit_without_counting(limits, cost, now_ms)
+    }
+
+    fn hit_without_counting(mut self, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        let mut allowed = true;
+        for (i, l) in limits.iter().take(MAX_LIMITS).enumerate() {
+            let q = if l.rl == 0 || cost > l.rl {
+                Quota {
+                    limit: l.rl,
+                    reset: u64::from(l.w),
+                    ..Quota::zero_limit()
+                }
+            } else {
+                let at = self.window(l.w);
+                let c = self.windows[at].check(now_ms, l.rl, cost);
+                self.windows[at].quota(&c, now_ms, l.rl, cost, false)
+            };
+            allowed &= q.allowed || l.shadow;
+            quotas[i] = q;
+        }
+        Outcome::new(allowed, false, &quotas[..limits.len().min(MAX_LIMITS)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_040_000; // a minute boundary, in ms
+
+    fn lim(rl: u64, w: u32) -> Limit {
+        Limit {
+            rl,
+            w,
+            shadow: false,
+        }
+    }
+
+    fn shadow(rl: u64, w: u32) -> Limit {
+        Limit {
+            rl,
+            w,
+            shadow: true,
+        }
+    }
+
+    #[test]
+    fn a_request_refused_by_one_window_uses_up_none() {
+        let limits = [lim(2, 1), lim(3, 60)];
+        let mut c = Counter::default();
+        assert!(c.hit(&limits, 1, T0).allowed);
+        assert!(c.hit(&limits, 1, T0 + 10).allowed);
+        let o = c.hit(&limits, 1, T0 + 20);
+        assert!(!o.allowed, "the per-second limit refuses");
+        assert_eq!(
+            o.quotas()[1].remaining,
+            1,
+            "the per-minute quota is untouched"
+        );
+        assert_eq!(o.retry_after(&limits), Some(1));
+        assert!(c.hit(&limits, 1, T0 + 1_000).allowed, "one second later");
+        let o = c.hit(&limits, 1, T0 + 2_000);
+        assert!(!o.allowed, "now the per-minute limit refuses");
+        assert_eq!(o.retry_after(&limits), Some(58));
+        assert_eq!(o.most_restrictive(&limits), Some(1));
+    }
+
+    #[test]
+    fn retry_after_waits_for_every_window() {
+        let limits = [lim(1, 1), lim(1, 10)];
+        let mut c = Counter::default();
+        assert!(c.hit(&limits, 1, T0).allowed);
+        let o = c.hit(&limits, 1, T0 + 500);
+        assert_eq!(o.retry_after(&limits), Some(10));
+        assert!(!c.hit(&limits, 1, T0 + 9_999).allowed);
+        assert!(c.hit(&limits, 1, T0 + 10_000).allowed);
+    }
+
+    #[test]
+    fn cost_counts_units_in_every_window() {
+        let limits = [lim(10, 1), lim(25, 60)];
+        let mut c = Counter::default();
+        let o = c.hit(&limits, 4, T0);
+        assert_eq!((o.quotas()[0].remaining, o.quotas()[1].remaining), (6, 21));
+        let o = c.hit(&limits, 11, T0 + 5_000);
+        assert!(!o.allowed);
+        assert_eq!(
+            o.retry_after(&limits),
+            None,
+            "a cost above a limit never passes"
+        );
+        assert_eq!(o.most_restrictive(&limits), Some(0));
+    }
+
+    #[test]
+    fn shadow_limits_count_but_never_refuse() {
+        let limits = [lim(10, 60), shadow(2, 60 * 60)];
+        let mut c = Counter::default();
+        for _ in 0..2 {
+            let o = c.hit(&limits, 1, T0);
+            assert!(o.allowed && !o.shadow_limited);
+        }
+        let o = c.hit(&limits, 1, T0);
+        assert!(o.allowed && o.shadow_limited);
+        assert_eq!(o.quotas()[0].remaining, 7, "counted in the enforced limit");
+        assert_eq!(
+            o.most_restrictive(&limits),
+            Some(0),
+            "shadow limits are not reported"
+        );
+    }
+
+    #[test]
+    fn a_catalog_all_in_shadow_counts_what_enforcing_it_would() {
+        let enforced = [lim(3, 1), lim(5, 60)];
+        let dry = [shadow(3, 1), shadow(5, 60)];
+        let (mut a, mut b) = (Counter::default(), Counter::default());
+        for i in 0..200u64 {
+            let now = T0 + i * 137;
+            let x = a.hit(&enforced, 1 + i % 2, now);
+            let y = b.hit(&dry, 1 + i % 2, now);
+            assert!(y.allowed);
+            assert_eq!(x.allowed, !y.shadow_limited, "at step {i}");
+            assert_eq!(x.quotas(), y.quotas(), "at step {i}");
+        }
+    }
+
+    #[test]
+    fn peek_counts_nothing() {
+        let limits = [lim(2, 1), lim(3, 60)];
+        let mut c = Counter::default();
+        c.hit(&limits, 1, T0);
+        let p = c.peek(&limits, 1, T0 + 10);
+        assert!(p.allowed);
+        assert_eq!((p.quotas()[0].remaining, p.quotas()[1].remaining), (1, 2));
+        assert_eq!(c.peek(&limits, 1, T0 + 10), p);
+    }
+}

@@ -1,0 +1,470 @@
+//! window: one sliding window of `n` buckets, pure and exact.
+//!
+//! A window of `w` seconds is cut into buckets ([`buckets`]): one second each for `w = 60` (the
+//! DynLimits layout), `w / 60` seconds for longer windows, 100 ms for shorter ones. Bucket `b` covers
+//! the milliseconds `[start(b), start(b + 1))` with `start(b) = ceil(b * 1000 * w / n)`, so bucket
+//! boundaries are the same for every instance and every store. At bucket `t` the window is the
+//! buckets `[t - n + 1, t]`, and a request of cost `c` fits iff `sum + c <= limit`. This module has
+//! no I/O and no clock: `now` (Unix milliseconds) is always an argument. The Redis script
+//! (`store/window.lua`) computes the same answers; the store behaviour suite holds them equal.
+
+use super::Quota;
+
+/// The DynLimits window: 60 seconds of one-second buckets.
+pub const WINDOW_SECONDS: u64 = 60;
+
+/// Buckets per window of `w` seconds: 60 for `w >= 60`, else one per 100 ms.
+pub fn buckets(w: u32) -> u64 {
+    if w >= 60 { 60 } else { 10 * u64::from(w) }
+}
+
+/// The bucket that holds millisecond `now_ms` in a window of `w` seconds.
+pub fn bucket_of(w: u32, now_ms: u64) -> u64 {
+    now_ms * buckets(w) / (1000 * u64::from(w))
+}
+
+/// The first millisecond of bucket `b` in a window of `w` seconds.
+pub fn bucket_start(w: u32, b: u64) -> u64 {
+    (b * 1000 * u64::from(w)).div_ceil(buckets(w))
+}
+
+/// Milliseconds to whole seconds, rounded up: a wait is never reported shorter than it is.
+pub fn ceil_seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// What one window says about one request, before anything is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    /// The request fits (`sum + cost <= limit`).
+    pub fits: bool,
+    /// The window's sum at `now`, this request not counted.
+    pub sum: u64,
+    /// The oldest bucket holding a count, if any.
+    pub oldest: Option<u64>,
+    /// When it does not fit: the bucket whose leaving makes room (`None`: nothing can, the cost is
+    /// above the limit).
+    pub room_after: Option<u64>,
+    /// The bucket of `now` (never earlier than the latest the window has seen).
+    pub bucket: u64,
+}
+
+/// The buckets of one (counter, window length).
+///
+/// `counts[b % n]` holds the count of bucket `b` for the `n` buckets ending at `last`; buckets that
+/// fall out of the window are zeroed as time moves on, so the ring never holds stale buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    w: u32,
+    counts: Box<[u32]>,
+    last: u64,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Window {
+    /// A DynLimits window: 60 one-second buckets.
+    pub fn new() -> Self {
+        Self::of_seconds(WINDOW_SECONDS as u32)
+    }
+
+    /// An empty window of `w` seconds (1 to 86400).
+    pub fn of_seconds(w: u32) -> Self {
+        let w = w.max(1);
+        Window {
+            w,
+            counts: vec![0; buckets(w) as usize].into_boxed_slice(),
+            last: 0,
+        }
+    }
+
+    /// The window's length in seconds.
+    pub fn seconds(&self) -> u32 {
+        self.w
+    }
+
+    fn n(&self) -> u64 {
+        self.counts.len() as u64
+    }
+
+    /// The latest bucket this window has seen.
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// True when nothing counted is left in the window at `now_ms`, so the window can be forgotten
+    /// without changing any future answer.
+    pub fn is_idle(&self, now_ms: u64) -> bool {
+        bucket_of(self.w, now_ms) >= self.last + self.n() || self.counts.iter().all(|&c| c == 0)
+    }
+
+    /// Moves the window to bucket `now`, zeroing buckets that left it. Time never runs backwards
+    /// for a window: an earlier `now` is treated as the latest bucket seen.
+    fn advance(&mut self, now: u64) -> u64 {
+        if now <= self.last {
+            return self.last;
+        }
+        let n = self.n();
+        if now - self.last >= n {
+            self.counts.fill(0);
+        } else {
+            for b in self.last + 1..=now {
+                self.counts[(b % n) as usize] = 0;
+            }
+        }
+        self.last = now;
+        now
+    }
+
+    fn count_at(&self, b: u64) -> u64 {
+        u64::from(self.counts[(b % self.n()) as usize])
+    }
+
+    /// A window of `w` seconds holding `counts` (bucket, count) at bucket `now`; buckets outside
+    /// the window are left out. For reading a window kept elsewhere (Redis' hashes).
+    pub fn from_counts(w: u32, now: u64, counts: impl IntoIterator<Item = (u64, u32)>) -> Window {
+        let mut win = Window::of_seconds(w);
+        win.last = now;
+        let n = win.n();
+        for (b, c) in counts {
+            if b <= now && b + n > now {
+                let slot = &mut win.counts[(b % n) as usize];
+                *slot = slot.saturating_add(c);
+            }
+        }
+        win
+    }
+
+    /// Brings the window to `now_ms` and says whether `cost` more fits under `limit`, counting
+    /// nothing.
+    pub fn check(&mut self, now_ms: u64, limit: u64, cost: u64) -> Check {
+        let t = self.advance(bucket_of(self.w, now_ms));
+        let n = self.n();
+        let first = (t + 1).saturating_sub(n);
+        let sum: u64 = self.counts.iter().map(|&c| u64::from(c)).sum();
+        let oldest = (first..=t).find(|&b| self.count_at(b) > 0);
+        let fits = sum + cost <= limit;
+        let room_after = if fits || cost > limit {
+            None
+        } else {
+            // Walk the oldest buckets out until `cost` fits. At `t + n` the window is empty and
+            // the cost fits, so this always ends.
+            let mut left = sum;
+            let mut at = t;
+            for b in oldest.unwrap_or(t)..=t {
+                left -= self.count_at(b);
+                if left + cost <= limit {
+                    at = b;
+                    break;
+                }
+            }
+            Some(at)
+        };
+        Check {
+            fits,
+            sum,
+            oldest,
+            room_after,
+            bucket: t,
+        }
+    }
+
+    /// Counts `cost` in the bucket of the last [`Window::check`].
+    pub fn count(&mut self, cost: u64) {
+        let n = self.n();
+        let slot = &mut self.counts[(self.last % n) as usize];
+        *slot = slot.saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+    }
+
+    /// The quota `check` describes at `now_ms`, after `cost` was counted (`counted`) or not.
+    pub fn quota(&self, c: &Check, now_ms: u64, limit: u64, cost: u64, counted: bool) -> Quota {
+        let n = self.n();
+        // A clock behind the window's is read as the window's own time.
+        let now_ms = now_ms.max(bucket_start(self.w, c.bucket));
+        let until = |b: u64| bucket_start(self.w, b + n) - now_ms;
+        if !c.fits {
+            let retry = c.room_after.map(|b| ceil_seconds(until(b)));
+            return Quota {
+                allowed: false,
+                limit,
+                remaining: 0,
+                reset: retry.unwrap_or(u64::from(self.w)),
+                retry_after: retry,
+            };
+        }
+        if counted {
+            let oldest = c.oldest.unwrap_or(c.bucket);
+            return Quota {
+                allowed: true,
+                limit,
+                remaining: limit - c.sum - cost,
+                reset: ceil_seconds(until(oldest)),
+                retry_after: None,
+            };
+        }
+        Quota {
+            allowed: true,
+            limit,
+            remaining: limit - c.sum,
+            reset: c.oldest.map_or(0, |b| ceil_seconds(until(b))),
+            retry_after: None,
+        }
+    }
+
+    /// The state of `limit` at `now_ms` without counting anything: what is left, and whether one
+    /// more request would pass, with `retry_after` when it would not. `reset` is when the oldest
+    /// counted request leaves the window (0 when the window is empty).
+    pub fn peek_ms(&self, now_ms: u64, limit: u64) -> Quota {
+        if limit == 0 {
+            return Quota::zero_limit();
+        }
+        let mut probe = self.clone();
+        let c = probe.check(now_ms, limit, 1);
+        probe.quota(&c, now_ms, limit, 1, false)
+    }
+
+    /// Checks one request (cost 1) at `now_ms` against `limit` and counts it if it fits.
+    pub fn hit_ms(&mut self, now_ms: u64, limit: u64) -> Quota {
+        if limit == 0 {
+            return Quota::zero_limit();
+        }
+        let c = self.check(now_ms, limit, 1);
+        if c.fits {
+            self.count(1);
+        }
+        self.quota(&c, now_ms, limit, 1, c.fits)
+    }
+
+    /// [`Window::hit_ms`] at the start of second `now`.
+    pub fn hit(&mut self, now: u64, limit: u64) -> Quota {
+        self.hit_ms(now * 1000, limit)
+    }
+
+    /// [`Window::peek_ms`] at the start of second `now`.
+    pub fn peek(&self, now: u64, limit: u64) -> Quota {
+        self.peek_ms(now * 1000, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_040; // second 0 of a minute
+
+    fn hits(w: &mut Window, now: u64, limit: u64, n: usize) -> Vec<bool> {
+        (0..n).map(|_| w.hit(now, limit).allowed).collect()
+    }
+
+    #[test]
+    fn bucket_geometry() {
+        assert_eq!(
+            (buckets(60), buckets(1), buckets(59), buckets(3600)),
+            (60, 10, 590, 60)
+        );
+        assert_eq!(bucket_of(60, 61_999), 61);
+        assert_eq!(bucket_of(1, 1_250), 12, "100 ms buckets");
+        assert_eq!(bucket_of(3600, 3_599_999), 59, "one-minute buckets");
+        // w = 90: buckets of 1.5 s; boundaries are exact milliseconds or rounded up.
+        assert_eq!((bucket_start(90, 1), bucket_start(90, 2)), (1_500, 3_000));
+        assert_eq!((bucket_of(90, 1_499), bucket_of(90, 1_500)), (0, 1));
+        assert_eq!(bucket_start(7, 3), 300);
+        // w = 61: 1016.67 ms buckets, starts rounded up, and consistent with bucket_of.
+        for b in [1u64, 2, 3, 1_000_000] {
+            let s = bucket_start(61, b);
+            assert_eq!(bucket_of(61, s), b);
+            assert_eq!(bucket_of(61, s - 1), b - 1);
+        }
+    }
+
+    #[test]
+    fn allows_up_to_the_limit_then_rejects() {
+        let mut w = Window::new();
+        assert_eq!(hits(&mut w, T0, 3, 3), vec![true, true, true]);
+        let d = w.hit(T0, 3);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.retry_after, Some(60));
+    }
+
+    #[test]
+    fn remaining_counts_down_and_reset_points_at_the_oldest_hit() {
+        let mut w = Window::new();
+        let d = w.hit(T0, 5);
+        assert_eq!((d.remaining, d.reset), (4, 60));
+        let d = w.hit(T0 + 10, 5);
+        assert_eq!((d.remaining, d.reset), (3, 50));
+    }
+
+    #[test]
+    fn peek_tells_without_counting() {
+        let mut w = Window::new();
+        let p = w.peek(T0, 3);
+        assert_eq!((p.remaining, p.reset, p.allowed), (3, 0, true));
+        hits(&mut w, T0, 3, 2);
+        let p = w.peek(T0 + 10, 3);
+        assert_eq!((p.allowed, p.remaining, p.reset), (true, 1, 50));
+        assert_eq!(
+            w.peek(T0 + 10, 3),
+            w.peek(T0 + 10, 3),
+            "peeking counts nothing"
+        );
+        w.hit(T0 + 10, 3);
+        let p = w.peek(T0 + 20, 3);
+        assert_eq!(
+            (p.allowed, p.remaining, p.retry_after),
+            (false, 0, Some(40))
+        );
+        let copy = Window::from_counts(60, T0 + 20, [(T0, 2), (T0 + 10, 1), (T0 - 60, 9)]);
+        assert_eq!(
+            copy.peek(T0 + 20, 3),
+            p,
+            "a window rebuilt from its counts answers the same"
+        );
+    }
+
+    #[test]
+    fn zero_limit_rejects_without_counting() {
+        let mut w = Window::new();
+        assert_eq!(w.hit(T0, 0), Quota::zero_limit());
+        assert!(w.is_idle(T0 * 1000));
+    }
+
+    #[test]
+    fn window_is_exactly_sixty_seconds_across_a_minute_boundary() {
+        let mut w = Window::new();
+        assert!(w.hit(T0 + 30, 1).allowed);
+        let d = w.hit(T0 + 89, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(1));
+        assert!(w.hit(T0 + 90, 1).allowed);
+    }
+
+    #[test]
+    fn retry_after_is_exact() {
+        let mut w = Window::new();
+        hits(&mut w, T0, 4, 2);
+        w.hit(T0 + 20, 4);
+        w.hit(T0 + 40, 4);
+        let d = w.hit(T0 + 50, 4);
+        assert_eq!((d.retry_after, d.reset), (Some(10), 10));
+        assert!(
+            !w.hit(T0 + 59, 4).allowed,
+            "one second early must still be rejected"
+        );
+        assert!(
+            w.hit(T0 + 60, 4).allowed,
+            "after exactly retry_after it passes"
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up_within_a_second() {
+        // Rejected 300 ms into a second: the wait to the next second boundary rounds up to whole
+        // seconds, so a retry after Retry-After always passes.
+        let mut w = Window::new();
+        w.hit_ms(T0 * 1000, 1);
+        let d = w.hit_ms((T0 + 59) * 1000 + 300, 1);
+        assert_eq!(d.retry_after, Some(1));
+        assert!(w.hit_ms((T0 + 60) * 1000, 1).allowed);
+    }
+
+    #[test]
+    fn rejected_requests_are_not_counted() {
+        let mut w = Window::new();
+        assert!(w.hit(T0, 1).allowed);
+        for s in 1..60 {
+            assert!(!w.hit(T0 + s, 1).allowed);
+        }
+        assert!(w.hit(T0 + 60, 1).allowed);
+    }
+
+    #[test]
+    fn a_lowered_limit_applies_to_what_is_already_counted() {
+        let mut w = Window::new();
+        hits(&mut w, T0, 10, 5);
+        let d = w.hit(T0 + 1, 3);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(59));
+    }
+
+    #[test]
+    fn time_never_runs_backwards() {
+        let mut w = Window::new();
+        w.hit(T0 + 100, 2);
+        let d = w.hit(T0, 2); // treated as T0 + 100
+        assert!(d.allowed);
+        assert_eq!(d.reset, 60);
+        assert!(!w.hit(T0 + 100, 2).allowed);
+    }
+
+    #[test]
+    fn gaps_longer_than_the_window_clear_it() {
+        let mut w = Window::new();
+        hits(&mut w, T0, 2, 2);
+        assert!(!w.is_idle((T0 + 59) * 1000));
+        assert!(w.is_idle((T0 + 60) * 1000));
+        assert_eq!(hits(&mut w, T0 + 500, 2, 3), vec![true, true, false]);
+    }
+
+    #[test]
+    fn small_unix_times_work() {
+        let mut w = Window::new();
+        assert!(w.hit(0, 1).allowed);
+        assert_eq!(w.hit(5, 1).retry_after, Some(55));
+        assert!(w.hit(60, 1).allowed);
+    }
+
+    #[test]
+    fn one_second_window_has_100ms_precision() {
+        let mut w = Window::of_seconds(1);
+        let t = T0 * 1000;
+        assert!(w.hit_ms(t + 250, 2).allowed);
+        assert!(w.hit_ms(t + 700, 2).allowed);
+        let d = w.hit_ms(t + 900, 2);
+        assert!(!d.allowed);
+        // The 250 ms hit is in bucket [200, 300): it leaves at 1200 ms, 300 ms from now: 1 s.
+        assert_eq!(d.retry_after, Some(1));
+        assert!(!w.hit_ms(t + 1_199, 2).allowed);
+        assert!(w.hit_ms(t + 1_200, 2).allowed);
+    }
+
+    #[test]
+    fn hour_window_uses_minute_buckets() {
+        let mut w = Window::of_seconds(3600);
+        let t = T0 * 1000; // a minute boundary
+        assert!(w.hit_ms(t + 30_000, 1).allowed);
+        let d = w.hit_ms(t + 3_599_999, 1);
+        assert_eq!(
+            d.retry_after,
+            Some(1),
+            "the first minute's bucket leaves at t + 3600 s"
+        );
+        assert!(w.hit_ms(t + 3_600_000, 1).allowed);
+    }
+
+    #[test]
+    fn cost_uses_several_units_and_a_cost_above_the_limit_never_fits() {
+        let mut w = Window::new();
+        let c = w.check(T0 * 1000, 10, 4);
+        assert!(c.fits);
+        w.count(4);
+        assert_eq!(w.quota(&c, T0 * 1000, 10, 4, true).remaining, 6);
+        let c = w.check((T0 + 5) * 1000, 10, 7);
+        assert!(!c.fits);
+        assert_eq!(
+            w.quota(&c, (T0 + 5) * 1000, 10, 7, false).retry_after,
+            Some(55)
+        );
+        let c = w.check((T0 + 5) * 1000, 10, 11);
+        assert_eq!((c.fits, c.room_after), (false, None));
+        assert_eq!(
+            w.quota(&c, (T0 + 5) * 1000, 10, 11, false).retry_after,
+            None
+        );
+    }
+}
