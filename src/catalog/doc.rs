@@ -31,6 +31,10 @@ pub struct CatalogDoc {
     pub paths: Vec<String>,
     pub endpoints: Vec<EndpointDef>,
     pub apilimits: Vec<ApiLimits>,
+    /// Limits per client address for requests without an API key (`limits.anonymous =
+    /// "by_address"`). Our extension.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anonymous: Vec<LimitDef>,
 }
 
 /// Unknown field paths reported per document at most; the rest are counted.
@@ -44,6 +48,22 @@ pub struct EndpointDef {
     pub m: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_rl: Option<i64>,
+    /// Several default windows (`[{"rl": 10, "w": 1}, {"rl": 600}]`); `ep` is not used here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default_limits: Vec<DefaultLimitDef>,
+    /// Units of every limit one request uses. Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<serde_json::Number>,
+}
+
+/// One default window of an endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefaultLimitDef {
+    pub rl: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,10 +72,17 @@ pub struct ApiLimits {
     pub limits: Vec<LimitDef>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+// `w` is read as a JSON number, so that 1.5 or -1 is a validation problem that names the field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitDef {
     pub ep: i64,
     pub rl: i64,
+    /// Window in seconds, 1 to 86400. Default: 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w: Option<serde_json::Number>,
+    /// Counted, never refuses. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
 }
 
 /// What changed in the API keys' limits between two catalog versions whose methods, paths and
@@ -116,11 +143,16 @@ impl CatalogDoc {
         self.version.as_ref().map_or("", |v| v.hash.as_str())
     }
 
-    /// The diff from `self` to `newer`, or `None` when their endpoints differ (a client then needs
-    /// the whole catalog).
+    /// The diff from `self` to `newer`, or `None` when their endpoints or anonymous limits differ
+    /// (a client then needs the whole catalog).
     pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
-        if (&self.methods, &self.paths, &self.endpoints)
-            != (&newer.methods, &newer.paths, &newer.endpoints)
+        if (&self.methods, &self.paths, &self.endpoints, &self.anonymous)
+            != (
+                &newer.methods,
+                &newer.paths,
+                &newer.endpoints,
+                &newer.anonymous,
+            )
         {
             return None;
         }
@@ -173,6 +205,7 @@ impl CatalogDoc {
             paths: self.paths.clone(),
             endpoints: self.endpoints.clone(),
             apilimits,
+            anonymous: self.anonymous.clone(),
         }
     }
 }

@@ -6,9 +6,10 @@
 //! together in one [`CatalogError`]; nothing here panics on any input. A [`Snapshot`] holds routes,
 //! limits and version together so that one `ArcSwap::store` replaces all of them at once.
 //!
-//! Extension (additive, documented in `docs/catalog.md`): an endpoint may carry `default_rl`, the
-//! limit for catalog keys that have no limit of their own for that endpoint. It never applies to
-//! unknown keys, so unknown keys never get counters.
+//! Extensions (additive, documented in `docs/catalog.md`): limits may carry a window `w` and
+//! `shadow`; an endpoint may carry `default_rl` / `default_limits` (for catalog keys that have no
+//! limit of their own there; never for unknown keys, so unknown keys never get counters) and a
+//! `cost`; top-level `anonymous` limits apply per client address to requests without a key.
 //!
 //! Pure: parsing and building only; reading files is `load_file`'s one I/O call.
 
@@ -22,9 +23,11 @@ pub mod poller;
 pub mod server;
 pub mod version;
 
-pub use doc::{ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, EndpointDef, LimitDef};
+pub use doc::{
+    ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, DefaultLimitDef, EndpointDef, LimitDef,
+};
 pub use error::{CatalogError, Problem};
-pub use snapshot::{Endpoint, LimitLookup, Snapshot};
+pub use snapshot::{Endpoint, LimitLookup, MAX_COST, Snapshot};
 
 /// Largest catalog file accepted. Default: 64 MiB.
 pub const MAX_CATALOG_BYTES: u64 = 64 * 1024 * 1024;

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::CatalogVersion;
-use super::{CatalogDoc, CatalogError, MAX_CATALOG_BYTES, Problem};
+use super::{CatalogDoc, CatalogError, LimitDef, MAX_CATALOG_BYTES, Problem};
+use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, WINDOW_SECONDS};
 use crate::router::{RouteMatch, RouteTable, Template};
 
 /// One endpoint of a snapshot, with what the request path needs precomputed.
@@ -16,25 +17,37 @@ pub struct Endpoint {
     pub name: String,
     /// The upper-cased method, forwarded instead of the client's spelling.
     pub method: http::Method,
-    pub default_limit: Option<u64>,
+    /// For catalog keys with no limit of their own here (`default_rl`, `default_limits`).
+    pub default_limits: Box<[Limit]>,
+    /// For requests without an API key, per client address (`anonymous`).
+    pub anonymous: Box<[Limit]>,
+    /// Units of every limit one request uses.
+    pub cost: u64,
 }
 
 /// What the catalog says about one (API key, endpoint) pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitLookup {
+pub enum LimitLookup<'s> {
     /// The key is not in the catalog.
     UnknownKey,
     /// The key is known but has no limit (and the endpoint no default) here.
     NoLimit,
-    /// Requests per 60 seconds.
-    Limit(u64),
+    /// Its limits, one per window length.
+    Limits(&'s [Limit]),
 }
 
-/// API key bytes -> its (endpoint index, limit) pairs, sorted by endpoint index.
+/// One key's limits: `limits[i]` is on endpoint `eps[i]`, sorted by endpoint then window.
+#[derive(Debug)]
+struct KeyEntry {
+    eps: Box<[u32]>,
+    limits: Box<[Limit]>,
+}
+
+/// API key bytes -> its limits.
 ///
 /// foldhash, seeded per process, rather than SipHash: looked up on every request, and only the
 /// catalog inserts into it, so a client cannot grow it or choose colliding keys to slow it down.
-type KeyLimits = HashMap<Box<[u8]>, Box<[(u32, u64)]>, foldhash::fast::RandomState>;
+type KeyLimits = HashMap<Box<[u8]>, KeyEntry, foldhash::fast::RandomState>;
 
 /// An immutable, validated catalog version: routes, limits and version, swapped in as one.
 #[derive(Debug, Default)]
@@ -113,18 +126,26 @@ impl Snapshot {
         self.routes.lookup(method, path)
     }
 
-    /// The limit of `key` on `endpoint`.
-    pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup {
-        let Some(limits) = self.keys.get(key) else {
+    /// The limits of `key` on `endpoint`: its own, else the endpoint's defaults.
+    pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup<'_> {
+        let Some(entry) = self.keys.get(key) else {
             return LimitLookup::UnknownKey;
         };
-        let own = u32::try_from(endpoint)
-            .ok()
-            .and_then(|ep| limits.binary_search_by_key(&ep, |&(e, _)| e).ok())
-            .map(|i| limits[i].1);
-        match own.or_else(|| self.endpoints.get(endpoint).and_then(|e| e.default_limit)) {
-            Some(rl) => LimitLookup::Limit(rl),
-            None => LimitLookup::NoLimit,
+        let ep = u32::try_from(endpoint).unwrap_or(u32::MAX);
+        let from = entry.eps.partition_point(|&e| e < ep);
+        let to = from + entry.eps[from..].partition_point(|&e| e == ep);
+        let own = &entry.limits[from..to];
+        let limits = if own.is_empty() {
+            self.endpoints
+                .get(endpoint)
+                .map_or(&[][..], |e| &e.default_limits)
+        } else {
+            own
+        };
+        if limits.is_empty() {
+            LimitLookup::NoLimit
+        } else {
+            LimitLookup::Limits(limits)
         }
     }
 }
@@ -142,6 +163,71 @@ fn limit_value(rl: i64) -> Result<u64, String> {
     u64::try_from(rl).map_err(|_| format!("limit {rl} is negative"))
 }
 
+fn window_value(w: Option<&serde_json::Number>) -> Result<u32, String> {
+    let Some(w) = w else {
+        return Ok(WINDOW_SECONDS as u32);
+    };
+    w.as_u64()
+        .and_then(|w| u32::try_from(w).ok())
+        .filter(|w| (1..=MAX_WINDOW_SECONDS).contains(w))
+        .ok_or_else(|| {
+            format!("window {w} must be a whole number of seconds from 1 to {MAX_WINDOW_SECONDS}")
+        })
+}
+
+fn cost_value(c: Option<&serde_json::Number>) -> Result<u64, String> {
+    let Some(c) = c else { return Ok(1) };
+    c.as_u64()
+        .filter(|c| (1..=MAX_COST).contains(c))
+        .ok_or_else(|| format!("cost {c} must be a whole number from 1 to {MAX_COST}"))
+}
+
+/// Largest cost of one request (an endpoint's `cost`, or the cost header).
+pub const MAX_COST: u64 = 1_000_000;
+
+/// Checks one list of limits (a key's on one endpoint, an endpoint's defaults, the anonymous
+/// limits of one endpoint): each `rl` and `w`, no window twice, at most [`MAX_LIMITS`]. `at(j)`
+/// names entry `j`.
+struct LimitList {
+    limits: Vec<Limit>,
+}
+
+impl LimitList {
+    fn new() -> Self {
+        LimitList { limits: Vec::new() }
+    }
+
+    /// Adds one entry, or says what is wrong with it (`Err((field, reason))`).
+    fn add(
+        &mut self,
+        rl: i64,
+        w: Option<&serde_json::Number>,
+        shadow: Option<bool>,
+        what: &str,
+    ) -> Result<(), (&'static str, String)> {
+        let rl = limit_value(rl).map_err(|r| ("rl", r))?;
+        let w = window_value(w).map_err(|r| ("w", r))?;
+        if self.limits.iter().any(|l| l.w == w) {
+            return Err((
+                "w",
+                format!("{what} already has a limit with a window of {w} s"),
+            ));
+        }
+        if self.limits.len() == MAX_LIMITS {
+            return Err((
+                "w",
+                format!("{what} has more than {MAX_LIMITS} limits (one per window length)"),
+            ));
+        }
+        self.limits.push(Limit {
+            rl,
+            w,
+            shadow: shadow.unwrap_or(false),
+        });
+        Ok(())
+    }
+}
+
 fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
     let mut problems = Vec::new();
     let mut problem = |at: String, reason: String| problems.push(Problem { at, reason });
@@ -153,13 +239,21 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             .map_err(|r| problem(format!("endpoints[{i}].m"), r));
         let p = index(ep.p, raw.paths.len(), "paths")
             .map_err(|r| problem(format!("endpoints[{i}].p"), r));
-        let default_limit = match ep.default_rl.map(limit_value).transpose() {
-            Ok(d) => d,
-            Err(r) => {
-                problem(format!("endpoints[{i}].default_rl"), r);
-                None
+        let mut defaults = LimitList::new();
+        if let Some(rl) = ep.default_rl
+            && let Err((_, r)) = defaults.add(rl, None, None, "this endpoint")
+        {
+            problem(format!("endpoints[{i}].default_rl"), r);
+        }
+        for (j, d) in ep.default_limits.iter().enumerate() {
+            if let Err((field, r)) = defaults.add(d.rl, d.w.as_ref(), d.shadow, "this endpoint") {
+                problem(format!("endpoints[{i}].default_limits[{j}].{field}"), r);
             }
-        };
+        }
+        let cost = cost_value(ep.cost.as_ref()).unwrap_or_else(|r| {
+            problem(format!("endpoints[{i}].cost"), r);
+            1
+        });
         if let (Ok(m), Ok(p)) = (m, p) {
             let parsed = Template::parse(&raw.methods[m], &raw.paths[p])
                 .map_err(|e| e.to_string())
@@ -173,12 +267,36 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
                     endpoints.push(Endpoint {
                         name: format!("{} {}", t.method, t.path),
                         method,
-                        default_limit,
+                        default_limits: defaults.limits.into(),
+                        anonymous: Box::default(),
+                        cost,
                     });
                     templates.push((i, t));
                 }
                 Err(r) => problem(format!("endpoints[{i}]"), r),
             }
+        }
+    }
+
+    // Anonymous limits, grouped by endpoint (only when every endpoint parsed, so that indices
+    // into `endpoints` are the catalog's).
+    let mut anonymous: Vec<LimitList> =
+        (0..raw.endpoints.len()).map(|_| LimitList::new()).collect();
+    for (j, l) in raw.anonymous.iter().enumerate() {
+        let at = format!("anonymous[{j}]");
+        match index(l.ep, raw.endpoints.len(), "endpoints") {
+            Ok(ep) => {
+                let what = format!("endpoint {ep}");
+                if let Err((field, r)) = anonymous[ep].add(l.rl, l.w.as_ref(), l.shadow, &what) {
+                    problem(format!("{at}.{field}"), r);
+                }
+            }
+            Err(r) => problem(format!("{at}.ep"), r),
+        }
+    }
+    if endpoints.len() == raw.endpoints.len() {
+        for (e, a) in endpoints.iter_mut().zip(anonymous) {
+            e.anonymous = a.limits.into();
         }
     }
 
@@ -197,27 +315,44 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             );
             continue;
         }
-        let mut limits: Vec<(u32, u64)> = Vec::with_capacity(entry.limits.len());
-        let mut eps_seen: HashMap<u32, usize> = HashMap::new();
+        let mut per_ep: Vec<(u32, LimitList)> = Vec::new();
         for (j, l) in entry.limits.iter().enumerate() {
             let at = format!("apilimits[{k}].limits[{j}]");
-            let ep = index(l.ep, raw.endpoints.len(), "endpoints")
-                .map_err(|r| problem(format!("{at}.ep"), r));
-            let rl = limit_value(l.rl).map_err(|r| problem(format!("{at}.rl"), r));
-            if let (Ok(ep), Ok(rl)) = (ep, rl) {
-                let ep = ep as u32;
-                if let Some(prev) = eps_seen.insert(ep, j) {
-                    problem(
-                        format!("{at}.ep"),
-                        format!("endpoint {ep} already has a limit for this key (limits[{prev}])"),
-                    );
-                } else {
-                    limits.push((ep, rl));
+            let LimitDef { ep, rl, w, shadow } = l;
+            let ep = match index(*ep, raw.endpoints.len(), "endpoints") {
+                Ok(ep) => ep as u32,
+                Err(r) => {
+                    problem(format!("{at}.ep"), r);
+                    continue;
                 }
+            };
+            let list = match per_ep.iter().position(|(e, _)| *e == ep) {
+                Some(i) => &mut per_ep[i].1,
+                None => {
+                    per_ep.push((ep, LimitList::new()));
+                    &mut per_ep.last_mut().expect("just pushed").1
+                }
+            };
+            if let Err((field, r)) = list.add(*rl, w.as_ref(), *shadow, &format!("endpoint {ep}")) {
+                problem(format!("{at}.{field}"), r);
             }
         }
-        limits.sort_unstable_by_key(|&(ep, _)| ep);
-        keys.insert(entry.key.as_bytes().into(), limits.into_boxed_slice());
+        per_ep.sort_unstable_by_key(|(ep, _)| *ep);
+        let mut eps = Vec::with_capacity(entry.limits.len());
+        let mut limits = Vec::with_capacity(entry.limits.len());
+        for (ep, list) in per_ep {
+            let mut list = list.limits;
+            list.sort_unstable_by_key(|l| l.w);
+            eps.extend(std::iter::repeat_n(ep, list.len()));
+            limits.extend(list);
+        }
+        keys.insert(
+            entry.key.as_bytes().into(),
+            KeyEntry {
+                eps: eps.into(),
+                limits: limits.into(),
+            },
+        );
     }
 
     // Route conflicts are only meaningful once every endpoint parsed.
@@ -280,9 +415,10 @@ mod tests {
         let path = normalize("/users/9/prefs", EscapedSlashes::Reject).unwrap();
         let r = s.route("GET", &path).unwrap();
         assert_eq!(s.endpoints()[r.endpoint].name, "GET /users/{id}/prefs");
-        assert_eq!(s.limit(b"k1", 0), LimitLookup::Limit(20));
-        assert_eq!(s.limit(b"k2", 0), LimitLookup::Limit(0));
-        assert_eq!(s.limit(b"k2", 1), LimitLookup::Limit(7), "endpoint default");
+        let per_minute = |rl| LimitLookup::Limits(Box::leak(Box::new([Limit::per_minute(rl)])));
+        assert_eq!(s.limit(b"k1", 0), per_minute(20));
+        assert_eq!(s.limit(b"k2", 0), per_minute(0));
+        assert_eq!(s.limit(b"k2", 1), per_minute(7), "endpoint default");
         assert_eq!(
             s.limit(b"nobody", 1),
             LimitLookup::UnknownKey,
@@ -315,9 +451,70 @@ mod tests {
             "apilimits[0].limits[1].rl: limit -5 is negative",
             "apilimits[1].key: duplicate API key (also apilimits[0])",
             "apilimits[2].key: the API key is empty",
-            "apilimits[3].limits[1].ep: endpoint 2 already has a limit for this key (limits[0])",
+            "apilimits[3].limits[1].w: endpoint 2 already has a limit with a window of 60 s",
         ];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_extension_fields_load_and_bad_values_name_their_field() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a","/b"],
+                "endpoints":[{"p":0,"m":0,"cost":2,"default_limits":[{"rl":10,"w":1},{"rl":600}]},
+                             {"p":1,"m":0,"default_rl":5,"default_limits":[{"rl":100,"w":3600,"shadow":true}]}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"rl":1000,"w":86400},{"ep":0,"rl":20,"w":1},{"ep":0,"rl":50}]}],
+                "anonymous":[{"ep":0,"rl":30,"w":60},{"ep":0,"rl":2,"w":1}]}"#,
+        )
+        .unwrap();
+        let l = |rl, w, shadow| Limit { rl, w, shadow };
+        assert_eq!(
+            s.limit(b"k", 0),
+            LimitLookup::Limits(&[l(20, 1, false), l(50, 60, false), l(1000, 86400, false)]),
+            "sorted by window"
+        );
+        let e = &s.endpoints()[0];
+        assert_eq!(e.cost, 2);
+        assert_eq!(&*e.anonymous, &[l(30, 60, false), l(2, 1, false)]);
+        assert_eq!(&*e.default_limits, &[l(10, 1, false), l(600, 60, false)]);
+        assert_eq!(
+            &*s.endpoints()[1].default_limits,
+            &[l(5, 60, false), l(100, 3600, true)],
+            "default_rl and default_limits together"
+        );
+        assert_eq!(s.endpoints()[1].cost, 1);
+
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],
+                "endpoints":[{"p":0,"m":0,"cost":0,"default_rl":1,"default_limits":[{"rl":2}]}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"rl":1,"w":0},{"ep":0,"rl":1,"w":86401},
+                    {"ep":0,"rl":1,"w":1.5},{"ep":0,"rl":1,"w":-2},{"ep":0,"rl":1,"w":5},{"ep":0,"rl":2,"w":5}]}],
+                "anonymous":[{"ep":4,"rl":1},{"ep":0,"rl":-1}]}"#,
+        );
+        let want = [
+            "endpoints[0].default_limits[0].w: this endpoint already has a limit with a window of 60 s",
+            "endpoints[0].cost: cost 0 must be a whole number from 1 to 1000000",
+            "anonymous[0].ep: index 4 is out of range (endpoints has 1 entries)",
+            "anonymous[1].rl: limit -1 is negative",
+            "apilimits[0].limits[0].w: window 0 must be a whole number of seconds from 1 to 86400",
+            "apilimits[0].limits[1].w: window 86401 must be a whole number of seconds from 1 to 86400",
+            "apilimits[0].limits[2].w: window 1.5 must be a whole number of seconds from 1 to 86400",
+            "apilimits[0].limits[3].w: window -2 must be a whole number of seconds from 1 to 86400",
+            "apilimits[0].limits[5].w: endpoint 0 already has a limit with a window of 5 s",
+        ];
+        assert_eq!(got, want);
+        let seven: Vec<String> = (1..=7)
+            .map(|w| format!(r#"{{"ep":0,"rl":1,"w":{w}}}"#))
+            .collect();
+        let got = problems(&format!(
+            r#"{{"methods":["GET"],"paths":["/a"],"endpoints":[{{"p":0,"m":0}}],
+                "apilimits":[{{"key":"k","limits":[{}]}}]}}"#,
+            seven.join(",")
+        ));
+        assert_eq!(
+            got,
+            ["apilimits[0].limits[6].w: endpoint 0 has more than 6 limits (one per window length)"]
+        );
     }
 
     #[test]
@@ -381,7 +578,12 @@ mod tests {
         b.apilimits.remove(1); // k2 removed
         b.apilimits.push(ApiLimits {
             key: "k3".into(),
-            limits: vec![LimitDef { ep: 1, rl: 4 }],
+            limits: vec![LimitDef {
+                ep: 1,
+                rl: 4,
+                w: None,
+                shadow: None,
+            }],
         });
         let d = a.diff_to(&b).unwrap();
         assert_eq!(d.from, "h1");

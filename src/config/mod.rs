@@ -251,6 +251,12 @@ pub struct LimitsConfig {
     pub headers: HeaderSet,
     /// `%2F`, `%5C` and `\` in paths: `reject` (400) or `keep` as data. Default: `reject`.
     pub escaped_slashes: EscapedSlashes,
+    /// Every limit of the catalog is a shadow limit: counted, reported, never refusing (a dry run).
+    /// Default: `false`.
+    pub shadow: bool,
+    /// A request header whose whole number (1 to 1,000,000) replaces the endpoint's cost. Only for
+    /// trusted callers: a client that can send it chooses its own cost. Default: empty (off).
+    pub cost_header: String,
 }
 
 impl Default for LimitsConfig {
@@ -262,6 +268,8 @@ impl Default for LimitsConfig {
             no_limit: Uncovered::Reject,
             headers: HeaderSet::Both,
             escaped_slashes: EscapedSlashes::Reject,
+            shadow: false,
+            cost_header: String::new(),
         }
     }
 }

@@ -38,6 +38,39 @@ impl Limit {
     }
 }
 
+/// The limits of one request (a copy: small, and a config switch may turn them all to shadow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    items: [Limit; MAX_LIMITS],
+    len: u8,
+}
+
+impl Limits {
+    /// The first [`MAX_LIMITS`] of `limits`; all of them shadow limits if `all_shadow`.
+    pub fn new(limits: &[Limit], all_shadow: bool) -> Limits {
+        let mut items = [Limit::per_minute(0); MAX_LIMITS];
+        let len = limits.len().min(MAX_LIMITS);
+        for (slot, l) in items.iter_mut().zip(&limits[..len]) {
+            *slot = Limit {
+                shadow: l.shadow || all_shadow,
+                ..*l
+            };
+        }
+        Limits {
+            items,
+            len: len as u8,
+        }
+    }
+}
+
+impl std::ops::Deref for Limits {
+    type Target = [Limit];
+
+    fn deref(&self) -> &[Limit] {
+        &self.items[..usize::from(self.len)]
+    }
+}
+
 /// The state of one limit after checking one request against it: allowed or not, and what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {

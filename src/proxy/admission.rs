@@ -23,7 +23,7 @@ use super::problem::{QUOTA_EXCEEDED, problem};
 use super::upstream::UpstreamError;
 use crate::catalog::{Endpoint, LimitLookup, Snapshot};
 use crate::config::{HeaderSet, Uncovered};
-use crate::limiter::Quota;
+use crate::limiter::{Limits, Outcome};
 use crate::path;
 use crate::store::{CounterKey, Verdict};
 
@@ -33,6 +33,8 @@ use crate::store::{CounterKey, Verdict};
 pub enum Decision {
     /// Within its limit: forwarded and counted.
     Allowed,
+    /// Forwarded and counted, but a shadow limit would have refused it.
+    ShadowLimited,
     /// Over its limit: 429.
     Limited,
     /// Forwarded with limits turned off (`limits.enabled = false`).
@@ -58,6 +60,7 @@ impl Decision {
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Allowed => "allowed",
+            Decision::ShadowLimited => "shadow_limited",
             Decision::Limited => "limited",
             Decision::Unlimited => "unlimited",
             Decision::MissingKey => "missing_key",
@@ -73,6 +76,18 @@ impl Decision {
     }
 }
 
+/// What the rate-limit fields of an answer say: the endpoint, the request's limits and the
+/// store's outcome for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rate<'s> {
+    /// The endpoint's name: the name of its per-minute policy, and the stem of the others'.
+    pub name: &'s str,
+    pub limits: Limits,
+    pub outcome: Outcome,
+    /// Units the request used.
+    pub cost: u64,
+}
+
 /// Where an admitted request goes upstream, and the rate-limit fields its answer gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target<'s> {
@@ -80,8 +95,8 @@ pub struct Target<'s> {
     pub path: String,
     /// The endpoint's canonical method, replacing the client's spelling.
     pub method: Option<Method>,
-    /// The endpoint's name and its quota, for the rate-limit fields.
-    pub limit: Option<(&'s str, Quota)>,
+    /// For the rate-limit fields.
+    pub limit: Option<Rate<'s>>,
 }
 
 impl Target<'_> {
@@ -99,8 +114,8 @@ impl Target<'_> {
 pub struct Rejection<'s> {
     pub status: StatusCode,
     pub detail: String,
-    /// Set on 429: the endpoint's name and its quota, for the problem type and rate-limit fields.
-    pub limit: Option<(&'s str, Quota)>,
+    /// Set on 429: for the problem type and rate-limit fields.
+    pub limit: Option<Rate<'s>>,
 }
 
 impl Rejection<'_> {
@@ -114,11 +129,16 @@ impl Rejection<'_> {
 
     /// The response, with the rate-limit fields of `fields` on a 429.
     pub fn response(&self, fields: HeaderSet) -> Response<Full<Bytes>> {
-        let Some((name, quota)) = &self.limit else {
+        let Some(rate) = &self.limit else {
             return problem(self.status, None, &self.detail, None);
         };
-        let mut resp = problem(self.status, Some(QUOTA_EXCEEDED), &self.detail, Some(name));
-        headers::set_rate_limit(resp.headers_mut(), fields, name, quota);
+        let mut resp = problem(
+            self.status,
+            Some(QUOTA_EXCEEDED),
+            &self.detail,
+            Some(rate.name),
+        );
+        headers::set_rate_limit(resp.headers_mut(), fields, rate);
         resp
     }
 }
@@ -158,6 +178,9 @@ impl<'s> Admission<'s> {
 
 /// The first half of the decision: either done, or waiting for the store to count.
 #[derive(Debug)]
+// Unboxed on purpose: boxing the admission (its rate-limit fields are a few hundred bytes) would
+// cost an allocation on every request, and a step is moved once.
+#[allow(clippy::large_enum_variant)]
 pub enum Step<'s, 'r> {
     Done(Admission<'s>),
     Count(Pending<'s, 'r>),
@@ -169,8 +192,10 @@ pub struct Pending<'s, 'r> {
     /// The API key, as sent.
     pub key: &'r [u8],
     pub endpoint: &'s Endpoint,
-    /// Requests per 60 s.
-    pub limit: u64,
+    /// Its limits here (all shadow under `limits.shadow`).
+    pub limits: Limits,
+    /// Units of every limit it uses.
+    pub cost: u64,
     /// The endpoint's canonical path for this request.
     path: String,
 }
@@ -182,17 +207,17 @@ impl<'s> Pending<'s, '_> {
     }
 
     /// The second half: the store's verdict turned into the admission.
-    pub fn conclude(self, verdict: Verdict<Quota>) -> Admission<'s> {
+    pub fn conclude(self, verdict: Verdict) -> Admission<'s> {
         let endpoint = self.endpoint;
-        let target = |limit| Target {
-            path: self.path,
-            method: Some(endpoint.method.clone()),
-            limit,
-        };
-        let quota = match verdict {
-            Verdict::Decided(q) | Verdict::Local(q) => q,
+        let outcome = match verdict {
+            Verdict::Decided(o) | Verdict::Local(o) => o,
             Verdict::Open => {
-                return Admission::forward(Decision::StoreOpen, Some(endpoint), target(None));
+                let target = Target {
+                    path: self.path,
+                    method: Some(endpoint.method.clone()),
+                    limit: None,
+                };
+                return Admission::forward(Decision::StoreOpen, Some(endpoint), target);
             }
             Verdict::Closed => {
                 return Admission {
@@ -205,30 +230,60 @@ impl<'s> Pending<'s, '_> {
                 };
             }
         };
-        if quota.allowed {
-            return Admission::forward(
-                Decision::Allowed,
-                Some(endpoint),
-                target(Some((endpoint.name.as_str(), quota))),
-            );
-        }
-        let detail = match quota.retry_after {
-            Some(s) => format!(
-                "{} allows {} per 60 s; retry after {s} s",
-                endpoint.name,
-                crate::text::plural(quota.limit, "request", "requests")
-            ),
-            None => format!("{} allows no requests for this API key", endpoint.name),
+        let rate = Rate {
+            name: endpoint.name.as_str(),
+            limits: self.limits,
+            outcome,
+            cost: self.cost,
         };
+        if outcome.allowed {
+            let decision = if outcome.shadow_limited {
+                Decision::ShadowLimited
+            } else {
+                Decision::Allowed
+            };
+            let target = Target {
+                path: self.path,
+                method: Some(endpoint.method.clone()),
+                limit: Some(rate),
+            };
+            return Admission::forward(decision, Some(endpoint), target);
+        }
         Admission {
             decision: Decision::Limited,
             endpoint: Some(endpoint),
             action: Action::Reject(Rejection {
                 status: StatusCode::TOO_MANY_REQUESTS,
-                detail,
-                limit: Some((endpoint.name.as_str(), quota)),
+                detail: refusal_detail(&rate),
+                limit: Some(rate),
             }),
         }
+    }
+}
+
+/// The problem detail of a 429: the limit that refused, and when to retry or that it never will.
+fn refusal_detail(rate: &Rate) -> String {
+    let Some(i) = rate.outcome.most_restrictive(&rate.limits) else {
+        return format!("{} refused the request", rate.name);
+    };
+    let (l, q) = (rate.limits[i], rate.outcome.quotas()[i]);
+    let allows = |rl| {
+        format!(
+            "{} allows {} per {} s",
+            rate.name,
+            crate::text::plural(rl, "request", "requests"),
+            l.w
+        )
+    };
+    match rate.outcome.retry_after(&rate.limits) {
+        _ if l.rl == 0 => format!("{} allows no requests for this API key", rate.name),
+        None if rate.cost > l.rl => format!(
+            "this request costs {} units and {}, so it can never pass",
+            rate.cost,
+            allows(l.rl)
+        ),
+        None => format!("{}; this request cannot pass", allows(q.limit)),
+        Some(s) => format!("{}; retry after {s} s", allows(q.limit)),
     }
 }
 
@@ -332,8 +387,8 @@ pub fn admit<'s, 'r>(
         });
     };
     let endpoint = &catalog.endpoints()[route.endpoint];
-    let limit = match catalog.limit(key, route.endpoint) {
-        LimitLookup::Limit(rl) => rl,
+    let limits = match catalog.limit(key, route.endpoint) {
+        LimitLookup::Limits(l) => l,
         LimitLookup::UnknownKey | LimitLookup::NoLimit => {
             return Done(match policy.no_limit {
                 Uncovered::Reject => Admission {
@@ -356,12 +411,44 @@ pub fn admit<'s, 'r>(
             });
         }
     };
+    let cost = match request_cost(head, policy, endpoint) {
+        Ok(c) => c,
+        Err(detail) => {
+            return Done(Admission {
+                endpoint: Some(endpoint),
+                ..Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, detail)
+            });
+        }
+    };
     Step::Count(Pending {
         key,
         endpoint,
-        limit,
+        limits: Limits::new(limits, policy.shadow),
+        cost,
         path: route.path,
     })
+}
+
+/// The cost of a request: the endpoint's, or the cost header's when one is configured and sent.
+fn request_cost(head: &Parts, policy: &Policy, endpoint: &Endpoint) -> Result<u64, String> {
+    let Some(name) = &policy.cost_header else {
+        return Ok(endpoint.cost);
+    };
+    let mut values = head.headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(endpoint.cost),
+        (Some(_), Some(_)) => Err(format!("send the {name} header once")),
+        (Some(v), None) => std::str::from_utf8(v.as_bytes())
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|c| (1..=crate::catalog::MAX_COST).contains(c))
+            .ok_or_else(|| {
+                format!(
+                    "the {name} header must be a whole number from 1 to {}",
+                    crate::catalog::MAX_COST
+                )
+            }),
+    }
 }
 
 /// The answer when forwarding failed, and the decision it is counted as.
@@ -401,6 +488,7 @@ pub fn upstream_failure(e: UpstreamError) -> (Decision, Rejection<'static>) {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::limiter::{Limit, Quota};
 
     const CATALOG: &str = r#"{
         "version": {"semver": "v1", "hash": "h1"},
@@ -542,8 +630,8 @@ mod tests {
             Step::Done(a) => panic!("{a:?}"),
         };
         assert_eq!(
-            (pending().limit, pending().endpoint.name.as_str()),
-            (2, "GET /users/{id}")
+            (&*pending().limits, pending().endpoint.name.as_str()),
+            (&[Limit::per_minute(2)][..], "GET /users/{id}")
         );
         let quota = Quota {
             allowed: true,
@@ -552,10 +640,11 @@ mod tests {
             reset: 60,
             retry_after: None,
         };
-        let a = pending().conclude(Verdict::Decided(quota));
+        let outcome = |q: Quota| Outcome::new(q.allowed, false, &[q]);
+        let a = pending().conclude(Verdict::Decided(outcome(quota)));
         assert_eq!(a.decision, Decision::Allowed);
         assert!(
-            matches!(a.action, Action::Forward(Target { limit: Some(("GET /users/{id}", q)), .. }) if q == quota)
+            matches!(&a.action, Action::Forward(Target { limit: Some(r), .. }) if r.outcome.quotas() == [quota])
         );
         let refused = Quota {
             allowed: false,
@@ -563,7 +652,7 @@ mod tests {
             retry_after: Some(7),
             ..quota
         };
-        let a = pending().conclude(Verdict::Local(refused));
+        let a = pending().conclude(Verdict::Local(outcome(refused)));
         let Action::Reject(r) = &a.action else {
             panic!()
         };
@@ -581,11 +670,56 @@ mod tests {
             pending().conclude(Verdict::Closed).decision,
             Decision::StoreUnavailable
         );
+        let shadowed = Outcome::new(true, true, &[quota]);
+        assert_eq!(
+            pending().conclude(Verdict::Decided(shadowed)).decision,
+            Decision::ShadowLimited
+        );
         // A default limit applies to a known key without its own.
         let h = head("POST", "/open", &[("x-api-key", "k1")]);
-        assert!(matches!(
-            admit(&h, &p, Some(&s)),
-            Step::Count(Pending { limit: 5, .. })
-        ));
+        let Step::Count(p5) = admit(&h, &p, Some(&s)) else {
+            panic!()
+        };
+        assert_eq!(&*p5.limits, &[Limit::per_minute(5)]);
+    }
+
+    #[test]
+    fn cost_comes_from_the_endpoint_or_the_configured_header() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":0,"m":0,"cost":3}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"rl":10},{"ep":0,"rl":2,"w":1}]}]}"#,
+        )
+        .unwrap();
+        let cost = |p: &Policy, extra: &[(&str, &str)]| {
+            let mut hs = vec![("x-api-key", "k")];
+            hs.extend_from_slice(extra);
+            match admit(&head("GET", "/a", &hs), p, Some(&s)) {
+                Step::Count(c) => Ok((c.cost, c.limits.len())),
+                Step::Done(a) => Err(done(Step::Done(a))),
+            }
+        };
+        assert_eq!(cost(&policy(&[]), &[("x-cost", "7")]), Ok((3, 2)));
+        let mut c = Config::default();
+        c.limits.cost_header = "X-Cost".into();
+        c.limits.shadow = true;
+        let p = Policy::try_from(&c).unwrap();
+        assert_eq!(cost(&p, &[("x-cost", "7")]), Ok((7, 2)));
+        assert_eq!(cost(&p, &[]), Ok((3, 2)));
+        for bad in ["0", "-1", "1.5", "x", "1000001"] {
+            assert_eq!(
+                cost(&p, &[("x-cost", bad)]),
+                Err((Decision::BadRequest, Some(400))),
+                "{bad}"
+            );
+        }
+        let h = head("GET", "/a", &[("x-api-key", "k")]);
+        let Step::Count(c) = admit(&h, &p, Some(&s)) else {
+            panic!()
+        };
+        assert!(
+            c.limits.iter().all(|l| l.shadow),
+            "limits.shadow makes every limit shadow"
+        );
     }
 }

@@ -38,24 +38,37 @@ impl Proxy {
                 }
             }
             Step::Count(pending) => {
-                let limits = [crate::limiter::Limit::per_minute(pending.limit)];
                 let o = self
                     .store
-                    .peek(&pending.counter(), &limits, 1, self.clock.now() * 1000)
+                    .peek(
+                        &pending.counter(),
+                        &pending.limits,
+                        pending.cost,
+                        self.clock.now_ms(),
+                    )
                     .await
                     .map_err(|e| format!("the store cannot tell: {e}"))?;
-                let q = o.quotas()[0];
-                let decision = if q.allowed { "allowed" } else { "limited" };
+                let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
                 out["endpoint"] = pending.endpoint.name.clone().into();
-                out["limits"] = json!([{
-                    "window_seconds": crate::limiter::WINDOW_SECONDS,
-                    "limit": q.limit,
-                    "remaining": q.remaining,
-                    "reset_seconds": q.reset,
-                    "retry_after_seconds": q.retry_after,
-                    "next_request": decision,
-                }]);
+                out["cost"] = pending.cost.into();
+                out["limits"] = pending
+                    .limits
+                    .iter()
+                    .zip(o.quotas())
+                    .map(|(l, q)| {
+                        json!({
+                            "window_seconds": l.w,
+                            "shadow": l.shadow,
+                            "limit": q.limit,
+                            "remaining": q.remaining,
+                            "reset_seconds": q.reset,
+                            "retry_after_seconds": q.retry_after,
+                            "next_request": if q.allowed { "allowed" } else { "limited" },
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into();
             }
         }
         Ok(out)

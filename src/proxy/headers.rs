@@ -13,8 +13,11 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::admission::Rate;
 use crate::config::HeaderSet;
-use crate::limiter::{Quota, WINDOW_SECONDS};
+#[cfg(test)]
+use crate::limiter::Quota;
+use crate::limiter::WINDOW_SECONDS;
 
 /// Hop-by-hop fields that never cross the proxy.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -117,6 +120,10 @@ pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<&str>
     }
 }
 
+fn num(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
 /// Appends `s` as a Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped.
 /// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
 fn push_sf_string(out: &mut String, s: &str) {
@@ -141,15 +148,21 @@ fn sf_string(s: &str) -> String {
     out
 }
 
-fn num(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
-}
-
-/// `"<name>";<a>=<x>;<b>=<y>`, built without `fmt` (this runs on every counted request).
-fn sf_item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> {
-    let mut v = String::with_capacity(name.len() + 32);
-    push_sf_string(&mut v, name);
+/// Appends `"<name>";<a>=<x>;<b>=<y>` to `v`, without `fmt` (this runs on every counted request).
+/// The policy of a window other than 60 s is named `<name> <w>s`, so every policy of an endpoint
+/// has a distinct name and the per-minute one keeps the endpoint's name.
+fn push_sf_item(v: &mut String, name: &str, w: u32, a: &str, x: u64, b: &str, y: u64) {
     let mut digits = itoa::Buffer::new();
+    if u64::from(w) == WINDOW_SECONDS {
+        push_sf_string(v, name);
+    } else {
+        let mut n = String::with_capacity(name.len() + 8);
+        n.push_str(name);
+        n.push(' ');
+        n.push_str(digits.format(w));
+        n.push('s');
+        push_sf_string(v, &n);
+    }
     v.push(';');
     v.push_str(a);
     v.push('=');
@@ -158,29 +171,51 @@ fn sf_item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> 
     v.push_str(b);
     v.push('=');
     v.push_str(digits.format(y));
-    HeaderValue::try_from(v).ok()
 }
 
-/// Writes the rate-limit fields of `decision` for the policy `name` (the endpoint's name).
-pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, name: &str, d: &Quota) {
+/// Writes the rate-limit fields of one answer: every enforced policy in `RateLimit-Policy` and
+/// `RateLimit`, the most restrictive in the legacy trio, and `Retry-After` on a refusal that
+/// waiting can cure. Shadow limits add nothing.
+pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
+    let quotas = rate.outcome.quotas();
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
-        if let Some(v) = sf_item(name, "q", d.limit, "w", WINDOW_SECONDS) {
-            headers.insert(RATELIMIT_POLICY, v);
+        let (mut policy, mut state) = (String::new(), String::new());
+        for (l, q) in rate.limits.iter().zip(quotas).filter(|(l, _)| !l.shadow) {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            push_sf_item(
+                &mut policy,
+                rate.name,
+                l.w,
+                "q",
+                q.limit,
+                "w",
+                u64::from(l.w),
+            );
+            push_sf_item(&mut state, rate.name, l.w, "r", q.remaining, "t", q.reset);
         }
-        if let Some(v) = sf_item(name, "r", d.remaining, "t", d.reset) {
-            headers.insert(RATELIMIT, v);
+        if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state))
+            && !p.is_empty()
+        {
+            headers.insert(RATELIMIT_POLICY, p);
+            headers.insert(RATELIMIT, s);
         }
     }
-    if matches!(set, HeaderSet::Both | HeaderSet::Legacy) {
+    if matches!(set, HeaderSet::Both | HeaderSet::Legacy)
+        && let Some(i) = rate.outcome.most_restrictive(&rate.limits)
+    {
+        let d = &quotas[i];
         headers.insert(RATELIMIT_LIMIT, num(d.limit));
         headers.insert(RATELIMIT_REMAINING, num(d.remaining));
         headers.insert(RATELIMIT_RESET, num(d.reset));
     }
-    match d.retry_after {
-        Some(s) if !d.allowed => {
+    match rate.outcome.retry_after(&rate.limits) {
+        Some(s) => {
             headers.insert(header::RETRY_AFTER, num(s));
         }
-        _ => {
+        None => {
             headers.remove(header::RETRY_AFTER);
         }
     }
@@ -255,6 +290,88 @@ mod tests {
         assert!(!h.contains_key("x-forwarded-host"));
     }
 
+    fn one(name: &'static str, q: &Quota) -> Rate<'static> {
+        let limits = [crate::limiter::Limit::per_minute(q.limit)];
+        Rate {
+            name,
+            limits: crate::limiter::Limits::new(&limits, false),
+            outcome: crate::limiter::Outcome::new(q.allowed, false, &[*q]),
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn several_policies_are_all_reported_and_the_trio_tells_the_tightest() {
+        use crate::limiter::{Limit, Limits, Outcome};
+        let l = |rl, w, shadow| Limit { rl, w, shadow };
+        let q = |allowed, limit, remaining, reset, retry_after| Quota {
+            allowed,
+            limit,
+            remaining,
+            reset,
+            retry_after,
+        };
+        let limits = Limits::new(
+            &[l(10, 1, false), l(100, 60, false), l(5, 3600, true)],
+            false,
+        );
+        let ok = Outcome::new(
+            true,
+            false,
+            &[
+                q(true, 10, 9, 1, None),
+                q(true, 100, 40, 30, None),
+                q(true, 5, 1, 900, None),
+            ],
+        );
+        let rate = Rate {
+            name: "GET /a",
+            limits,
+            outcome: ok,
+            cost: 1,
+        };
+        let mut h = HeaderMap::new();
+        set_rate_limit(&mut h, HeaderSet::Both, &rate);
+        assert_eq!(
+            h["ratelimit-policy"], r#""GET /a 1s";q=10;w=1, "GET /a";q=100;w=60"#,
+            "shadow limits are not listed"
+        );
+        assert_eq!(h["ratelimit"], r#""GET /a 1s";r=9;t=1, "GET /a";r=40;t=30"#);
+        assert_eq!(h["ratelimit-remaining"], "9");
+        let no = Outcome::new(
+            false,
+            false,
+            &[
+                q(false, 10, 0, 1, Some(1)),
+                q(false, 100, 0, 30, Some(30)),
+                q(true, 5, 1, 900, None),
+            ],
+        );
+        let mut h = HeaderMap::new();
+        set_rate_limit(
+            &mut h,
+            HeaderSet::Both,
+            &Rate {
+                outcome: no,
+                ..rate
+            },
+        );
+        assert_eq!(h["retry-after"], "30", "until every limit allows it");
+        assert_eq!(h["ratelimit-limit"], "100");
+        let dry = Limits::new(&[l(10, 1, false)], true);
+        let mut h = HeaderMap::new();
+        set_rate_limit(
+            &mut h,
+            HeaderSet::Both,
+            &Rate {
+                limits: dry,
+                outcome: Outcome::new(true, true, &[q(false, 10, 0, 1, Some(1))]),
+                ..rate
+            },
+        );
+        assert!(h.is_empty(), "a dry run adds no field: {h:?}");
+    }
+
     #[test]
     fn rate_limit_fields_on_allowed_and_rejected() {
         let ok = Quota {
@@ -265,7 +382,7 @@ mod tests {
             retry_after: None,
         };
         let mut h = map(&[("ratelimit-limit", "999"), ("retry-after", "5")]);
-        set_rate_limit(&mut h, HeaderSet::Both, "GET /users/{id}", &ok);
+        set_rate_limit(&mut h, HeaderSet::Both, &one("GET /users/{id}", &ok));
         assert_eq!(h["ratelimit-policy"], r#""GET /users/{id}";q=20;w=60"#);
         assert_eq!(h["ratelimit"], r#""GET /users/{id}";r=7;t=42"#);
         assert_eq!(
@@ -289,18 +406,18 @@ mod tests {
             retry_after: Some(13),
         };
         let mut h = HeaderMap::new();
-        set_rate_limit(&mut h, HeaderSet::Ietf, "GET /a", &no);
+        set_rate_limit(&mut h, HeaderSet::Ietf, &one("GET /a", &no));
         assert_eq!(h["ratelimit"], r#""GET /a";r=0;t=13"#);
         assert_eq!(h["retry-after"], "13");
         assert!(!h.contains_key("ratelimit-limit"));
 
         let mut h = HeaderMap::new();
-        set_rate_limit(&mut h, HeaderSet::Legacy, "GET /a", &no);
+        set_rate_limit(&mut h, HeaderSet::Legacy, &one("GET /a", &no));
         assert!(!h.contains_key("ratelimit-policy"));
         assert_eq!(h["ratelimit-remaining"], "0");
 
         let mut h = HeaderMap::new();
-        set_rate_limit(&mut h, HeaderSet::None, "GET /a", &no);
+        set_rate_limit(&mut h, HeaderSet::None, &one("GET /a", &no));
         assert_eq!(h.len(), 1, "only Retry-After");
     }
 

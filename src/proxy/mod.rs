@@ -51,6 +51,10 @@ pub struct Policy {
     pub max_body_bytes: u64,
     /// One log line per request (`log.access`).
     pub access_log: bool,
+    /// Every limit is a shadow limit (`limits.shadow`).
+    pub shadow: bool,
+    /// A request header that overrides an endpoint's cost (`limits.cost_header`).
+    pub cost_header: Option<HeaderName>,
 }
 
 impl TryFrom<&Config> for Policy {
@@ -69,6 +73,11 @@ impl TryFrom<&Config> for Policy {
             escaped_slashes: limits.escaped_slashes,
             max_body_bytes: c.server.max_body_bytes,
             access_log: c.log.access,
+            shadow: limits.shadow,
+            cost_header: match limits.cost_header.as_str() {
+                "" => None,
+                h => Some(header_name("limits.cost_header", h)?),
+            },
         })
     }
 }
@@ -233,12 +242,25 @@ impl Proxy {
                 let asked = Instant::now();
                 let verdict = self
                     .store
-                    .check(&pending.counter(), pending.limit, self.clock.now())
+                    .check_all(
+                        &pending.counter(),
+                        &pending.limits,
+                        pending.cost,
+                        self.clock.now_ms(),
+                    )
                     .await;
                 self.metrics
                     .decision_seconds
                     .observe(asked.elapsed().as_secs_f64());
-                pending.conclude(verdict)
+                let a = pending.conclude(verdict);
+                if a.decision == Decision::ShadowLimited {
+                    tracing::debug!(
+                        endpoint = a.endpoint.map(|e| e.name.as_str()),
+                        key = record.key.as_deref(),
+                        "a shadow limit would have refused this request"
+                    );
+                }
+                a
             }
         };
         record.decision = admission.decision;
@@ -337,8 +359,8 @@ impl Proxy {
                     .inc();
                 let (mut head, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut head.headers, None);
-                if let Some((name, quota)) = &target.limit {
-                    headers::set_rate_limit(&mut head.headers, self.policy.headers, name, quota);
+                if let Some(rate) = &target.limit {
+                    headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
                 }
                 Response::from_parts(head, Either::Left(body))
             }
