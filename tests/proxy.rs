@@ -1123,3 +1123,122 @@ async fn framing_probes_are_refused_before_the_upstream() {
     // The absolute-form target was forwarded to the upstream's own path, not to elsewhere.example.
     assert_eq!(up.last().path_and_query, "/users/7/prefs");
 }
+
+// ---- several windows, cost and shadow limits (the catalog extension) ----
+
+const WINDOWS_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/a", "/b", "/c"],
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0, "cost": 3}, {"p": 2, "m": 0}],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 0, "rl": 2, "w": 1}, {"ep": 0, "rl": 3}, {"ep": 1, "rl": 5},
+                             {"ep": 1, "rl": 2, "w": 10}, {"ep": 2, "rl": 1, "w": 3600, "shadow": true},
+                             {"ep": 2, "rl": 10}]}
+  ]
+}"#;
+
+async fn windows_cost_and_shadow(c: Config) {
+    let gw = TestGateway::start(c, WINDOWS_CATALOG, FakeClock::new(T0)).await;
+    let before = support::scrape(gw.admin).await;
+    let a = gw.url("/a");
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""GET /a 1s";q=2;w=1, "GET /a";q=3;w=60"#)
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /a 1s";r=1;t=1, "GET /a";r=2;t=60"#)
+    );
+    assert_eq!(r.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(get(&a, &[KEY]).await.status, 200);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("1")));
+    assert_eq!(
+        r.json()["detail"],
+        "GET /a allows 2 requests per 1 s; retry after 1 s"
+    );
+    gw.clock.advance(1);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 200, "the refused request used none of the minute");
+    let r = get(&a, &[KEY]).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("59")));
+    assert_eq!(
+        r.header("ratelimit-limit"),
+        Some("3"),
+        "the tightest policy"
+    );
+
+    // Cost 3: 3 units of 5 per minute, but only 2 per 10 s can ever pass.
+    let r = get(&gw.url("/b"), &[KEY]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), None, "waiting never helps");
+    assert_eq!(
+        r.json()["detail"],
+        "this request costs 3 units and GET /b allows 2 requests per 10 s, so it can never pass"
+    );
+
+    // A shadow limit of 1 per hour: counted, reported in the metrics, never refusing.
+    for _ in 0..3 {
+        let r = get(&gw.url("/c"), &[KEY]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("ratelimit-policy"), Some(r#""GET /c";q=10;w=60"#));
+    }
+    let after = support::scrape(gw.admin).await;
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let count = |d: &str, ep: &str| {
+        delta(&format!(
+            r#"quotagate_requests_total{{decision="{d}",endpoint="{ep}"}}"#
+        ))
+    };
+    assert_eq!(count("shadow_limited", "GET /c"), 2.0);
+    assert_eq!(count("allowed", "GET /c"), 1.0);
+    assert_eq!(count("limited", "GET /a"), 2.0);
+}
+
+#[tokio::test]
+async fn several_windows_cost_and_shadow_limits_on_memory() {
+    let up = Upstream::start().await;
+    windows_cost_and_shadow(config(&up)).await;
+}
+
+#[tokio::test]
+async fn several_windows_cost_and_shadow_limits_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    windows_cost_and_shadow(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+#[tokio::test]
+async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.shadow = true;
+    c.limits.cost_header = "X-Cost".into();
+    let gw = TestGateway::start(c, WINDOWS_CATALOG, FakeClock::new(T0)).await;
+    for _ in 0..5 {
+        let r = get(&gw.url("/a"), &[KEY]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            None,
+            "shadow limits add no field"
+        );
+    }
+    let m = support::scrape(gw.admin).await;
+    let n = |d: &str| {
+        m.get(&format!(
+            r#"quotagate_requests_total{{decision="{d}",endpoint="GET /a"}}"#
+        ))
+        .copied()
+    };
+    assert_eq!((n("allowed"), n("shadow_limited")), (Some(2.0), Some(3.0)));
+    let r = get(&gw.url("/a"), &[KEY, ("X-Cost", "0")]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["detail"],
+        "the x-cost header must be a whole number from 1 to 1000000"
+    );
+}
