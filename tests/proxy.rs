@@ -1242,3 +1242,74 @@ async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
         "the x-cost header must be a whole number from 1 to 1000000"
     );
 }
+
+const ANON_CATALOG: &str = r#"{
+  "methods": ["GET"], "paths": ["/pub", "/priv"],
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}],
+  "apilimits": [{"key": "k1", "limits": [{"ep": 0, "rl": 5}]}],
+  "anonymous": [{"ep": 0, "rl": 2}, {"ep": 0, "rl": 1, "w": 1}]
+}"#;
+
+async fn anonymous_by_address(mut c: Config) {
+    c.limits.anonymous = quotagate::config::Anonymous::ByAddress;
+    c.limits.trusted_proxies = "127.0.0.1/32".into();
+    let gw = TestGateway::start(c, ANON_CATALOG, FakeClock::new(T0)).await;
+    let from = |ip: &'static str| [("X-Forwarded-For", ip)];
+    let r = get(&gw.url("/pub"), &from("203.0.113.7")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""GET /pub 1s";q=1;w=1, "GET /pub";q=2;w=60"#)
+    );
+    let r = get(&gw.url("/pub"), &from("203.0.113.7")).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("1")));
+    // Another address has its own count; a client's own claim left of it changes nothing.
+    assert_eq!(
+        get(&gw.url("/pub"), &from("198.51.100.1")).await.status,
+        200
+    );
+    assert_eq!(
+        get(&gw.url("/pub"), &from("6.6.6.6, 198.51.100.1"))
+            .await
+            .status,
+        429
+    );
+    // One IPv6 /64 is one client.
+    assert_eq!(
+        get(&gw.url("/pub"), &from("2001:db8:0:1::1")).await.status,
+        200
+    );
+    assert_eq!(
+        get(&gw.url("/pub"), &from("2001:db8:0:1::2")).await.status,
+        429
+    );
+    // A key is counted as a key; an unknown key is refused as before; no anonymous limit: 401.
+    assert_eq!(get(&gw.url("/pub"), &[KEY]).await.status, 200);
+    assert_eq!(
+        get(&gw.url("/pub"), &[("X-Api-Key", "stranger")])
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        get(&gw.url("/priv"), &from("203.0.113.7")).await.status,
+        401
+    );
+    gw.clock.advance(1);
+    assert_eq!(get(&gw.url("/pub"), &from("203.0.113.7")).await.status, 200);
+    let r = get(&gw.url("/pub"), &from("203.0.113.7")).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("59")));
+}
+
+#[tokio::test]
+async fn anonymous_callers_are_limited_per_address_on_memory() {
+    let up = Upstream::start().await;
+    anonymous_by_address(config(&up)).await;
+}
+
+#[tokio::test]
+async fn anonymous_callers_are_limited_per_address_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    anonymous_by_address(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}

@@ -197,6 +197,12 @@ impl LimitList {
         LimitList { limits: Vec::new() }
     }
 
+    /// The limits, shortest window first (the order of the rate-limit fields).
+    fn sorted(mut self) -> Box<[Limit]> {
+        self.limits.sort_unstable_by_key(|l| l.w);
+        self.limits.into()
+    }
+
     /// Adds one entry, or says what is wrong with it (`Err((field, reason))`).
     fn add(
         &mut self,
@@ -267,7 +273,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
                     endpoints.push(Endpoint {
                         name: format!("{} {}", t.method, t.path),
                         method,
-                        default_limits: defaults.limits.into(),
+                        default_limits: defaults.sorted(),
                         anonymous: Box::default(),
                         cost,
                     });
@@ -296,7 +302,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
     }
     if endpoints.len() == raw.endpoints.len() {
         for (e, a) in endpoints.iter_mut().zip(anonymous) {
-            e.anonymous = a.limits.into();
+            e.anonymous = a.sorted();
         }
     }
 
@@ -341,8 +347,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         let mut eps = Vec::with_capacity(entry.limits.len());
         let mut limits = Vec::with_capacity(entry.limits.len());
         for (ep, list) in per_ep {
-            let mut list = list.limits;
-            list.sort_unstable_by_key(|l| l.w);
+            let list = list.sorted();
             eps.extend(std::iter::repeat_n(ep, list.len()));
             limits.extend(list);
         }
@@ -475,7 +480,7 @@ mod tests {
         );
         let e = &s.endpoints()[0];
         assert_eq!(e.cost, 2);
-        assert_eq!(&*e.anonymous, &[l(30, 60, false), l(2, 1, false)]);
+        assert_eq!(&*e.anonymous, &[l(2, 1, false), l(30, 60, false)]);
         assert_eq!(&*e.default_limits, &[l(10, 1, false), l(600, 60, false)]);
         assert_eq!(
             &*s.endpoints()[1].default_limits,

@@ -257,6 +257,25 @@ pub struct LimitsConfig {
     /// A request header whose whole number (1 to 1,000,000) replaces the endpoint's cost. Only for
     /// trusted callers: a client that can send it chooses its own cost. Default: empty (off).
     pub cost_header: String,
+    /// Requests without an API key: `reject` (401) or `by_address` (the catalog's `anonymous`
+    /// limits, per client address). Default: `reject`.
+    pub anonymous: Anonymous,
+    /// Peers whose `X-Forwarded-For` is believed, as comma-separated CIDRs
+    /// (`10.0.0.0/8,127.0.0.1/32`). Default: empty (the peer is the client).
+    pub trusted_proxies: String,
+    /// IPv6 clients are counted per network of this prefix length. Default: 64.
+    pub ipv6_prefix: u8,
+}
+
+/// What requests without an API key get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Anonymous {
+    /// 401.
+    #[default]
+    Reject,
+    /// The catalog's anonymous limits, per client address.
+    ByAddress,
 }
 
 impl Default for LimitsConfig {
@@ -270,6 +289,9 @@ impl Default for LimitsConfig {
             escaped_slashes: EscapedSlashes::Reject,
             shadow: false,
             cost_header: String::new(),
+            anonymous: Anonymous::Reject,
+            trusted_proxies: String::new(),
+            ipv6_prefix: 64,
         }
     }
 }

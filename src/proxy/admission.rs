@@ -18,6 +18,7 @@ use http::{Method, Response, StatusCode, Version};
 use http_body_util::Full;
 
 use super::Policy;
+use super::client;
 use super::headers;
 use super::problem::{QUOTA_EXCEEDED, problem};
 use super::upstream::UpstreamError;
@@ -189,8 +190,10 @@ pub enum Step<'s, 'r> {
 /// A request that has a limit: the store decides.
 #[derive(Debug)]
 pub struct Pending<'s, 'r> {
-    /// The API key, as sent.
+    /// The API key, as sent (empty for an anonymous request).
     pub key: &'r [u8],
+    /// An anonymous request: the client's address group.
+    pub anonymous: Option<ipnet::IpNet>,
     pub endpoint: &'s Endpoint,
     /// Its limits here (all shadow under `limits.shadow`).
     pub limits: Limits,
@@ -203,7 +206,10 @@ pub struct Pending<'s, 'r> {
 impl<'s> Pending<'s, '_> {
     /// The counter this request is counted in.
     pub fn counter(&self) -> CounterKey {
-        CounterKey::new(self.key, &self.endpoint.name)
+        match &self.anonymous {
+            Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
+            None => CounterKey::new(self.key, &self.endpoint.name),
+        }
     }
 
     /// The second half: the store's verdict turned into the admission.
@@ -302,11 +308,13 @@ fn api_key<'a>(head: &'a Parts, policy: &Policy) -> ApiKey<'a> {
     }
 }
 
-/// Decides what it can from the request head and the catalog (`None`: none loaded yet).
+/// Decides what it can from the request head, the catalog (`None`: none loaded yet) and the
+/// peer's address (for anonymous limits).
 pub fn admit<'s, 'r>(
     head: &'r Parts,
     policy: &Policy,
     catalog: Option<&'s Snapshot>,
+    peer: std::net::IpAddr,
 ) -> Step<'s, 'r> {
     use Step::Done;
     // RFC 9112 §3.2: an HTTP/1.1 request with no Host, or more than one, is answered 400 (the
@@ -338,15 +346,18 @@ pub fn admit<'s, 'r>(
         let target = Target::plain(head.uri.path().to_owned());
         return Done(Admission::forward(Decision::Unlimited, None, target));
     }
+    let missing_key = || {
+        Admission::reject(
+            Decision::MissingKey,
+            StatusCode::UNAUTHORIZED,
+            format!("send your API key in the {} header", policy.api_key_label),
+        )
+    };
     let key = match api_key(head, policy) {
-        ApiKey::Present(k) => k,
-        ApiKey::Missing => {
-            return Done(Admission::reject(
-                Decision::MissingKey,
-                StatusCode::UNAUTHORIZED,
-                format!("send your API key in the {} header", policy.api_key_label),
-            ));
-        }
+        ApiKey::Present(k) => Some(k),
+        // Anonymous limits depend on the endpoint: decided once it is known.
+        ApiKey::Missing if policy.anonymous => None,
+        ApiKey::Missing => return Done(missing_key()),
         ApiKey::Repeated => {
             return Done(Admission::reject(
                 Decision::BadRequest,
@@ -387,6 +398,24 @@ pub fn admit<'s, 'r>(
         });
     };
     let endpoint = &catalog.endpoints()[route.endpoint];
+    let Some(key) = key else {
+        if endpoint.anonymous.is_empty() {
+            return Done(Admission {
+                endpoint: Some(endpoint),
+                ..missing_key()
+            });
+        }
+        let client = client::client_address(peer, &head.headers, &policy.trusted_proxies);
+        return counted(
+            head,
+            policy,
+            endpoint,
+            b"",
+            &endpoint.anonymous,
+            Some(client::group(client, policy.ipv6_prefix)),
+            route.path,
+        );
+    };
     let limits = match catalog.limit(key, route.endpoint) {
         LimitLookup::Limits(l) => l,
         LimitLookup::UnknownKey | LimitLookup::NoLimit => {
@@ -411,10 +440,23 @@ pub fn admit<'s, 'r>(
             });
         }
     };
+    counted(head, policy, endpoint, key, limits, None, route.path)
+}
+
+/// A request with limits: its cost, then the store decides.
+fn counted<'s, 'r>(
+    head: &'r Parts,
+    policy: &Policy,
+    endpoint: &'s Endpoint,
+    key: &'r [u8],
+    limits: &[crate::limiter::Limit],
+    anonymous: Option<ipnet::IpNet>,
+    path: String,
+) -> Step<'s, 'r> {
     let cost = match request_cost(head, policy, endpoint) {
         Ok(c) => c,
         Err(detail) => {
-            return Done(Admission {
+            return Step::Done(Admission {
                 endpoint: Some(endpoint),
                 ..Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, detail)
             });
@@ -422,10 +464,11 @@ pub fn admit<'s, 'r>(
     };
     Step::Count(Pending {
         key,
+        anonymous,
         endpoint,
         limits: Limits::new(limits, policy.shadow),
         cost,
-        path: route.path,
+        path,
     })
 }
 
@@ -489,6 +532,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::limiter::{Limit, Quota};
+
+    const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
 
     const CATALOG: &str = r#"{
         "version": {"semver": "v1", "hash": "h1"},
@@ -575,7 +620,7 @@ mod tests {
         ];
         for (h, want) in cases {
             assert_eq!(
-                done(admit(&h, &p, Some(&s))),
+                done(admit(&h, &p, Some(&s), PEER)),
                 want,
                 "{} {}",
                 h.method,
@@ -583,11 +628,14 @@ mod tests {
             );
         }
         let h = head("GET", "/users/1", &[("x-api-key", "k1")]);
-        assert_eq!(done(admit(&h, &p, None)), (Decision::NotReady, Some(503)));
+        assert_eq!(
+            done(admit(&h, &p, None, PEER)),
+            (Decision::NotReady, Some(503))
+        );
         let mut h = head("GET", "/users/1", &[("x-api-key", "k1")]);
         h.headers.remove(HOST);
         assert_eq!(
-            done(admit(&h, &p, Some(&s))),
+            done(admit(&h, &p, Some(&s), PEER)),
             (Decision::BadRequest, Some(400))
         );
     }
@@ -601,11 +649,11 @@ mod tests {
         let s = snapshot();
         let h = head("GET", "/nope/../x", &[("x-api-key", "k1")]);
         assert_eq!(
-            done(admit(&h, &p, Some(&s))),
+            done(admit(&h, &p, Some(&s), PEER)),
             (Decision::UnknownEndpoint, None)
         );
         let h = head("get", "/users/7", &[("x-api-key", "stranger")]);
-        let Step::Done(a) = admit(&h, &p, Some(&s)) else {
+        let Step::Done(a) = admit(&h, &p, Some(&s), PEER) else {
             panic!()
         };
         assert_eq!(
@@ -618,14 +666,17 @@ mod tests {
         );
         let off = policy(&[("enabled", "false")]);
         let h = head("GET", "/anything", &[]);
-        assert_eq!(done(admit(&h, &off, None)), (Decision::Unlimited, None));
+        assert_eq!(
+            done(admit(&h, &off, None, PEER)),
+            (Decision::Unlimited, None)
+        );
     }
 
     #[test]
     fn the_store_verdict_decides_the_rest() {
         let (p, s) = (policy(&[]), snapshot());
         let h = head("GET", "/users/1", &[("x-api-key", "k1")]);
-        let pending = || match admit(&h, &p, Some(&s)) {
+        let pending = || match admit(&h, &p, Some(&s), PEER) {
             Step::Count(p) => p,
             Step::Done(a) => panic!("{a:?}"),
         };
@@ -677,7 +728,7 @@ mod tests {
         );
         // A default limit applies to a known key without its own.
         let h = head("POST", "/open", &[("x-api-key", "k1")]);
-        let Step::Count(p5) = admit(&h, &p, Some(&s)) else {
+        let Step::Count(p5) = admit(&h, &p, Some(&s), PEER) else {
             panic!()
         };
         assert_eq!(&*p5.limits, &[Limit::per_minute(5)]);
@@ -694,7 +745,7 @@ mod tests {
         let cost = |p: &Policy, extra: &[(&str, &str)]| {
             let mut hs = vec![("x-api-key", "k")];
             hs.extend_from_slice(extra);
-            match admit(&head("GET", "/a", &hs), p, Some(&s)) {
+            match admit(&head("GET", "/a", &hs), p, Some(&s), PEER) {
                 Step::Count(c) => Ok((c.cost, c.limits.len())),
                 Step::Done(a) => Err(done(Step::Done(a))),
             }
@@ -714,7 +765,7 @@ mod tests {
             );
         }
         let h = head("GET", "/a", &[("x-api-key", "k")]);
-        let Step::Count(c) = admit(&h, &p, Some(&s)) else {
+        let Step::Count(c) = admit(&h, &p, Some(&s), PEER) else {
             panic!()
         };
         assert!(

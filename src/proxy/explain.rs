@@ -27,7 +27,12 @@ impl Proxy {
             "method": method,
             "path": path,
         });
-        match admission::admit(&head, &self.policy, catalog.as_deref()) {
+        match admission::admit(
+            &head,
+            &self.policy,
+            catalog.as_deref(),
+            std::net::Ipv4Addr::LOCALHOST.into(),
+        ) {
             Step::Done(a) => {
                 out["decision"] = a.decision.as_str().into();
                 out["endpoint"] = a.endpoint.map(|e| e.name.clone()).into();

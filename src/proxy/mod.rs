@@ -5,6 +5,7 @@
 //! receives exactly the endpoint that was counted.
 
 pub mod admission;
+pub mod client;
 mod explain;
 pub mod headers;
 pub mod pool;
@@ -55,6 +56,12 @@ pub struct Policy {
     pub shadow: bool,
     /// A request header that overrides an endpoint's cost (`limits.cost_header`).
     pub cost_header: Option<HeaderName>,
+    /// Requests without an API key get the catalog's anonymous limits per client address.
+    pub anonymous: bool,
+    /// Peers whose `X-Forwarded-For` is believed (`limits.trusted_proxies`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// IPv6 clients are counted per network of this prefix length (`limits.ipv6_prefix`).
+    pub ipv6_prefix: u8,
 }
 
 impl TryFrom<&Config> for Policy {
@@ -77,6 +84,17 @@ impl TryFrom<&Config> for Policy {
             cost_header: match limits.cost_header.as_str() {
                 "" => None,
                 h => Some(header_name("limits.cost_header", h)?),
+            },
+            anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
+            trusted_proxies: client::parse_trusted(&limits.trusted_proxies)
+                .map_err(|e| ConfigError(format!("limits.trusted_proxies: {e}")))?,
+            ipv6_prefix: match limits.ipv6_prefix {
+                p @ 1..=128 => p,
+                p => {
+                    return Err(ConfigError(format!(
+                        "limits.ipv6_prefix: {p} is not a prefix length from 1 to 128"
+                    )));
+                }
             },
         })
     }
@@ -233,11 +251,15 @@ impl Proxy {
         let (mut parts, body) = req.into_parts();
         self.forced_refresh(&mut parts).await;
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
-        let admission = match admission::admit(&parts, &self.policy, catalog.as_deref()) {
+        let admission = match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip())
+        {
             Step::Done(admission) => admission,
             Step::Count(pending) => {
                 if self.policy.access_log {
-                    record.key = Some(crate::telemetry::fingerprint(pending.key));
+                    record.key = Some(match pending.anonymous {
+                        Some(_) => "anonymous".into(),
+                        None => crate::telemetry::fingerprint(pending.key),
+                    });
                 }
                 let asked = Instant::now();
                 let verdict = self

@@ -46,6 +46,18 @@ impl CounterKey {
         &self.0
     }
 
+    /// The counter of requests without an API key from the client address group `client` on
+    /// `endpoint`: `{!<address>/<prefix>}:<endpoint>`. A `!` is always escaped in an API key's
+    /// name, so no key can share it.
+    pub fn anonymous(client: &ipnet::IpNet, endpoint: &str) -> Self {
+        let mut s = String::with_capacity(endpoint.len() + 48);
+        s.push_str("{!");
+        s.push_str(&client.to_string());
+        s.push_str("}:");
+        escape(endpoint.as_bytes(), &mut s);
+        CounterKey(s)
+    }
+
     /// The start shared by every counter of `api_key` (`{<api key>}:`).
     pub fn api_key_prefix(api_key: &[u8]) -> String {
         let mut s = String::with_capacity(api_key.len() + 3);
