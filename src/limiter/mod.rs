@@ -38,36 +38,31 @@ impl Limit {
     }
 }
 
-/// The limits of one request (a copy: small, and a config switch may turn them all to shadow).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    items: [Limit; MAX_LIMITS],
-    len: u8,
-}
+/// The limits of one request: borrowed from the catalog, or a copy when a config switch turns them
+/// all to shadow (rare, so the request path copies nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits<'a>(std::borrow::Cow<'a, [Limit]>);
 
-impl Limits {
+impl<'a> Limits<'a> {
     /// The first [`MAX_LIMITS`] of `limits`; all of them shadow limits if `all_shadow`.
-    pub fn new(limits: &[Limit], all_shadow: bool) -> Limits {
-        let mut items = [Limit::per_minute(0); MAX_LIMITS];
-        let len = limits.len().min(MAX_LIMITS);
-        for (slot, l) in items.iter_mut().zip(&limits[..len]) {
-            *slot = Limit {
-                shadow: l.shadow || all_shadow,
-                ..*l
-            };
+    pub fn new(limits: &'a [Limit], all_shadow: bool) -> Limits<'a> {
+        let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        if all_shadow && limits.iter().any(|l| !l.shadow) {
+            let shadowed = limits
+                .iter()
+                .map(|l| Limit { shadow: true, ..*l })
+                .collect();
+            return Limits(std::borrow::Cow::Owned(shadowed));
         }
-        Limits {
-            items,
-            len: len as u8,
-        }
+        Limits(std::borrow::Cow::Borrowed(limits))
     }
 }
 
-impl std::ops::Deref for Limits {
+impl std::ops::Deref for Limits<'_> {
     type Target = [Limit];
 
     fn deref(&self) -> &[Limit] {
-        &self.items[..usize::from(self.len)]
+        &self.0
     }
 }
 
@@ -102,33 +97,44 @@ impl Quota {
 }
 
 /// The answer for one request against all its limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Small for the common case of one limit (it travels in every request's future, and copying a
+/// few hundred bytes per move cost more than the decision): several quotas go to the heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// Every enforced limit had room: the request passes and was counted.
     pub allowed: bool,
     /// Allowed, but at least one shadow limit would have refused it.
     pub shadow_limited: bool,
-    quotas: [Quota; MAX_LIMITS],
-    len: u8,
+    quotas: Quotas,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Quotas {
+    One(Quota),
+    Several(Box<[Quota]>),
 }
 
 impl Outcome {
     /// An outcome from per-limit quotas (in the order of the request's limits).
     pub fn new(allowed: bool, shadow_limited: bool, quotas: &[Quota]) -> Outcome {
-        let mut all = [Quota::zero_limit(); MAX_LIMITS];
-        let len = quotas.len().min(MAX_LIMITS);
-        all[..len].copy_from_slice(&quotas[..len]);
+        let quotas = match quotas {
+            [q] => Quotas::One(*q),
+            more => Quotas::Several(more[..more.len().min(MAX_LIMITS)].into()),
+        };
         Outcome {
             allowed,
             shadow_limited,
-            quotas: all,
-            len: len as u8,
+            quotas,
         }
     }
 
     /// One quota per limit of the request, in its order.
     pub fn quotas(&self) -> &[Quota] {
-        &self.quotas[..usize::from(self.len)]
+        match &self.quotas {
+            Quotas::One(q) => std::slice::from_ref(q),
+            Quotas::Several(qs) => qs,
+        }
     }
 
     /// The wait in whole seconds after which the request passes every enforced limit, if nothing
@@ -216,6 +222,21 @@ impl Counter {
     ///   real, so a catalog run all in shadow counts exactly what enforcing it would) and the
     ///   outcome is `shadow_limited`.
     pub fn hit(&mut self, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+        // The common case, one enforced limit, without the bookkeeping for several.
+        if let [l] = limits
+            && !l.shadow
+            && l.rl > 0
+            && cost <= l.rl
+        {
+            let i = self.window(l.w);
+            let win = &mut self.windows[i];
+            let c = win.check(now_ms, l.rl, cost);
+            if c.fits {
+                win.count(cost);
+            }
+            let q = win.quota(&c, now_ms, l.rl, cost, c.fits);
+            return Outcome::new(c.fits, false, &[q]);
+        }
         let limits = &limits[..limits.len().min(MAX_LIMITS)];
         let mut at = [0usize; MAX_LIMITS];
         let mut checks = [None::<Check>; MAX_LIMITS];

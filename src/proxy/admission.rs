@@ -83,7 +83,7 @@ impl Decision {
 pub struct Rate<'s> {
     /// The endpoint's name: the name of its per-minute policy, and the stem of the others'.
     pub name: &'s str,
-    pub limits: Limits,
+    pub limits: Limits<'s>,
     pub outcome: Outcome,
     /// Units the request used.
     pub cost: u64,
@@ -196,7 +196,7 @@ pub struct Pending<'s, 'r> {
     pub anonymous: Option<ipnet::IpNet>,
     pub endpoint: &'s Endpoint,
     /// Its limits here (all shadow under `limits.shadow`).
-    pub limits: Limits,
+    pub limits: Limits<'s>,
     /// Units of every limit it uses.
     pub cost: u64,
     /// The endpoint's canonical path for this request.
@@ -236,14 +236,15 @@ impl<'s> Pending<'s, '_> {
                 };
             }
         };
+        let (allowed, shadow_limited) = (outcome.allowed, outcome.shadow_limited);
         let rate = Rate {
             name: endpoint.name.as_str(),
             limits: self.limits,
             outcome,
             cost: self.cost,
         };
-        if outcome.allowed {
-            let decision = if outcome.shadow_limited {
+        if allowed {
+            let decision = if shadow_limited {
                 Decision::ShadowLimited
             } else {
                 Decision::Allowed
@@ -449,7 +450,7 @@ fn counted<'s, 'r>(
     policy: &Policy,
     endpoint: &'s Endpoint,
     key: &'r [u8],
-    limits: &[crate::limiter::Limit],
+    limits: &'s [crate::limiter::Limit],
     anonymous: Option<ipnet::IpNet>,
     path: String,
 ) -> Step<'s, 'r> {

@@ -153,15 +153,12 @@ fn sf_string(s: &str) -> String {
 /// has a distinct name and the per-minute one keeps the endpoint's name.
 fn push_sf_item(v: &mut String, name: &str, w: u32, a: &str, x: u64, b: &str, y: u64) {
     let mut digits = itoa::Buffer::new();
-    if u64::from(w) == WINDOW_SECONDS {
-        push_sf_string(v, name);
-    } else {
-        let mut n = String::with_capacity(name.len() + 8);
-        n.push_str(name);
-        n.push(' ');
-        n.push_str(digits.format(w));
-        n.push('s');
-        push_sf_string(v, &n);
+    push_sf_string(v, name);
+    if u64::from(w) != WINDOW_SECONDS {
+        v.pop(); // the closing quote
+        v.push(' ');
+        v.push_str(digits.format(w));
+        v.push_str("s\"");
     }
     v.push(';');
     v.push_str(a);
@@ -179,7 +176,9 @@ fn push_sf_item(v: &mut String, name: &str, w: u32, a: &str, x: u64, b: &str, y:
 pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
     let quotas = rate.outcome.quotas();
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
-        let (mut policy, mut state) = (String::new(), String::new());
+        // Room for the usual single policy, so that neither string grows.
+        let room = (rate.name.len() + 40) * rate.limits.len();
+        let (mut policy, mut state) = (String::with_capacity(room), String::with_capacity(room));
         for (l, q) in rate.limits.iter().zip(quotas).filter(|(l, _)| !l.shadow) {
             if !policy.is_empty() {
                 policy.push_str(", ");
@@ -294,7 +293,7 @@ mod tests {
         let limits = [crate::limiter::Limit::per_minute(q.limit)];
         Rate {
             name,
-            limits: crate::limiter::Limits::new(&limits, false),
+            limits: crate::limiter::Limits::new(Box::leak(Box::new(limits)), false),
             outcome: crate::limiter::Outcome::new(q.allowed, false, &[*q]),
             cost: 1,
         }
@@ -311,10 +310,8 @@ mod tests {
             reset,
             retry_after,
         };
-        let limits = Limits::new(
-            &[l(10, 1, false), l(100, 60, false), l(5, 3600, true)],
-            false,
-        );
+        let all = [l(10, 1, false), l(100, 60, false), l(5, 3600, true)];
+        let limits = Limits::new(&all, false);
         let ok = Outcome::new(
             true,
             false,
@@ -358,7 +355,8 @@ mod tests {
         );
         assert_eq!(h["retry-after"], "30", "until every limit allows it");
         assert_eq!(h["ratelimit-limit"], "100");
-        let dry = Limits::new(&[l(10, 1, false)], true);
+        let one = [l(10, 1, false)];
+        let dry = Limits::new(&one, true);
         let mut h = HeaderMap::new();
         set_rate_limit(
             &mut h,
