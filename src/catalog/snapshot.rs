@@ -604,6 +604,23 @@ mod tests {
         let mut c = a.clone();
         c.paths.push("/more".into());
         assert!(a.diff_to(&c).is_none(), "endpoints changed: no diff");
+        // The extension's fields travel in diffs like the rest.
+        let mut e = a.clone();
+        e.apilimits[0].limits[0].w = Some(1.into());
+        e.apilimits[0].limits[0].shadow = Some(true);
+        let d = a.diff_to(&e).unwrap();
+        assert_eq!(d.apilimits, [e.apilimits[0].clone()]);
+        let json = serde_json::to_string(&d).unwrap();
+        assert!(json.contains(r#""w":1,"shadow":true"#), "{json}");
+        assert_eq!(a.apply(&serde_json::from_str(&json).unwrap()), e);
+        let mut f = a.clone();
+        f.anonymous.push(LimitDef {
+            ep: 0,
+            rl: 5,
+            w: None,
+            shadow: None,
+        });
+        assert!(a.diff_to(&f).is_none(), "anonymous limits changed: no diff");
     }
 
     #[test]

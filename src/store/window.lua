@@ -364,7 +364,11 @@ local function gen_write(l, counted)
     return
   end
   -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
-  redis.call('EXPIRE', g.key, 2 * l.w + 60)
+  -- Set when the hash moves to a new bucket (or is new): later writes in the same bucket are
+  -- covered by it, since a bucket is never longer than the margin.
+  if g.dirty then
+    redis.call('EXPIRE', g.key, 2 * l.w + 60)
+  end
 end
 
 -- Decide, then count. ----------------------------------------------------------------------------
