@@ -95,9 +95,15 @@ fn validate_accepts_the_shipped_catalogs() {
         "validate",
         "catalogs/quickstart.json",
         "catalogs/dynlimits-readme.json",
+        "catalogs/extended.json",
+        "--strict",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("catalogs/extended.json: valid catalog (4 endpoints, 2 API keys)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("catalogs/dynlimits-readme.json: valid catalog (2 endpoints, 1 API key)"),
         "{stdout}"
@@ -347,6 +353,87 @@ async fn quickstart_answers_the_readme_requests() {
     for line in q.lines.try_iter() {
         assert!(!line.to_string().contains("demo-key"), "{line}");
     }
+}
+
+/// The shipped catalog with every extension field, served by the real binary: a daily quota of
+/// units, a key with only a shadow limit, and anonymous callers with a per-second and a per-minute
+/// limit.
+#[tokio::test]
+async fn the_extended_catalog_serves_windows_costs_shadows_and_anonymous_callers() {
+    let up = support::Upstream::start().await;
+    let gw = free_port();
+    let (listen, upstream) = (format!("127.0.0.1:{gw}"), up.url());
+    let mut q = Running::start(&[
+        "--listen",
+        &listen,
+        "--upstream",
+        &upstream,
+        "--catalog",
+        "catalogs/extended.json",
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--set",
+        "limits.anonymous=by_address",
+    ]);
+    q.wait_for("quotagate listening");
+    let url = |p: &str| format!("http://127.0.0.1:{gw}{p}");
+    let key = ("X-Api-Key", "7H6AMB0FXQKQBG3JKPW1PXTTNW");
+    let client = support::http1_client();
+    // Cost 50 against 500 units a day: ten exports, then none until the day has passed.
+    for left in (0..10).rev() {
+        let r = support::send(
+            &client,
+            "POST",
+            &url("/api/export"),
+            &[key],
+            Default::default(),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        // A day has 24-minute buckets: the first unit leaves when its bucket does.
+        let field = r.header("ratelimit").unwrap();
+        let (head, t) = field.rsplit_once(";t=").unwrap();
+        assert_eq!(
+            head,
+            format!(r#""POST /api/export 86400s";r={}"#, left * 50)
+        );
+        let t: u64 = t.parse().unwrap();
+        assert!((86_400 - 1_440..=86_400).contains(&t), "{field}");
+    }
+    let r = support::send(
+        &client,
+        "POST",
+        &url("/api/export"),
+        &[key],
+        Default::default(),
+    )
+    .await;
+    assert_eq!(r.status, 429);
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((86_400 - 1_440..=86_400).contains(&wait), "{wait}");
+    // Only a shadow limit here: forwarded, no rate-limit fields.
+    let r = get(&url("/api/search"), &[key]).await;
+    assert_eq!((r.status, r.header("ratelimit-policy")), (200, None));
+    // No key: the anonymous limits of the endpoint, per address.
+    let r = get(&url("/api/recipients/7/preferences"), &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(
+            r#""GET /api/recipients/{recipient_id}/preferences 1s";q=2;w=1, "GET /api/recipients/{recipient_id}/preferences";q=30;w=60"#
+        )
+    );
+    let r = support::send(
+        &client,
+        "POST",
+        &url("/api/export"),
+        &[],
+        Default::default(),
+    )
+    .await;
+    assert_eq!(r.status, 401, "no anonymous limit there");
+    q.signal("-TERM");
+    assert!(q.wait_exit().success());
 }
 
 /// A wrong Redis address is said at start-up, in one line of our own words, and the gateway serves
