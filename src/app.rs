@@ -21,7 +21,7 @@ use crate::gateway::{Gateway, StartError, bind};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::shutdown::Token;
-use crate::store::Store;
+use crate::store::{Store, StoreSettings};
 use crate::workers::Workers;
 use crate::{divvy, server};
 
@@ -71,6 +71,13 @@ impl App {
         clock: Arc<dyn Clock>,
         catalog: Option<Snapshot>,
     ) -> Result<App, StartError> {
+        if let StoreSettings::Redis { redis, .. } = &settings.store
+            && redis.target.is_insecure()
+        {
+            tracing::warn!(
+                "store.tls_insecure_skip_verify is on: Redis server certificates are not checked"
+            );
+        }
         let store = Arc::new(Store::open(&settings.store)?);
         let workers = Arc::new(
             Workers::start(settings.workers, "quotagate-worker").map_err(|source| {

@@ -186,7 +186,7 @@ impl Gateway {
             tokio::spawn(poller.clone().run(shutdown.clone()));
             if let Some((redis, channel)) = &self.announcements {
                 tokio::spawn(broadcast::listen(
-                    redis.url().to_owned(),
+                    redis.clone(),
                     channel.clone(),
                     self.catalog().clone(),
                     shutdown.clone(),

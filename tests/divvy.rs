@@ -94,7 +94,7 @@ impl Port {
             None => Store::memory(),
             Some(r) => {
                 let s = RedisStore::connect(&RedisOptions {
-                    url: r.url(),
+                    target: quotagate::store::RedisTarget::single(&r.url()).unwrap(),
                     timeout: Duration::from_millis(250),
                     pool_size: 8,
                     prefix: "unused".into(),

@@ -48,7 +48,7 @@ impl Subject {
 
 fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
     RedisOptions {
-        url,
+        target: quotagate::store::RedisTarget::single(&url).unwrap(),
         timeout: Duration::from_millis(250),
         pool_size: 8,
         prefix: "qgtest".into(),

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -33,16 +32,26 @@ impl Announce for RedisAnnounce {
     }
 }
 
-/// Listens on `channel` until `shutdown`, waking the poller for versions this instance lacks.
-pub async fn listen(url: String, channel: String, live: Arc<Live>, shutdown: CancellationToken) {
+/// Listens on `channel` until `shutdown`, waking the poller for versions this instance lacks. The
+/// subscription has a connection of its own, to the server, the master (sentinel) or a seed node
+/// (cluster: a plain `PUBLISH` reaches every node).
+pub async fn listen(
+    store: Arc<RedisStore>,
+    channel: String,
+    live: Arc<Live>,
+    shutdown: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(500);
     let mut lost = false;
     loop {
         let subscribed = async {
-            let client = redis::Client::open(url.as_str())?;
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+            let client = store.pubsub_client().await.map_err(|e| e.to_string())?;
+            let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+            pubsub
+                .subscribe(&channel)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(pubsub)
         };
         let outcome = tokio::select! {
             r = subscribed => r,

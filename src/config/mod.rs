@@ -309,8 +309,26 @@ pub enum StoreKind {
 pub struct StoreConfig {
     /// `memory` (embedded, one instance) or `redis` (shared). Default: `memory`.
     pub kind: StoreKind,
-    /// Redis URL, `redis://host:port/db` or `redis+unix:///path`. Default: `redis://127.0.0.1:6379`.
+    /// Redis URL, `redis://[user:password@]host:port/db`, `rediss://...` (TLS) or
+    /// `redis+unix:///path`; in cluster and sentinel mode a comma-separated list (seed nodes,
+    /// sentinels). Default: `redis://127.0.0.1:6379`.
     pub redis_url: String,
+    /// `single`, `cluster` (Redis Cluster) or `sentinel`. Default: `single`.
+    pub redis_mode: crate::store::RedisMode,
+    /// The master's name in sentinel mode. Default: empty.
+    pub sentinel_master: String,
+    /// A file holding the Redis password (replaces the URL's; kept out of configs and process
+    /// lists). Default: empty (none).
+    pub redis_password_file: String,
+    /// PEM file of the CA that signed the Redis servers' certificates (`rediss://`). Default:
+    /// empty (the system's roots).
+    pub tls_ca_file: String,
+    /// PEM client certificate for TLS client authentication. Default: empty.
+    pub tls_cert_file: String,
+    /// PEM key of `tls_cert_file`. Default: empty.
+    pub tls_key_file: String,
+    /// Turns off the check of the servers' certificates (logged at start-up). Default: `false`.
+    pub tls_insecure_skip_verify: bool,
     /// Bound on every Redis call, connecting included. Default: 250 ms.
     pub timeout_ms: u64,
     /// When Redis fails: `local` (limits enforced per instance in memory), `open` (unlimited) or
@@ -318,7 +336,7 @@ pub struct StoreConfig {
     pub failure_policy: FailurePolicy,
     /// How often a failed Redis is pinged to detect recovery. Default: 1000 ms.
     pub probe_interval_ms: u64,
-    /// Redis connections at most. Default: 16.
+    /// Hot-path Redis connections at most (one per proxy worker below that). Default: 16.
     pub pool_size: usize,
     /// Prefix of every Redis key. Default: `quotagate`.
     pub key_prefix: String,
@@ -332,6 +350,13 @@ impl Default for StoreConfig {
         StoreConfig {
             kind: StoreKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_mode: crate::store::RedisMode::Single,
+            sentinel_master: String::new(),
+            redis_password_file: String::new(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_insecure_skip_verify: false,
             timeout_ms: 250,
             failure_policy: FailurePolicy::Local,
             probe_interval_ms: 1_000,

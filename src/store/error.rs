@@ -13,7 +13,7 @@ enum Cause {
     Timeout,
     Config(String),
     Connect(String),
-    Redis(deadpool_redis::redis::RedisError),
+    Redis(redis::RedisError),
     Reply(String),
 }
 
@@ -35,22 +35,13 @@ impl StoreError {
         }
     }
 
-    /// No connection could be had from the pool for Redis at `url` (logged without its password).
-    pub(crate) fn connect(url: &str, e: deadpool_redis::PoolError) -> Self {
-        use deadpool_redis::PoolError;
-        let why = match e {
-            PoolError::Backend(e) => e.to_string(),
-            PoolError::Timeout(_) => "no connection within store.timeout_ms".to_owned(),
-            other => other.to_string(),
-        };
+    /// No connection could be opened to Redis at `shown` (URLs without their passwords).
+    pub(crate) fn connect(shown: &str, e: &redis::RedisError) -> Self {
         StoreError {
-            cause: Cause::Connect(format!(
-                "cannot connect to Redis at {}: {why}",
-                crate::config::redact_url(url)
-            )),
+            cause: Cause::Connect(format!("cannot connect to Redis at {shown}: {e}")),
         }
     }
-    pub(crate) fn redis(e: deadpool_redis::redis::RedisError) -> Self {
+    pub(crate) fn redis(e: redis::RedisError) -> Self {
         StoreError {
             cause: Cause::Redis(e),
         }

@@ -10,6 +10,7 @@
 //! - [`keys`]: every Redis key name; `window.lua` and `fixed.lua`: the scripts.
 
 mod blocked;
+pub mod connect;
 mod error;
 mod failover;
 pub mod keys;
@@ -20,11 +21,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use self::redis::{RedisOptions, RedisStore, TimeSource};
+pub use connect::{RedisMode, RedisTarget};
 pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
 pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
-pub use redis::{RedisOptions, RedisStore, TimeSource};
 
 use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
 use crate::limiter::{Limit, Outcome};
@@ -118,6 +120,8 @@ pub enum Verdict<D = Outcome> {
 
 /// The store's settings (`[store]`), checked.
 #[derive(Debug, Clone)]
+// Built once at start-up: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum StoreSettings {
     Memory,
     Redis {
@@ -131,13 +135,27 @@ pub enum StoreSettings {
 impl TryFrom<&StoreConfig> for StoreSettings {
     type Error = ConfigError;
 
-    /// The Redis options are checked whichever kind is chosen, so a mistake shows before the day
-    /// someone switches to Redis. `connections` is 1 here; the application sets one per worker.
+    /// The Redis options are checked (and their files read) whichever kind is chosen, so a mistake
+    /// shows before the day someone switches to Redis. `connections` is 1 here; the application sets one per worker.
     fn try_from(c: &StoreConfig) -> Result<Self, ConfigError> {
         keys::check_prefix(&c.key_prefix)
             .map_err(|m| ConfigError(format!("store.key_prefix: {m}")))?;
+        let tls = connect::TlsFiles {
+            ca: &c.tls_ca_file,
+            cert: &c.tls_cert_file,
+            key: &c.tls_key_file,
+            insecure: c.tls_insecure_skip_verify,
+        };
+        let target = RedisTarget::new(
+            &c.redis_url,
+            c.redis_mode,
+            &c.sentinel_master,
+            &c.redis_password_file,
+            &tls,
+        )
+        .map_err(ConfigError)?;
         let redis = RedisOptions {
-            url: c.redis_url.clone(),
+            target,
             timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
             pool_size: c.pool_size,
             prefix: c.key_prefix.clone(),

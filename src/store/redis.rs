@@ -16,10 +16,10 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
-use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use redis::Script;
 
 use super::blocked::BlockCache;
+use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{CounterKey, api_key_pattern, minute_hash, window_hash};
 use super::memory::FixedDecision;
 use super::{CounterStore, StoreError};
@@ -46,11 +46,11 @@ pub enum TimeSource {
 /// Options for [`RedisStore::connect`].
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://host:port/db` or `redis+unix:///path/to/socket`.
-    pub url: String,
+    /// Where Redis is: mode, URLs, TLS, credentials.
+    pub target: RedisTarget,
     /// Bound on every store call, including getting a connection. Default: 250 ms.
     pub timeout: Duration,
-    /// Connections the pool may open. Default: 16.
+    /// Hot-path connections at most (fewer than `connections` makes workers share). Default: 16.
     pub pool_size: usize,
     /// Key prefix. Default: `quotagate`.
     pub prefix: String,
@@ -63,11 +63,11 @@ pub struct RedisOptions {
 /// One multiplexed connection the hot path uses.
 #[derive(Default)]
 struct Slot {
-    /// `None` after it broke, refilled from the pool. `ArcSwapOption`: read on every request,
-    /// written only on failure.
-    conn: ArcSwapOption<MultiplexedConnection>,
+    /// `None` after it broke, then opened again. `ArcSwapOption`: read on every request, written
+    /// only on failure.
+    conn: ArcSwapOption<Conn>,
     /// Held while the slot is refilled, so concurrent callers share one new connection (and their
-    /// commands stay in the order they were issued) instead of each checking one out of the pool.
+    /// commands stay in the order they were issued) instead of each opening one.
     /// `tokio::sync::Mutex`: held across the pool's `.await`, and fair (FIFO).
     refill: tokio::sync::Mutex<()>,
 }
@@ -83,9 +83,9 @@ fn is_broken(e: &redis::RedisError) -> bool {
 
 /// The Redis store.
 pub struct RedisStore {
-    /// As configured, for the announcement subscriber's own connection.
-    url: String,
-    pool: Pool,
+    /// As configured: for messages and the announcement subscriber's own connection.
+    target: RedisTarget,
+    connector: Connector,
     /// One slot per worker: the connection's task runs on the worker that opened it.
     slots: Box<[Slot]>,
     timeout: Duration,
@@ -110,23 +110,12 @@ impl RedisStore {
     /// Creates the store. Nothing is sent to Redis until the first call, so a Redis that is down at
     /// start-up is handled by the store failure policy like any other outage.
     pub fn connect(opts: &RedisOptions) -> Result<RedisStore, StoreError> {
-        let mut cfg = deadpool_redis::Config::from_url(opts.url.clone());
-        let mut pool = PoolConfig::new(opts.pool_size.max(1));
-        pool.timeouts = Timeouts {
-            wait: Some(opts.timeout),
-            create: Some(opts.timeout),
-            recycle: Some(opts.timeout),
-        };
-        cfg.pool = Some(pool);
-        let pool = cfg
-            .create_pool(Some(Runtime::Tokio1))
-            .map_err(StoreError::config)?;
+        let connector = Connector::new(&opts.target, opts.timeout).map_err(StoreError::config)?;
+        let slots = opts.connections.min(opts.pool_size).max(1);
         Ok(RedisStore {
-            url: opts.url.clone(),
-            pool,
-            slots: (0..opts.connections.max(1))
-                .map(|_| Slot::default())
-                .collect(),
+            target: opts.target.clone(),
+            connector,
+            slots: (0..slots).map(|_| Slot::default()).collect(),
             timeout: opts.timeout,
             prefix: opts.prefix.clone(),
             time_source: opts.time_source,
@@ -139,31 +128,29 @@ impl RedisStore {
         &self.slots[crate::workers::current() % self.slots.len()]
     }
 
-    async fn connection(&self) -> Result<Arc<MultiplexedConnection>, StoreError> {
+    async fn connection(&self) -> Result<Arc<Conn>, StoreError> {
         let slot = self.slot();
         if let Some(c) = slot.conn.load_full() {
             return Ok(c);
         }
-        // Boxed: the pool's future is about 7 KB, and every store call's future (and so every
+        // Boxed: connecting is a large future, and every store call's future (and so every
         // request's) would otherwise carry it, and copy it, although it is rarely needed.
         Box::pin(self.refill(slot)).await
     }
 
-    async fn refill(&self, slot: &Slot) -> Result<Arc<MultiplexedConnection>, StoreError> {
+    async fn refill(&self, slot: &Slot) -> Result<Arc<Conn>, StoreError> {
         let _refilling = slot.refill.lock().await;
         if let Some(c) = slot.conn.load_full() {
             return Ok(c);
         }
-        let pooled = self
-            .pool
-            .get()
+        let mut c = self
+            .connector
+            .connect(self.timeout)
             .await
-            .map_err(|e| StoreError::connect(&self.url, e))?;
-        // Taken out of the pool for good: given back, the next slot to refill could get this
-        // same connection, whose task runs on this worker's thread.
-        let mut c = deadpool_redis::Connection::take(pooled);
+            .map_err(|e| StoreError::connect(self.target.shown(), &e))?;
         // Load the scripts before anyone uses the connection: a NOSCRIPT retry would let later
         // commands overtake earlier ones. (A later SCRIPT FLUSH is still healed by invoke_async.)
+        // On a cluster, SCRIPT LOAD goes to every master.
         for script in [&*WINDOW, &*DIVVY] {
             script.load_async(&mut c).await.map_err(StoreError::redis)?;
         }
@@ -180,7 +167,7 @@ impl RedisStore {
     /// never admit too much.
     async fn on_connection<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let conn = self.connection().await?;
@@ -199,15 +186,21 @@ impl RedisStore {
     }
 
     /// Clears this worker's slot if it still holds `conn` (not a fresh one another call put there).
-    fn forget(&self, conn: &Arc<MultiplexedConnection>) {
-        self.slot()
-            .conn
-            .compare_and_swap(conn, None::<Arc<MultiplexedConnection>>);
+    fn forget(&self, conn: &Arc<Conn>) {
+        self.slot().conn.compare_and_swap(conn, None::<Arc<Conn>>);
     }
 
-    /// The Redis URL, as configured.
-    pub fn url(&self) -> &str {
-        &self.url
+    /// Where Redis is, as configured.
+    pub fn target(&self) -> &RedisTarget {
+        &self.target
+    }
+
+    /// A client of one data node, for the announcement subscriber's own connection.
+    pub async fn pubsub_client(&self) -> Result<redis::Client, StoreError> {
+        self.connector
+            .pubsub_client(&self.target)
+            .await
+            .map_err(|e| StoreError::connect(self.target.shown(), &e))
     }
 
     /// Forgets the current connection, so the next call opens a fresh one.
@@ -545,19 +538,24 @@ impl CounterStore for RedisStore {
         }
     }
 
-    /// A connection of its own, closed after one `PING`: a pooled one opened here, outside the
-    /// workers, would later serve a worker from another thread.
+    /// A connection of its own, closed after one `PING`: one opened here, outside the workers,
+    /// would later serve a worker from another thread.
     async fn check_reachable(&self) -> Result<(), StoreError> {
         let fail = |why: String| {
+            let mode = match self.target.mode {
+                super::RedisMode::Single => String::new(),
+                m => format!(" ({})", m.as_str()),
+            };
             StoreError::unreachable(format!(
-                "cannot connect to Redis at {}: {why}",
-                crate::config::redact_url(&self.url)
+                "cannot connect to Redis at {}{mode}: {why}",
+                self.target.shown()
             ))
         };
         let attempt = async {
-            let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
-            let mut conn = client
-                .get_multiplexed_async_connection()
+            let connector =
+                Connector::new(&self.target, self.timeout).map_err(|e| e.to_string())?;
+            let mut conn = connector
+                .connect(self.timeout)
                 .await
                 .map_err(|e| e.to_string())?;
             redis::cmd("PING")

@@ -1,0 +1,441 @@
+//! connect: where the Redis store's connections come from, in each deployment mode.
+//!
+//! - `single`: one server (`redis://`, `rediss://` or `redis+unix://`); one multiplexed connection
+//!   per worker.
+//! - `cluster`: Redis Cluster from a comma-separated list of seed nodes; the redis crate's cluster
+//!   connection routes each command by slot, follows `MOVED`/`ASK` and refreshes the topology.
+//!   Every script call touches the keys of one API key, which share one hash tag and so one slot.
+//! - `sentinel`: the URLs are the sentinels; the master named `store.sentinel_master` is asked for
+//!   on every new connection, so after a failover the next connection goes to the new master.
+//!
+//! TLS (`rediss://`) works in every mode, with `store.tls_ca_file` and, for client certificates,
+//! `store.tls_cert_file` + `store.tls_key_file`. Certificates are checked unless
+//! `store.tls_insecure_skip_verify` says otherwise (logged at start-up). A password from
+//! `store.redis_password_file` replaces the one in the URLs; it is never logged.
+
+use std::path::Path;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, RedisFuture, RedisResult, TlsCertificates, Value,
+};
+
+/// How the Redis store reaches Redis (`store.redis_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server. Default.
+    #[default]
+    Single,
+    /// Redis Cluster; the URLs are seed nodes.
+    Cluster,
+    /// Redis Sentinel; the URLs are the sentinels.
+    Sentinel,
+}
+
+impl RedisMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisMode::Single => "single",
+            RedisMode::Cluster => "cluster",
+            RedisMode::Sentinel => "sentinel",
+        }
+    }
+}
+
+/// Where Redis is and how to talk to it: checked settings, files read.
+#[derive(Clone)]
+pub struct RedisTarget {
+    pub mode: RedisMode,
+    /// The server, the seed nodes, or the sentinels.
+    nodes: Vec<ConnectionInfo>,
+    /// The master's name (sentinel mode).
+    master: String,
+    tls: Option<TlsCertificates>,
+    /// Username and password for the data nodes (from the first URL or the password file).
+    username: Option<String>,
+    password: Option<String>,
+    /// The URLs with any password replaced, for messages.
+    shown: String,
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTarget")
+            .field("mode", &self.mode)
+            .field("nodes", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The files and switches of `[store]` that shape connections.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles<'a> {
+    pub ca: &'a str,
+    pub cert: &'a str,
+    pub key: &'a str,
+    pub insecure: bool,
+}
+
+fn read(what: &str, path: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(Path::new(path)).map_err(|e| format!("{what} {path}: {e}"))
+}
+
+impl RedisTarget {
+    /// One server at `url`, nothing else set (tests, the Divvy drop-in).
+    pub fn single(url: &str) -> Result<RedisTarget, String> {
+        RedisTarget::new(url, RedisMode::Single, "", "", &TlsFiles::default())
+    }
+
+    /// Checks `urls` (comma-separated) for `mode`, reading the TLS and password files. Errors name
+    /// the setting and never hold a password.
+    pub fn new(
+        urls: &str,
+        mode: RedisMode,
+        master: &str,
+        password_file: &str,
+        tls: &TlsFiles,
+    ) -> Result<RedisTarget, String> {
+        let shown = urls
+            .split(',')
+            .map(|u| crate::config::redact_url(u.trim()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let list: Vec<&str> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        if list.is_empty() {
+            return Err("store.redis_url is empty".into());
+        }
+        if mode == RedisMode::Single && list.len() > 1 {
+            return Err(format!(
+                "store.redis_url lists {} servers; set store.redis_mode to \"cluster\" or \"sentinel\" to use several",
+                list.len()
+            ));
+        }
+        if mode == RedisMode::Sentinel && master.is_empty() {
+            return Err("store.redis_mode = \"sentinel\" needs store.sentinel_master".into());
+        }
+        let mut nodes = Vec::with_capacity(list.len());
+        for u in &list {
+            let info = u.into_connection_info().map_err(|e| {
+                format!(
+                    "store.redis_url: {} is not a Redis URL: {e}",
+                    crate::config::redact_url(u)
+                )
+            })?;
+            nodes.push(info);
+        }
+        let password = match password_file {
+            "" => None,
+            path => {
+                let bytes = read("store.redis_password_file", path)?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| format!("store.redis_password_file {path} is not UTF-8"))?;
+                // One line; a trailing newline is the editor's, not the password's.
+                Some(text.trim_end_matches(['\n', '\r']).to_owned())
+            }
+        };
+        let first = nodes[0].redis_settings().clone();
+        let username = first.username().map(str::to_owned);
+        let password = password.or_else(|| first.password().map(str::to_owned));
+        let uses_tls = nodes
+            .iter()
+            .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }));
+        if !uses_tls && (!tls.ca.is_empty() || !tls.cert.is_empty() || tls.insecure) {
+            return Err("store.tls_* settings need rediss:// URLs".into());
+        }
+        if tls.cert.is_empty() != tls.key.is_empty() {
+            return Err("store.tls_cert_file and store.tls_key_file go together".into());
+        }
+        let certs = if tls.ca.is_empty() && tls.cert.is_empty() {
+            None
+        } else {
+            Some(TlsCertificates {
+                client_tls: if tls.cert.is_empty() {
+                    None
+                } else {
+                    Some(redis::ClientTlsConfig {
+                        client_cert: read("store.tls_cert_file", tls.cert)?,
+                        client_key: read("store.tls_key_file", tls.key)?,
+                    })
+                },
+                root_cert: if tls.ca.is_empty() {
+                    None
+                } else {
+                    Some(read("store.tls_ca_file", tls.ca)?)
+                },
+            })
+        };
+        if tls.insecure {
+            for n in &mut nodes {
+                if let ConnectionAddr::TcpTls { host, port, .. } = n.addr().clone() {
+                    *n = n.clone().set_addr(ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: true,
+                        tls_params: None,
+                    });
+                }
+            }
+        }
+        // The password file's password (or the first URL's) for every data node.
+        if let Some(p) = &password
+            && mode != RedisMode::Sentinel
+        {
+            for n in &mut nodes {
+                let settings = n.redis_settings().clone().set_password(p);
+                *n = n.clone().set_redis_settings(settings);
+            }
+        }
+        Ok(RedisTarget {
+            mode,
+            nodes,
+            master: master.to_owned(),
+            tls: certs,
+            username,
+            password,
+            shown,
+        })
+    }
+
+    /// The URLs as configured, passwords replaced: for messages.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// True when certificate checks are off (said at start-up).
+    pub fn is_insecure(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { insecure: true, .. }))
+    }
+}
+
+/// Opens connections of the configured mode.
+pub enum Connector {
+    Single(Client),
+    Cluster(ClusterClient),
+    /// `SentinelClient` asks the sentinels for the master on each new connection; it needs `&mut`.
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+}
+
+impl Connector {
+    /// A connector for `target`; `timeout` bounds connecting and each command.
+    pub fn new(target: &RedisTarget, timeout: Duration) -> RedisResult<Connector> {
+        Ok(match target.mode {
+            RedisMode::Single => {
+                let node = target.nodes[0].clone();
+                match &target.tls {
+                    Some(certs) => Connector::Single(Client::build_with_tls(node, certs.clone())?),
+                    None => Connector::Single(Client::open(node)?),
+                }
+            }
+            RedisMode::Cluster => {
+                let mut b = ClusterClientBuilder::new(target.nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    // Our own timeout bounds every call; a few quick retries inside it follow
+                    // MOVED/ASK and a changed topology.
+                    .retries(3)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100);
+                if let Some(p) = &target.password {
+                    b = b.password(p);
+                }
+                if let Some(u) = &target.username {
+                    b = b.username(u);
+                }
+                if let Some(certs) = &target.tls {
+                    b = b.certs(certs.clone());
+                }
+                Connector::Cluster(b.build()?)
+            }
+            RedisMode::Sentinel => {
+                let addrs = target.nodes.iter().map(|n| n.addr().clone());
+                let tls_mode = target.nodes.iter().find_map(|n| match n.addr() {
+                    ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    }),
+                    _ => None,
+                });
+                let mut b =
+                    SentinelClientBuilder::new(addrs, &target.master, SentinelServerType::Master)?;
+                if let Some(mode) = tls_mode {
+                    b = b
+                        .set_client_to_redis_tls_mode(mode)
+                        .set_client_to_sentinel_tls_mode(mode);
+                }
+                if let Some(certs) = &target.tls {
+                    b = b
+                        .set_client_to_redis_certificates(certs.clone())
+                        .set_client_to_sentinel_certificates(certs.clone());
+                }
+                if let Some(u) = &target.username {
+                    b = b.set_client_to_redis_username(u);
+                }
+                if let Some(p) = &target.password {
+                    b = b.set_client_to_redis_password(p);
+                }
+                Connector::Sentinel(tokio::sync::Mutex::new(b.build()?))
+            }
+        })
+    }
+
+    /// A new connection (to the master, in sentinel mode).
+    pub async fn connect(&self, timeout: Duration) -> RedisResult<Conn> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(None);
+        Ok(match self {
+            Connector::Single(c) => Conn::Single(
+                c.get_multiplexed_async_connection_with_config(&config)
+                    .await?,
+            ),
+            Connector::Cluster(c) => Conn::Cluster(c.get_async_connection().await?),
+            Connector::Sentinel(s) => Conn::Single(
+                s.lock()
+                    .await
+                    .get_async_connection_with_config(&config)
+                    .await?,
+            ),
+        })
+    }
+
+    /// A client of one data node, for a pub/sub subscription: the server, the master, or the first
+    /// seed node that answers (a cluster's `PUBLISH` reaches every node).
+    pub async fn pubsub_client(&self, target: &RedisTarget) -> RedisResult<Client> {
+        match self {
+            Connector::Single(c) => Ok(c.clone()),
+            Connector::Sentinel(s) => s.lock().await.async_get_client().await,
+            Connector::Cluster(_) => {
+                let mut last = None;
+                for node in &target.nodes {
+                    let client = match &target.tls {
+                        Some(certs) => Client::build_with_tls(node.clone(), certs.clone()),
+                        None => Client::open(node.clone()),
+                    };
+                    match client {
+                        Ok(c) => match c.get_multiplexed_async_connection().await {
+                            Ok(_) => return Ok(c),
+                            Err(e) => last = Some(e),
+                        },
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    redis::RedisError::from((redis::ErrorKind::Io, "no seed node"))
+                }))
+            }
+        }
+    }
+}
+
+/// One connection of any mode: multiplexed, cheap to clone.
+#[derive(Clone)]
+pub enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(urls: &str, mode: RedisMode) -> Result<RedisTarget, String> {
+        RedisTarget::new(urls, mode, "mymaster", "", &TlsFiles::default())
+    }
+
+    #[test]
+    fn urls_are_checked_per_mode_and_messages_hide_passwords() {
+        assert!(target("redis://127.0.0.1:6379", RedisMode::Single).is_ok());
+        let e = target("redis://a:1,redis://b:2", RedisMode::Single).unwrap_err();
+        assert!(e.contains("set store.redis_mode"), "{e}");
+        let t = target(
+            "redis://u:s3cret@a:7000, redis://b:7001",
+            RedisMode::Cluster,
+        )
+        .unwrap();
+        assert_eq!(t.nodes.len(), 2);
+        assert!(!t.shown().contains("s3cret"), "{}", t.shown());
+        assert!(!format!("{t:?}").contains("s3cret"));
+        let e = target("http://x", RedisMode::Single).unwrap_err();
+        assert!(e.starts_with("store.redis_url: "), "{e}");
+        let e = RedisTarget::new(
+            "redis://a:1",
+            RedisMode::Sentinel,
+            "",
+            "",
+            &TlsFiles::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("store.sentinel_master"), "{e}");
+        let tls = TlsFiles {
+            ca: "/nonexistent/ca.pem",
+            ..Default::default()
+        };
+        let e = RedisTarget::new("redis://a:1", RedisMode::Single, "", "", &tls).unwrap_err();
+        assert!(e.contains("rediss://"), "{e}");
+        let e = RedisTarget::new("rediss://a:1", RedisMode::Single, "", "", &tls).unwrap_err();
+        assert!(
+            e.starts_with("store.tls_ca_file /nonexistent/ca.pem: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_password_file_wins_and_is_not_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "fromfile\n").unwrap();
+        let t = RedisTarget::new(
+            "redis://app:inurl@a:1",
+            RedisMode::Single,
+            "",
+            file.to_str().unwrap(),
+            &TlsFiles::default(),
+        )
+        .unwrap();
+        assert_eq!(t.password.as_deref(), Some("fromfile"));
+        assert_eq!(t.nodes[0].redis_settings().password(), Some("fromfile"));
+        assert_eq!(t.nodes[0].redis_settings().username(), Some("app"));
+        assert!(!t.shown().contains("fromfile") && !t.shown().contains("inurl"));
+    }
+}
