@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quotagate::limiter::{Counter, Limit, Outcome, Quota, Window};
+use quotagate::store::connect::TlsFiles;
 use quotagate::store::{
-    CounterKey, FailurePolicy, RedisOptions, RedisStore, Store, TimeSource, Verdict,
+    CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
+    Verdict,
 };
-use support::{RedisServer, eventually};
+use support::{RedisCluster, RedisServer, TlsRedis, eventually, file_in};
 
 /// Second 0 of a minute.
 const T0: u64 = 1_700_000_040;
@@ -20,6 +22,57 @@ struct Subject {
     store: Store,
     _redis: Option<RedisServer>,
 }
+
+/// A store on a shared topology (cluster, TLS server), with a key prefix of its own so that the
+/// cases run one after another on one deployment without seeing each other's counters.
+fn subject_on(target: RedisTarget, prefix: &str) -> Subject {
+    let options = RedisOptions {
+        target,
+        prefix: format!("qg-{prefix}"),
+        // Connecting to a cluster reads its topology first: more than one round trip.
+        timeout: Duration::from_secs(2),
+        ..redis_options("redis://unused".into(), TimeSource::Local)
+    };
+    Subject {
+        store: Store::redis(
+            RedisStore::connect(&options).unwrap(),
+            FailurePolicy::Closed,
+            Duration::from_millis(50),
+        ),
+        _redis: None,
+    }
+}
+
+fn cluster_target(c: &RedisCluster) -> RedisTarget {
+    RedisTarget::new(&c.url(), RedisMode::Cluster, "", "", &TlsFiles::default()).unwrap()
+}
+
+/// A TLS-only server that wants a client certificate, reached with the test's CA and client
+/// certificate and an ACL user whose password comes from a file.
+fn tls_target(t: &TlsRedis, password_file: &str) -> RedisTarget {
+    let files = TlsFiles {
+        ca: &t.certs.path("ca.pem"),
+        cert: &t.certs.path("client.pem"),
+        key: &t.certs.path("client.key"),
+        insecure: false,
+    };
+    let url = format!("rediss://quota:placeholder@127.0.0.1:{}", t.port);
+    RedisTarget::new(&url, RedisMode::Single, "", password_file, &files).unwrap()
+}
+
+/// redis-server arguments: an ACL user `quota` and no default user.
+const ACL_ARGS: [&str; 10] = [
+    "--user",
+    "quota",
+    "on",
+    ">s3cret-pw",
+    "~*",
+    "&*",
+    "+@all",
+    "--user",
+    "default",
+    "off",
+];
 
 impl Subject {
     async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
@@ -78,6 +131,19 @@ macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
         mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
+        /// Every case on one 3-master Redis Cluster (started once: it takes seconds).
+        #[tokio::test]
+        async fn on_cluster_every_case() {
+            let cluster = RedisCluster::start(3, 0);
+            $( $case(subject_on(cluster_target(&cluster), stringify!($case))).await; )*
+        }
+        /// Every case over TLS with a client certificate and an ACL user.
+        #[tokio::test]
+        async fn on_tls_every_case() {
+            let tls = TlsRedis::start(true, &ACL_ARGS);
+            let pw = file_in(tls.certs.dir.path(), "pw", "s3cret-pw\n");
+            $( $case(subject_on(tls_target(&tls, pw.to_str().unwrap()), stringify!($case))).await; )*
+        }
     };
 }
 
@@ -441,12 +507,53 @@ async fn peeking_several_windows_agrees_with_the_reference(s: Subject) {
 // ---- Redis only ----
 
 #[tokio::test]
+async fn on_a_cluster_two_instances_admit_exactly_the_limit_and_keys_spread_over_every_master() {
+    let cluster = RedisCluster::start(3, 0);
+    for run in 0..3 {
+        two_instances_share_one_limit_exactly(cluster_target(&cluster), &format!("shared-{run}"))
+            .await;
+    }
+    // Several windows on one key in one script call: one slot, no CROSSSLOT.
+    let s = subject_on(cluster_target(&cluster), "spread");
+    let limits = [lim(5, 1), lim(100, 60), lim(1000, 3600)];
+    for i in 0..3000 {
+        let k = CounterKey::new(format!("key-{i}").as_bytes(), "GET /x");
+        let o = s.hit_all(&k, &limits, 1, T0 * 1000).await;
+        assert!(o.allowed, "key {i}");
+    }
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3);
+    let counts: Vec<u64> = masters.iter().map(|&p| cluster.dbsize(p)).collect();
+    // 3000 keys x 3 hashes (a minute hash and one per other window), plus the minute hashes of the
+    // three shared counters above; about a third on each master.
+    assert_eq!(counts.iter().sum::<u64>(), 9003, "{counts:?}");
+    assert!(
+        counts.iter().all(|&n| n > 2000),
+        "every master holds a share: {counts:?}"
+    );
+    // Resetting a key finds its hashes on whichever master holds its slot.
+    let reset = s.store.reset(b"key-7").await.unwrap();
+    assert_eq!(reset, 3);
+}
+
+#[tokio::test]
 async fn instances_share_one_limit_exactly_even_with_clocks_30s_apart() {
     let server = RedisServer::start();
+    two_instances_share_one_limit_exactly(RedisTarget::single(&server.url()).unwrap(), "shared")
+        .await;
+}
+
+/// Two instances, clocks 30 s apart, 200 concurrent requests (100 each) on a limit of 50 for the
+/// counter `name`: exactly 50 pass.
+async fn two_instances_share_one_limit_exactly(target: RedisTarget, name: &str) {
     let connect = || {
-        let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Redis)).unwrap();
+        let options = RedisOptions {
+            target: target.clone(),
+            timeout: Duration::from_secs(2),
+            ..redis_options("redis://unused".into(), TimeSource::Redis)
+        };
         Arc::new(Store::redis(
-            store,
+            RedisStore::connect(&options).unwrap(),
             FailurePolicy::Closed,
             Duration::from_millis(50),
         ))
@@ -458,7 +565,7 @@ async fn instances_share_one_limit_exactly_even_with_clocks_30s_apart() {
         .unwrap()
         .as_secs();
     let (now_a, now_b) = (real - 3600, real - 3600 + 30);
-    let k = key("shared");
+    let k = key(name);
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let (store, now, k) = if i % 2 == 0 {
@@ -736,4 +843,69 @@ async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() 
         .expect("the 1 s store timeout ends the call, not the 6 s round trip");
     assert_eq!(v, Verdict::Closed);
     assert!(a.is_degraded());
+}
+
+/// A wrong CA, a wrong password, no client certificate, a seed list where nothing answers: each is
+/// one clear error at start-up that never holds the password.
+#[tokio::test]
+async fn bad_tls_credentials_and_seeds_are_clear_errors_without_the_password() {
+    use quotagate::store::CounterStore;
+    let tls = TlsRedis::start(true, &ACL_ARGS);
+    let dir = tls.certs.dir.path();
+    let (good, bad) = (
+        file_in(dir, "good", "s3cret-pw\n"),
+        file_in(dir, "bad", "wrong-pw"),
+    );
+    let reach = |target: RedisTarget| async move {
+        let options = RedisOptions {
+            target,
+            timeout: Duration::from_secs(2),
+            ..redis_options("redis://unused".into(), TimeSource::Local)
+        };
+        let store = RedisStore::connect(&options).unwrap();
+        store.check_reachable().await.map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        reach(tls_target(&tls, good.to_str().unwrap())).await,
+        Ok(())
+    );
+    let url = format!("rediss://quota:placeholder@127.0.0.1:{}", tls.port);
+    let with = |ca: &str, cert: bool, pw: &std::path::Path| {
+        let (c, k) = (tls.certs.path("client.pem"), tls.certs.path("client.key"));
+        let files = TlsFiles {
+            ca: &tls.certs.path(ca),
+            cert: if cert { &c } else { "" },
+            key: if cert { &k } else { "" },
+            insecure: false,
+        };
+        RedisTarget::new(&url, RedisMode::Single, "", pw.to_str().unwrap(), &files).unwrap()
+    };
+    for (case, target) in [
+        ("wrong CA", with("other-ca.pem", true, &good)),
+        ("wrong password", with("ca.pem", true, &bad)),
+        ("no client certificate", with("ca.pem", false, &good)),
+    ] {
+        let e = reach(target).await.unwrap_err();
+        assert!(
+            e.starts_with("cannot connect to Redis at rediss://quota:***@127.0.0.1:"),
+            "{case}: {e}"
+        );
+        assert!(
+            !e.contains("s3cret") && !e.contains("wrong-pw") && !e.contains('\n'),
+            "{case}: {e}"
+        );
+    }
+    let nowhere = format!(
+        "redis://127.0.0.1:{},redis://127.0.0.1:{}",
+        support::free_port_pair(),
+        support::free_port_pair()
+    );
+    let target =
+        RedisTarget::new(&nowhere, RedisMode::Cluster, "", "", &TlsFiles::default()).unwrap();
+    let e = reach(target).await.unwrap_err();
+    assert!(
+        e.starts_with("cannot connect to Redis at redis://127.0.0.1:"),
+        "{e}"
+    );
+    assert!(e.contains(" (cluster): "), "{e}");
 }

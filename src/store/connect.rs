@@ -347,6 +347,25 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
+impl Conn {
+    /// Runs `cmd` on the node that holds `slot_key`'s slot (a keyless command such as `SCAN` would
+    /// otherwise go to any node of a cluster).
+    pub async fn on_slot_of(&mut self, cmd: Cmd, slot_key: &str) -> RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => {
+                let route = Route::with_key(slot_key, SlotAddr::Master);
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -523,7 +523,17 @@ impl CounterStore for RedisStore {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000);
-            let (next, keys): (u64, Vec<String>) = self.command(scan).await?;
+            // Every key of one API key is in one slot (its hash tag): on a cluster, SCAN the
+            // master that holds it.
+            let slot_key = CounterKey::api_key_prefix(api_key);
+            let reply = self
+                .bounded(self.on_connection(|mut conn| {
+                    let (scan, slot_key) = (scan.clone(), slot_key.clone());
+                    async move { conn.on_slot_of(scan, &slot_key).await }
+                }))
+                .await?;
+            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)
+                .map_err(|e| StoreError::reply(format!("SCAN: {e}")))?;
             if !keys.is_empty() {
                 let mut del = redis::cmd("DEL");
                 del.arg(&keys);

@@ -2,6 +2,10 @@
 //! deadline instead of sleeping and hoping.
 #![allow(dead_code)]
 
+mod topology;
+#[allow(unused_imports)]
+pub use topology::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

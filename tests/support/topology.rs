@@ -1,0 +1,351 @@
+//! Redis deployments for the store tests, started and stopped by the test itself on private ports:
+//! a Redis Cluster (masters, and replicas for failover) and a TLS-only server with certificates
+//! made by `openssl` for the test. Every process is killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::wait_until;
+
+/// A free TCP port whose cluster bus port (+10000) is free too.
+pub fn free_port_pair() -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+fn cli(port: u16, extra: &[&str], args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(extra)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// One redis-server on a TCP port of 127.0.0.1.
+pub struct Node {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn spawn(port: u16, dir: &Path, extra: &[String]) -> Node {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (.ci/run installs it)");
+        Node {
+            port,
+            child: Some(child),
+        }
+    }
+
+    /// Kills the node with SIGKILL (a crash, not a shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of `masters` masters with `replicas` replicas each.
+pub struct RedisCluster {
+    pub nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts the nodes, joins them with `redis-cli --cluster create` and waits until every node
+    /// says the cluster is ok. A node timeout of 1 s makes failovers quick.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let count = masters * (1 + replicas);
+        let nodes: Vec<Node> = (0..count)
+            .map(|i| {
+                let port = free_port_pair();
+                let d = dir.path().join(format!("n{i}"));
+                std::fs::create_dir(&d).unwrap();
+                Node::spawn(
+                    port,
+                    &d,
+                    &[
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-node-timeout".into(),
+                        "1000".into(),
+                        "--cluster-replica-validity-factor".into(),
+                        "0".into(),
+                    ],
+                )
+            })
+            .collect();
+        for n in &nodes {
+            wait_until(Duration::from_secs(10), || {
+                cli(n.port, &[], &["PING"]).as_deref() == Some("PONG")
+            });
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes, _dir: dir };
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and knows every node.
+    pub fn wait_ok(&self, limit: Duration) {
+        let running = self.nodes.iter().filter(|n| n.is_running()).count();
+        for n in self.nodes.iter().filter(|n| n.is_running()) {
+            wait_until(limit, || {
+                let info = cli(n.port, &[], &["CLUSTER", "INFO"]).unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && running > 0
+            });
+        }
+    }
+
+    /// The seed list, every node.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The ports of the nodes that are masters now.
+    pub fn masters(&self) -> Vec<u16> {
+        let n = self.nodes.iter().find(|n| n.is_running()).expect("a node");
+        let nodes = cli(n.port, &[], &["CLUSTER", "NODES"]).unwrap_or_default();
+        nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| {
+                let addr = l.split(' ').nth(1)?; // 127.0.0.1:port@bus
+                addr.split('@').next()?.rsplit(':').next()?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// Number of keys held by the master on `port`.
+    pub fn dbsize(&self, port: u16) -> u64 {
+        cli(port, &[], &["DBSIZE"])
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Runs a command on the node at `port`.
+    pub fn cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        cli(port, &[], args)
+    }
+}
+
+/// Certificates for a TLS test: a CA, a server certificate for 127.0.0.1, a client certificate,
+/// and a second CA that signed nothing (a wrong CA).
+pub struct Certs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Certs {
+    pub fn make() -> Certs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let run = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl must be installed")
+                .success();
+            assert!(ok, "openssl {args:?}");
+        };
+        for ca in ["ca", "other-ca"] {
+            run(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=quotagate test {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ]);
+        }
+        // Extensions make X.509 v3 certificates (rustls refuses v1).
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for name in ["server", "client"] {
+            let (key, csr, pem, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+                format!("{name}.ext"),
+            );
+            let subj = format!("/CN={name}");
+            run(&[
+                "req", "-newkey", "rsa:2048", "-nodes", "-subj", &subj, "-keyout", &key, "-out",
+                &csr,
+            ]);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                &pem,
+                "-extfile",
+                &ext,
+            ]);
+        }
+        Certs { dir }
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+/// A redis-server that speaks only TLS on a TCP port, with `Certs`; `require_client_cert` makes it
+/// demand a client certificate signed by the CA. Optionally an ACL user.
+pub struct TlsRedis {
+    pub port: u16,
+    pub node: Node,
+    pub certs: Certs,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    pub fn start(require_client_cert: bool, extra: &[&str]) -> TlsRedis {
+        let certs = Certs::make();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port_pair();
+        let mut args: Vec<String> = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &certs.path("server.pem"),
+            "--tls-key-file",
+            &certs.path("server.key"),
+            "--tls-ca-cert-file",
+            &certs.path("ca.pem"),
+            "--tls-auth-clients",
+            if require_client_cert { "yes" } else { "no" },
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let node = Node {
+            port,
+            child: Some(child),
+        };
+        let tls = [
+            "--tls".to_string(),
+            "--cacert".into(),
+            certs.path("ca.pem"),
+            "--cert".into(),
+            certs.path("client.pem"),
+            "--key".into(),
+            certs.path("client.key"),
+        ];
+        let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+        // Up when it answers at all (a server with ACL users answers NOAUTH).
+        wait_until(Duration::from_secs(10), || {
+            Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(&tls)
+                .arg("PING")
+                .stderr(Stdio::null())
+                .output()
+                .is_ok_and(|o| {
+                    let out = String::from_utf8_lossy(&o.stdout);
+                    out.contains("PONG") || out.contains("NOAUTH")
+                })
+        });
+        TlsRedis {
+            port,
+            node,
+            certs,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+}
+
+/// A path for a file in `dir`, as a string.
+pub fn file_in(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, contents).unwrap();
+    p
+}
