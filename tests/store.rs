@@ -12,7 +12,7 @@ use quotagate::store::{
     CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
     Verdict,
 };
-use support::{RedisCluster, RedisServer, TlsRedis, eventually, file_in};
+use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
 /// Second 0 of a minute.
 const T0: u64 = 1_700_000_040;
@@ -45,6 +45,17 @@ fn subject_on(target: RedisTarget, prefix: &str) -> Subject {
 
 fn cluster_target(c: &RedisCluster) -> RedisTarget {
     RedisTarget::new(&c.url(), RedisMode::Cluster, "", "", &TlsFiles::default()).unwrap()
+}
+
+fn sentinel_target(s: &SentinelSet) -> RedisTarget {
+    RedisTarget::new(
+        &s.url(),
+        RedisMode::Sentinel,
+        support::SENTINEL_MASTER,
+        "",
+        &TlsFiles::default(),
+    )
+    .unwrap()
 }
 
 /// A TLS-only server that wants a client certificate, reached with the test's CA and client
@@ -136,6 +147,12 @@ macro_rules! on_every_store {
         async fn on_cluster_every_case() {
             let cluster = RedisCluster::start(3, 0);
             $( $case(subject_on(cluster_target(&cluster), stringify!($case))).await; )*
+        }
+        /// Every case on a sentinel-managed master.
+        #[tokio::test]
+        async fn on_sentinel_every_case() {
+            let set = SentinelSet::start();
+            $( $case(subject_on(sentinel_target(&set), stringify!($case))).await; )*
         }
         /// Every case over TLS with a client certificate and an ACL user.
         #[tokio::test]
@@ -505,6 +522,165 @@ async fn peeking_several_windows_agrees_with_the_reference(s: Subject) {
 }
 
 // ---- Redis only ----
+
+/// What a failover under load looked like from the gateway's side.
+struct FailoverRun {
+    /// The longest any request waited for its answer.
+    slowest: Duration,
+    /// From the kill to the first request decided by Redis again.
+    recovery: Duration,
+    /// Requests answered by the failure policy (`local`) meanwhile.
+    local: usize,
+}
+
+/// Eight tasks send requests through `store` (policy `local`, so every request gets an answer)
+/// while `kill` takes the master down; runs until decisions come from Redis again and `promoted`
+/// says the replica took over (within 60 s).
+async fn failover_under_load(
+    store: Arc<Store>,
+    kill: impl FnOnce(),
+    promoted: impl Fn() -> bool,
+) -> FailoverRun {
+    use std::sync::Mutex;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (started, took, decided by Redis)
+    let log: Arc<Mutex<Vec<(Instant, Duration, bool)>>> = Arc::default();
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let (store, stop, log) = (store.clone(), stop.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let k = CounterKey::new(format!("load-{t}-{}", i % 50).as_bytes(), "GET /x");
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_millis() as u64;
+                    let start = Instant::now();
+                    let v = store.check_all(&k, &[lim(1_000_000, 60)], 1, now).await;
+                    let took = start.elapsed();
+                    let decided = match v {
+                        Verdict::Decided(o) => {
+                            assert!(o.allowed);
+                            true
+                        }
+                        Verdict::Local(o) => {
+                            assert!(o.allowed);
+                            false
+                        }
+                        other => panic!("policy local answers every request: {other:?}"),
+                    };
+                    log.lock().unwrap().push((start, took, decided));
+                    i += 1;
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    kill();
+    let deadline = killed + Duration::from_secs(60);
+    // Recovered: the replica took over, and the answers since the last one from the policy (at
+    // least 200 of them) all came from Redis.
+    let recovered = loop {
+        assert!(Instant::now() < deadline, "no recovery within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if !promoted() {
+            continue;
+        }
+        let log = log.lock().unwrap();
+        let since_local = log.iter().rev().take_while(|(_, _, decided)| *decided);
+        let run: Vec<_> = since_local.collect();
+        if run.len() >= 200
+            && let Some((at, _, _)) = run.last()
+        {
+            break *at;
+        }
+    };
+    // A little more load on the recovered store.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("no task panicked");
+    }
+    let log = log.lock().unwrap();
+    let local = log.iter().filter(|(_, _, d)| !d).count();
+    assert!(
+        log.iter().all(|(at, _, d)| *d || *at < recovered),
+        "after recovery, decisions come from Redis"
+    );
+    FailoverRun {
+        slowest: log.iter().map(|(_, took, _)| *took).max().unwrap(),
+        recovery: recovered - killed,
+        local,
+    }
+}
+
+fn failover_store(target: RedisTarget, timeout: Duration) -> Arc<Store> {
+    let options = RedisOptions {
+        target,
+        timeout,
+        ..redis_options("redis://unused".into(), TimeSource::Redis)
+    };
+    Arc::new(Store::redis(
+        RedisStore::connect(&options).unwrap(),
+        FailurePolicy::Local,
+        Duration::from_millis(50),
+    ))
+}
+
+/// Margin over `store.timeout_ms` for one request: the second try on a fresh connection after a
+/// broken one, and scheduling on a loaded two-core machine.
+const ANSWER_MARGIN: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn kill_9_of_the_sentinel_managed_master_under_load() {
+    let set = SentinelSet::start();
+    let timeout = Duration::from_millis(250);
+    let store = failover_store(sentinel_target(&set), timeout);
+    let replica = set.replica.port;
+    let run = failover_under_load(
+        store,
+        || set.master.kill(),
+        || set.master_port() == Some(replica),
+    )
+    .await;
+    println!(
+        "sentinel failover: recovered in {:?}, {} requests answered locally meanwhile, slowest answer {:?}",
+        run.recovery, run.local, run.slowest
+    );
+    assert!(run.local > 0, "the policy answered during the gap");
+    assert!(
+        run.slowest <= timeout + ANSWER_MARGIN,
+        "slowest {:?}",
+        run.slowest
+    );
+}
+
+#[tokio::test]
+async fn kill_9_of_a_cluster_master_under_load() {
+    let cluster = RedisCluster::start(3, 1);
+    let timeout = Duration::from_millis(250);
+    let store = failover_store(cluster_target(&cluster), timeout);
+    let victim = cluster.masters()[0];
+    let index = cluster.nodes.iter().position(|n| n.port == victim).unwrap();
+    let run = failover_under_load(
+        store,
+        || cluster.nodes[index].kill(),
+        || cluster.masters().len() == 3 && !cluster.masters().contains(&victim),
+    )
+    .await;
+    println!(
+        "cluster failover: recovered in {:?}, {} requests answered locally meanwhile, slowest answer {:?}",
+        run.recovery, run.local, run.slowest
+    );
+    assert!(
+        run.slowest <= timeout + ANSWER_MARGIN,
+        "slowest {:?}",
+        run.slowest
+    );
+}
 
 #[tokio::test]
 async fn on_a_cluster_two_instances_admit_exactly_the_limit_and_keys_spread_over_every_master() {

@@ -35,7 +35,8 @@ fn cli(port: u16, extra: &[&str], args: &[&str]) -> Option<String> {
 /// One redis-server on a TCP port of 127.0.0.1.
 pub struct Node {
     pub port: u16,
-    child: Option<Child>,
+    /// Behind a lock so that a test can kill a node while other code reads the topology.
+    child: std::sync::Mutex<Option<Child>>,
 }
 
 impl Node {
@@ -50,22 +51,26 @@ impl Node {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (.ci/run installs it)");
+        Node::new(port, child)
+    }
+
+    fn new(port: u16, child: Child) -> Node {
         Node {
             port,
-            child: Some(child),
+            child: std::sync::Mutex::new(Some(child)),
         }
     }
 
     /// Kills the node with SIGKILL (a crash, not a shutdown).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap().take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
     pub fn is_running(&self) -> bool {
-        self.child.is_some()
+        self.child.lock().unwrap().is_some()
     }
 }
 
@@ -303,10 +308,7 @@ impl TlsRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server");
-        let node = Node {
-            port,
-            child: Some(child),
-        };
+        let node = Node::new(port, child);
         let tls = [
             "--tls".to_string(),
             "--cacert".into(),
@@ -348,4 +350,110 @@ pub fn file_in(dir: &Path, name: &str, contents: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, contents).unwrap();
     p
+}
+
+/// One master, one replica and three sentinels watching them as `mymaster` (down after 1 s).
+pub struct SentinelSet {
+    pub master: Node,
+    pub replica: Node,
+    pub sentinels: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+pub const SENTINEL_MASTER: &str = "mymaster";
+
+impl SentinelSet {
+    pub fn start() -> SentinelSet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = |name: &str| {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            d
+        };
+        let master = Node::spawn(free_port_pair(), &sub("master"), &[]);
+        let replica_port = free_port_pair();
+        let replica = Node::spawn(
+            replica_port,
+            &sub("replica"),
+            &[
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.port.to_string(),
+            ],
+        );
+        let sentinels = (0..3)
+            .map(|i| {
+                let port = free_port_pair();
+                let d = sub(&format!("sentinel{i}"));
+                let conf = d.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\n\
+                         sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                         sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                         sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
+                        d.display(),
+                        master.port
+                    ),
+                )
+                .unwrap();
+                let child = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server --sentinel");
+                Node::new(port, child)
+            })
+            .collect::<Vec<_>>();
+        let set = SentinelSet {
+            master,
+            replica,
+            sentinels,
+            _dir: dir,
+        };
+        // Ready when the replica is in sync and every sentinel knows the master, the replica and
+        // the other sentinels.
+        wait_until(Duration::from_secs(20), || {
+            cli(set.replica.port, &[], &["INFO", "replication"])
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        });
+        for s in &set.sentinels {
+            wait_until(Duration::from_secs(20), || {
+                let m =
+                    cli(s.port, &[], &["SENTINEL", "MASTER", SENTINEL_MASTER]).unwrap_or_default();
+                let lines: Vec<&str> = m.lines().collect();
+                let field = |name: &str| {
+                    lines
+                        .iter()
+                        .position(|l| *l == name)
+                        .and_then(|i| lines.get(i + 1).copied())
+                };
+                field("num-slaves") == Some("1") && field("num-other-sentinels") == Some("2")
+            });
+        }
+        set
+    }
+
+    /// The sentinels' URLs, comma-separated.
+    pub fn url(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The port the sentinels name as master now.
+    pub fn master_port(&self) -> Option<u16> {
+        let s = self.sentinels.iter().find(|s| s.is_running())?;
+        let out = cli(
+            s.port,
+            &[],
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+        )?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
 }
