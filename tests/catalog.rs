@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use quotagate::clock::FakeClock;
 use quotagate::config::{Config, StoreKind};
-use quotagate::store::TimeSource;
+use quotagate::store::{RedisMode, TimeSource};
 use support::{
     CATALOG_SECRET, CatalogFixture, Fault, FaultyCatalogServer, RedisServer, TestGateway, Upstream,
     eventually, get, http2_client, send,
@@ -245,12 +245,43 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
 
 #[tokio::test]
 async fn two_instances_on_one_redis_converge_within_a_second() {
-    let up = Upstream::start().await;
     let redis = RedisServer::start();
+    two_instances_converge_within_a_second(&redis.url(), RedisMode::Single, || {
+        redis
+            .cli(&["PUBSUB", "NUMSUB", "quotagate:catalog"])
+            .ends_with('2')
+    })
+    .await;
+}
+
+/// On a cluster, a plain PUBLISH reaches the subscribers of every node.
+#[tokio::test]
+async fn two_instances_on_a_redis_cluster_converge_within_a_second() {
+    let cluster = support::RedisCluster::start(3, 0);
+    two_instances_converge_within_a_second(&cluster.url(), RedisMode::Cluster, || {
+        let subscribers: u64 = cluster
+            .nodes
+            .iter()
+            .filter_map(|n| cluster.cli(n.port, &["PUBSUB", "NUMSUB", "quotagate:catalog"]))
+            .filter_map(|out| out.lines().nth(1)?.trim().parse::<u64>().ok())
+            .sum();
+        subscribers == 2
+    })
+    .await;
+}
+
+async fn two_instances_converge_within_a_second(
+    url: &str,
+    mode: RedisMode,
+    both_subscribed: impl Fn() -> bool,
+) {
+    let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5)])).await;
     let mut c = config(&up, &server.url());
     c.store.kind = StoreKind::Redis;
-    c.store.redis_url = redis.url();
+    c.store.redis_url = url.to_owned();
+    c.store.redis_mode = mode;
+    c.store.timeout_ms = 2_000;
     c.store.time_source = TimeSource::Local;
     c.catalog.refresh_min_interval_ms = 100;
     let a = TestGateway::start_with(c.clone(), None, FakeClock::new(T0)).await;
@@ -262,12 +293,7 @@ async fn two_instances_on_one_redis_converge_within_a_second() {
         .await;
     }
     // Both listen for announcements.
-    eventually(Duration::from_secs(5), || async {
-        redis
-            .cli(&["PUBSUB", "NUMSUB", "quotagate:catalog"])
-            .ends_with('2')
-    })
-    .await;
+    eventually(Duration::from_secs(5), || async { both_subscribed() }).await;
 
     server.publish(&catalog("2026-01-01T00:01:00Z", &[("k1", 5), ("fresh", 3)]));
     let r = get(

@@ -45,12 +45,65 @@ creditLimit = 1000
 resetSeconds = 60
 ";
 
+/// The Redis behind a port: one server, or a 3-master cluster.
+enum Redis {
+    Server(RedisServer),
+    Cluster(support::RedisCluster),
+}
+
+impl Redis {
+    fn target(&self) -> quotagate::store::RedisTarget {
+        use quotagate::store::{RedisMode, RedisTarget, connect::TlsFiles};
+        match self {
+            Redis::Server(r) => RedisTarget::single(&r.url()).unwrap(),
+            Redis::Cluster(c) => {
+                RedisTarget::new(&c.url(), RedisMode::Cluster, "", "", &TlsFiles::default())
+                    .unwrap()
+            }
+        }
+    }
+
+    /// `GET key`, wherever the key lives.
+    fn get(&self, key: &str) -> String {
+        match self {
+            Redis::Server(r) => r.cli(&["GET", key]),
+            Redis::Cluster(c) => c
+                .masters()
+                .into_iter()
+                .filter_map(|p| c.cli(p, &["GET", key]))
+                .find(|v| !v.is_empty() && !v.starts_with("MOVED"))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Runs `script` (no keys) on the server, or on every master.
+    fn eval_everywhere(&self, script: &str, arg: &str) {
+        match self {
+            Redis::Server(r) => {
+                r.cli(&["EVAL", script, "0", arg]);
+            }
+            Redis::Cluster(c) => {
+                for p in c.masters() {
+                    c.cli(p, &["EVAL", script, "0", arg]);
+                }
+            }
+        }
+    }
+
+    fn server(&self) -> &RedisServer {
+        match self {
+            Redis::Server(r) => r,
+            Redis::Cluster(_) => panic!("a single server was expected"),
+        }
+    }
+}
+
 /// A Divvy port on port 0 in front of one store, stopped on drop.
 struct Port {
     addr: std::net::SocketAddr,
     divvy: Arc<Divvy>,
     clock: FakeClock,
-    redis: Option<RedisServer>,
+    redis: Option<Redis>,
     store: Arc<Store>,
     token: CancellationToken,
 }
@@ -62,13 +115,13 @@ impl Drop for Port {
 }
 
 impl Port {
-    async fn start(rules: &str, redis: Option<RedisServer>, settings: DivvySettings) -> Port {
+    async fn start(rules: &str, redis: Option<Redis>, settings: DivvySettings) -> Port {
         Port::start_with(rules, redis, settings, FailurePolicy::Closed).await
     }
 
     async fn start_with(
         rules: &str,
-        redis: Option<RedisServer>,
+        redis: Option<Redis>,
         settings: DivvySettings,
         policy: FailurePolicy,
     ) -> Port {
@@ -77,7 +130,7 @@ impl Port {
 
     async fn start_full(
         rules: &str,
-        redis: Option<RedisServer>,
+        redis: Option<Redis>,
         settings: DivvySettings,
         policy: FailurePolicy,
         statsd: Option<quotagate::divvy::metrics::Statsd>,
@@ -94,8 +147,8 @@ impl Port {
             None => Store::memory(),
             Some(r) => {
                 let s = RedisStore::connect(&RedisOptions {
-                    target: quotagate::store::RedisTarget::single(&r.url()).unwrap(),
-                    timeout: Duration::from_millis(250),
+                    target: r.target(),
+                    timeout: Duration::from_millis(1000),
                     pool_size: 8,
                     prefix: "unused".into(),
                     time_source: TimeSource::Local,
@@ -139,7 +192,7 @@ impl Port {
                 local left = redis.call('PTTL', k) - tonumber(ARGV[1])
                 if left <= 0 then redis.call('DEL', k) else redis.call('PEXPIRE', k, left) end
             end";
-            r.cli(&["EVAL", script, "0", &(seconds * 1000).to_string()]);
+            r.eval_everywhere(script, &(seconds * 1000).to_string());
         }
     }
 
@@ -161,18 +214,24 @@ async fn read_all(tcp: &mut TcpStream) -> String {
     String::from_utf8(out).unwrap()
 }
 
-fn memory() -> Option<RedisServer> {
+fn memory() -> Option<Redis> {
     None
 }
 
-fn redis() -> Option<RedisServer> {
-    Some(RedisServer::start())
+fn redis() -> Option<Redis> {
+    Some(Redis::Server(RedisServer::start()))
+}
+
+fn cluster() -> Option<Redis> {
+    Some(Redis::Cluster(support::RedisCluster::start(3, 0)))
 }
 
 macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
         mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
+        /// On a 3-master cluster too: Divvy's keys are used one at a time, in any slot.
+        mod on_cluster { $( #[tokio::test] async fn $case() { super::$case(super::cluster()).await } )* }
     };
 }
 
@@ -186,7 +245,7 @@ on_every_store!(
     fifty_connections_never_get_more_than_the_limit,
 );
 
-async fn the_readme_walkthrough(redis: Option<RedisServer>) {
+async fn the_readme_walkthrough(redis: Option<Redis>) {
     let p = Port::start(README_RULES, redis, DivvySettings::default()).await;
     let got = p
         .exchange(
@@ -207,20 +266,14 @@ async fn the_readme_walkthrough(redis: Option<RedisServer>) {
     if let Some(r) = &p.redis {
         // The original Divvy's key layout, so both can share one Redis.
         assert_eq!(
-            r.cli(&[
-                "GET",
-                "divvy:ip=* method=GET path=/pantry/cookies:192.168.1.1:3:3600"
-            ]),
+            r.get("divvy:ip=* method=GET path=/pantry/cookies:192.168.1.1:3:3600"),
             "0"
         );
-        assert_eq!(
-            r.cli(&["GET", "divvy:method=GET path=/status::1000:60"]),
-            "999"
-        );
+        assert_eq!(r.get("divvy:method=GET path=/status::1000:60"), "999");
     }
 }
 
-async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<RedisServer>) {
+async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<Redis>) {
     let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
     assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 1 10\n");
     p.advance(3);
@@ -243,7 +296,7 @@ async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<Redis
     assert_eq!(p.exchange(b"HIT k=deny\n").await, "OK false 0 -1\n");
 }
 
-async fn pipelined_replies_come_back_in_order(redis: Option<RedisServer>) {
+async fn pipelined_replies_come_back_in_order(redis: Option<Redis>) {
     let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
     // Denials need no store call and finish first; they must still be answered in order.
     let mut req = String::new();
@@ -276,7 +329,7 @@ async fn pipelined_replies_come_back_in_order(redis: Option<RedisServer>) {
 /// Issue 9: 500 hits sent at once on one connection, for an actor with a limit of 100, must be
 /// decided in request order (credit 99 down to 0, then denials) while other connections load the
 /// same port; repeated on fresh windows, since a reordering shows only in some runs.
-async fn five_hundred_pipelined_hits_execute_in_order_under_load(redis: Option<RedisServer>) {
+async fn five_hundred_pipelined_hits_execute_in_order_under_load(redis: Option<Redis>) {
     let p = Port::start(
         "[k=exact]\ncreditLimit = 100\nresetSeconds = 600\n\n[k=load]\ncreditLimit = 1000000000\nresetSeconds = 600\n\n[default]\ncreditLimit = 0\n",
         redis,
@@ -315,7 +368,7 @@ async fn five_hundred_pipelined_hits_execute_in_order_under_load(redis: Option<R
     }
 }
 
-async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Option<RedisServer>) {
+async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Option<Redis>) {
     let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
     let got = p.exchange(b"HIT k=short\nBOGUS\nHIT k=short\n").await;
     assert_eq!(
@@ -334,7 +387,7 @@ async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Opt
     assert_eq!(p.exchange(b"HIT k=short\n").await, "OK false 0 10\n");
 }
 
-async fn canaries_consume_quota_but_never_decide(redis: Option<RedisServer>) {
+async fn canaries_consume_quota_but_never_decide(redis: Option<Redis>) {
     let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
     let got = p
         .exchange(b"HIT tier=gold\nHIT tier=gold\nHIT tier=gold\n")
@@ -345,14 +398,14 @@ async fn canaries_consume_quota_but_never_decide(redis: Option<RedisServer>) {
     );
     if let Some(r) = &p.redis {
         assert_eq!(
-            r.cli(&["GET", "divvy:tier=*::2:60"]),
+            r.get("divvy:tier=*::2:60"),
             "0",
             "the canary spent its own quota"
         );
     }
 }
 
-async fn fifty_connections_never_get_more_than_the_limit(redis: Option<RedisServer>) {
+async fn fifty_connections_never_get_more_than_the_limit(redis: Option<Redis>) {
     let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
     let addr = p.addr;
     let tasks: Vec<_> = (0..50)
@@ -497,7 +550,7 @@ async fn a_client_that_never_reads_does_not_stall_others() {
 async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
     let p = Port::start(TEST_RULES, redis(), DivvySettings::default()).await;
     assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 99 600\n");
-    let r = p.redis.as_ref().unwrap();
+    let r = p.redis.as_ref().unwrap().server();
     assert_eq!(r.cli(&["SCRIPT", "FLUSH"]), "OK");
     assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 98 600\n");
     r.pause();
@@ -515,14 +568,14 @@ async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
         FailurePolicy::Local,
     )
     .await;
-    local.redis.as_ref().unwrap().pause();
+    local.redis.as_ref().unwrap().server().pause();
     assert_eq!(
         local
             .exchange(b"HIT k=short\nHIT k=short\nHIT k=short\n")
             .await,
         "OK true 1 10\nOK true 0 10\nOK false 0 10\n"
     );
-    local.redis.as_ref().unwrap().resume();
+    local.redis.as_ref().unwrap().server().resume();
 }
 
 #[tokio::test]

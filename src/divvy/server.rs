@@ -119,7 +119,9 @@ fn ready(reply: Reply) -> Pending {
 /// One connection, driven by one task. Each request's future is pushed in request order and first
 /// polled in that order, so its store command is queued (to Redis, on the shared multiplexed
 /// connection) in request order and executed in that order, while the requests still overlap;
-/// `FuturesOrdered` hands the replies back in request order.
+/// `FuturesOrdered` hands the replies back in request order. A Redis Cluster connection does not
+/// keep its commands in order, so there a connection's hits run one after another (a fair lock,
+/// taken in request order): pipelining then saves the client round trips, not Redis ones.
 async fn connection(
     stream: TcpStream,
     divvy: Arc<Divvy>,
@@ -140,6 +142,8 @@ async fn serve_connection(
     let (mut rd, wr) = stream.into_split();
     let mut out = BufWriter::new(wr);
     let mut pending: FuturesOrdered<Pending> = FuturesOrdered::new();
+    let serial = (!divvy.store.keeps_order()).then(|| Arc::new(tokio::sync::Mutex::new(())));
+    let request = |divvy: &Arc<Divvy>, text: &str| request(divvy, text, serial.as_ref());
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut scanned = 0; // bytes at the start of `buf` known to hold no '\n'
     let mut reading = true; // false after EOF, an error, or shutdown: only replies are left to send
@@ -213,13 +217,28 @@ enum Kind {
     Error,
 }
 
-/// The future answering one line, or `None` for an empty line.
-fn request(divvy: &Arc<Divvy>, text: &str) -> Option<(Pending, Kind)> {
+/// The future answering one line, or `None` for an empty line. With `serial`, the hit waits for
+/// the connection's earlier hits first.
+fn request(
+    divvy: &Arc<Divvy>,
+    text: &str,
+    serial: Option<&Arc<tokio::sync::Mutex<()>>>,
+) -> Option<(Pending, Kind)> {
     match protocol::parse_line(text) {
         Ok(Request::Empty) => None,
         Ok(Request::Hit(op)) => {
             let divvy = divvy.clone();
-            Some((Box::pin(async move { divvy.hit(&op).await }), Kind::Hit))
+            let turn = serial.map(|m| m.clone().lock_owned());
+            Some((
+                Box::pin(async move {
+                    let _turn = match turn {
+                        Some(t) => Some(t.await),
+                        None => None,
+                    };
+                    divvy.hit(&op).await
+                }),
+                Kind::Hit,
+            ))
         }
         Err(e) => {
             divvy

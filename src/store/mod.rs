@@ -285,6 +285,15 @@ impl Store {
         self.backend().kind()
     }
 
+    /// Do calls reach the store in the order they are first polled? Not on a Redis Cluster, whose
+    /// connection sends each command on its own (the Divvy port then serialises a connection's hits).
+    pub fn keeps_order(&self) -> bool {
+        match &**self.backend() {
+            Backend::Memory(_) => true,
+            Backend::Redis(r) => r.target().mode != RedisMode::Cluster,
+        }
+    }
+
     /// The Redis store, when that is the backend (for catalog announcements).
     pub fn redis_store(&self) -> Option<Arc<RedisStore>> {
         match &**self.backend() {
