@@ -8,6 +8,8 @@
 # QUOTAGATE_BIN: the binary to run (default: build target/release/quotagate).
 # DEMO_DIR: where the served catalogs and the logs go (default: a new temporary directory). Edit
 #           $DEMO_DIR/catalogs/v0001.json (or add v0002.json) to change limits live.
+# DEMO_REDIS=cluster: a 3-master Redis Cluster on 6390-6392 (bus ports 16390-16392) instead of one
+#           Redis on 6390; the gateways use store.redis_mode = "cluster" with all three as seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "the demo needs redis-server (apt-get install redis-server)" >&2; exit 1; }
@@ -46,8 +48,27 @@ wait_ready() {
   exit 1
 }
 
-redis-server --port 6390 --bind 127.0.0.1 --save "" --appendonly no --dir "$DEMO_DIR/redis" >"$DEMO_DIR/redis.log" 2>&1 &
-PIDS+=($!)
+if [ "${DEMO_REDIS:-single}" = cluster ]; then
+  for port in 6390 6391 6392; do
+    mkdir -p "$DEMO_DIR/redis/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --cluster-enabled yes \
+      --dir "$DEMO_DIR/redis/$port" >"$DEMO_DIR/redis-$port.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for port in 6390 6391 6392; do wait_port "$port"; done
+  redis-cli --cluster create 127.0.0.1:6390 127.0.0.1:6391 127.0.0.1:6392 --cluster-yes >"$DEMO_DIR/cluster-create.log" 2>&1
+  for _ in $(seq 200); do
+    redis-cli -p 6392 cluster info 2>/dev/null | grep -q cluster_state:ok && break
+    sleep 0.05
+  done
+  export QUOTAGATE_STORE_REDIS_MODE=cluster
+  export QUOTAGATE_STORE_REDIS_URL=redis://127.0.0.1:6390,redis://127.0.0.1:6391,redis://127.0.0.1:6392
+  REDIS_SAID="Redis Cluster 127.0.0.1:6390-6392"
+else
+  redis-server --port 6390 --bind 127.0.0.1 --save "" --appendonly no --dir "$DEMO_DIR/redis" >"$DEMO_DIR/redis.log" 2>&1 &
+  PIDS+=($!)
+  REDIS_SAID="Redis 127.0.0.1:6390"
+fi
 "$BIN" example-upstream --listen 127.0.0.1:9000 2>"$DEMO_DIR/upstream.log" &
 PIDS+=($!)
 "$BIN" catalog-server --catalog "$DEMO_DIR/catalogs" --listen 127.0.0.1:9100 --config examples/demo/catalog-server.toml 2>"$DEMO_DIR/catalog-server.log" &
@@ -66,7 +87,7 @@ cat <<EOF
 quotagate demo is running (logs and served catalogs in $DEMO_DIR):
   gateway A  http://127.0.0.1:8080   admin http://127.0.0.1:8081   Divvy port 127.0.0.1:8321
   gateway B  http://127.0.0.1:8090   admin http://127.0.0.1:8091
-  upstream   http://127.0.0.1:9000   catalog server http://127.0.0.1:9100   Redis 127.0.0.1:6390
+  upstream   http://127.0.0.1:9000   catalog server http://127.0.0.1:9100   $REDIS_SAID
 
 Try (the README's "Demo" section explains each):
   for i in \$(seq 6); do curl -s -o /dev/null -w '%{http_code} ' -H 'X-Api-Key: demo-key' http://127.0.0.1:8080/items/1; \\

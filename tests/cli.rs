@@ -766,12 +766,19 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 /// header that the other instance picks up, a HIT on the Divvy port, and the metrics moving.
 #[tokio::test]
 async fn the_demo_tells_the_whole_story() {
+    demo_story("single").await;
+    // The same story on a 3-master Redis Cluster (DEMO_REDIS=cluster).
+    demo_story("cluster").await;
+}
+
+async fn demo_story(redis: &str) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let mut demo = Command::new("bash")
         .arg("examples/demo.sh")
         .env("QUOTAGATE_BIN", BIN)
         .env("DEMO_DIR", dir.path())
+        .env("DEMO_REDIS", redis)
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
