@@ -246,7 +246,7 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
 #[tokio::test]
 async fn two_instances_on_one_redis_converge_within_a_second() {
     let redis = RedisServer::start();
-    two_instances_converge_within_a_second(&redis.url(), RedisMode::Single, || {
+    two_instances_converge_within_a_second((redis.url(), RedisMode::Single, ""), || {
         redis
             .cli(&["PUBSUB", "NUMSUB", "quotagate:catalog"])
             .ends_with('2')
@@ -258,7 +258,7 @@ async fn two_instances_on_one_redis_converge_within_a_second() {
 #[tokio::test]
 async fn two_instances_on_a_redis_cluster_converge_within_a_second() {
     let cluster = support::RedisCluster::start(3, 0);
-    two_instances_converge_within_a_second(&cluster.url(), RedisMode::Cluster, || {
+    two_instances_converge_within_a_second((cluster.url(), RedisMode::Cluster, ""), || {
         let subscribers: u64 = cluster
             .nodes
             .iter()
@@ -270,17 +270,31 @@ async fn two_instances_on_a_redis_cluster_converge_within_a_second() {
     .await;
 }
 
+/// With Sentinel, each instance subscribes on the master the sentinels name.
+#[tokio::test]
+async fn two_instances_on_a_sentinel_managed_redis_converge_within_a_second() {
+    let set = support::SentinelSet::start();
+    let master = set.master.port;
+    let target = (set.url(), RedisMode::Sentinel, support::SENTINEL_MASTER);
+    two_instances_converge_within_a_second(target, || {
+        support::topology_cli(master, &["PUBSUB", "NUMSUB", "quotagate:catalog"])
+            .is_some_and(|out| out.ends_with('2'))
+    })
+    .await;
+}
+
+/// `redis`: the URLs, the mode and the sentinel master's name.
 async fn two_instances_converge_within_a_second(
-    url: &str,
-    mode: RedisMode,
+    (url, mode, master): (String, RedisMode, &str),
     both_subscribed: impl Fn() -> bool,
 ) {
     let up = Upstream::start().await;
     let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &[("k1", 5)])).await;
     let mut c = config(&up, &server.url());
     c.store.kind = StoreKind::Redis;
-    c.store.redis_url = url.to_owned();
+    c.store.redis_url = url;
     c.store.redis_mode = mode;
+    c.store.sentinel_master = master.to_owned();
     c.store.timeout_ms = 2_000;
     c.store.time_source = TimeSource::Local;
     c.catalog.refresh_min_interval_ms = 100;

@@ -32,6 +32,11 @@ fn cli(port: u16, extra: &[&str], args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Runs one command through redis-cli on 127.0.0.1:`port`.
+pub fn topology_cli(port: u16, args: &[&str]) -> Option<String> {
+    cli(port, &[], args)
+}
+
 /// One redis-server on a TCP port of 127.0.0.1.
 pub struct Node {
     pub port: u16,
