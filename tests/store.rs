@@ -154,6 +154,17 @@ macro_rules! on_every_store {
             let set = SentinelSet::start();
             $( $case(subject_on(sentinel_target(&set), stringify!($case))).await; )*
         }
+        /// Every case on a 3-master cluster that speaks only TLS.
+        #[tokio::test]
+        async fn on_tls_cluster_every_case() {
+            let certs = support::Certs::make();
+            let cluster = RedisCluster::start_tls(3, &certs);
+            let files = TlsFiles { ca: &certs.path("ca.pem"), ..TlsFiles::default() };
+            $(
+                let target = RedisTarget::new(&cluster.url(), RedisMode::Cluster, "", "", &files).unwrap();
+                $case(subject_on(target, stringify!($case))).await;
+            )*
+        }
         /// Every case over TLS with a client certificate and an ACL user.
         #[tokio::test]
         async fn on_tls_every_case() {

@@ -88,6 +88,8 @@ impl Drop for Node {
 /// A Redis Cluster of `masters` masters with `replicas` replicas each.
 pub struct RedisCluster {
     pub nodes: Vec<Node>,
+    /// redis-cli's TLS arguments when the cluster speaks only TLS.
+    cli_tls: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -95,30 +97,78 @@ impl RedisCluster {
     /// Starts the nodes, joins them with `redis-cli --cluster create` and waits until every node
     /// says the cluster is ok. A node timeout of 1 s makes failovers quick.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_with(masters, replicas, None)
+    }
+
+    /// A cluster that speaks only TLS, clients and cluster bus alike, with `certs`.
+    pub fn start_tls(masters: usize, certs: &Certs) -> RedisCluster {
+        RedisCluster::start_with(masters, 0, Some(certs))
+    }
+
+    fn start_with(masters: usize, replicas: usize, certs: Option<&Certs>) -> RedisCluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        let cli_tls: Vec<String> = certs.map_or_else(Vec::new, |c| {
+            vec![
+                "--tls".into(),
+                "--cacert".into(),
+                c.path("ca.pem"),
+                "--cert".into(),
+                c.path("client.pem"),
+                "--key".into(),
+                c.path("client.key"),
+            ]
+        });
+        let tls_of = |port: u16| -> Vec<String> {
+            certs.map_or_else(Vec::new, |c| {
+                [
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port.to_string(),
+                    "--tls-cluster",
+                    "yes",
+                    "--tls-replication",
+                    "yes",
+                    "--tls-auth-clients",
+                    "no",
+                    "--tls-cert-file",
+                    &c.path("server.pem"),
+                    "--tls-key-file",
+                    &c.path("server.key"),
+                    "--tls-ca-cert-file",
+                    &c.path("ca.pem"),
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+            })
+        };
         let count = masters * (1 + replicas);
         let nodes: Vec<Node> = (0..count)
             .map(|i| {
                 let port = free_port_pair();
                 let d = dir.path().join(format!("n{i}"));
                 std::fs::create_dir(&d).unwrap();
-                Node::spawn(
-                    port,
-                    &d,
-                    &[
-                        "--cluster-enabled".into(),
-                        "yes".into(),
-                        "--cluster-node-timeout".into(),
-                        "1000".into(),
-                        "--cluster-replica-validity-factor".into(),
-                        "0".into(),
-                    ],
-                )
+                let mut args: Vec<String> = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                // Later arguments win: with TLS, `--port 0` replaces the plain port.
+                args.extend(tls_of(port));
+                Node::spawn(port, &d, &args)
             })
             .collect();
+        let tls: Vec<&str> = cli_tls.iter().map(String::as_str).collect();
         for n in &nodes {
             wait_until(Duration::from_secs(10), || {
-                cli(n.port, &[], &["PING"]).as_deref() == Some("PONG")
+                cli(n.port, &tls, &["PING"]).as_deref() == Some("PONG")
             });
         }
         let addrs: Vec<String> = nodes
@@ -126,6 +176,7 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let status = Command::new("redis-cli")
+            .args(&tls)
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -135,7 +186,11 @@ impl RedisCluster {
             .status()
             .expect("redis-cli");
         assert!(status.success(), "redis-cli --cluster create failed");
-        let cluster = RedisCluster { nodes, _dir: dir };
+        let cluster = RedisCluster {
+            nodes,
+            cli_tls,
+            _dir: dir,
+        };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
     }
@@ -145,7 +200,7 @@ impl RedisCluster {
         let running = self.nodes.iter().filter(|n| n.is_running()).count();
         for n in self.nodes.iter().filter(|n| n.is_running()) {
             wait_until(limit, || {
-                let info = cli(n.port, &[], &["CLUSTER", "INFO"]).unwrap_or_default();
+                let info = cli(n.port, &self.tls(), &["CLUSTER", "INFO"]).unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
                     && running > 0
@@ -153,11 +208,20 @@ impl RedisCluster {
         }
     }
 
+    fn tls(&self) -> Vec<&str> {
+        self.cli_tls.iter().map(String::as_str).collect()
+    }
+
     /// The seed list, every node.
     pub fn url(&self) -> String {
+        let scheme = if self.cli_tls.is_empty() {
+            "redis"
+        } else {
+            "rediss"
+        };
         self.nodes
             .iter()
-            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -165,7 +229,7 @@ impl RedisCluster {
     /// The ports of the nodes that are masters now.
     pub fn masters(&self) -> Vec<u16> {
         let n = self.nodes.iter().find(|n| n.is_running()).expect("a node");
-        let nodes = cli(n.port, &[], &["CLUSTER", "NODES"]).unwrap_or_default();
+        let nodes = cli(n.port, &self.tls(), &["CLUSTER", "NODES"]).unwrap_or_default();
         nodes
             .lines()
             .filter(|l| l.contains("master") && !l.contains("fail"))
@@ -178,14 +242,14 @@ impl RedisCluster {
 
     /// Number of keys held by the master on `port`.
     pub fn dbsize(&self, port: u16) -> u64 {
-        cli(port, &[], &["DBSIZE"])
+        cli(port, &self.tls(), &["DBSIZE"])
             .and_then(|s| s.parse().ok())
             .unwrap_or(0)
     }
 
     /// Runs a command on the node at `port`.
     pub fn cli(&self, port: u16, args: &[&str]) -> Option<String> {
-        cli(port, &[], args)
+        cli(port, &self.tls(), args)
     }
 }
 
