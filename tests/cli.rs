@@ -355,6 +355,8 @@ async fn quickstart_answers_the_readme_requests() {
     }
 }
 
+const KEY_7H6: (&str, &str) = ("X-Api-Key", "7H6AMB0FXQKQBG3JKPW1PXTTNW");
+
 /// The shipped catalog with every extension field, served by the real binary: a daily quota of
 /// units, a key with only a shadow limit, and anonymous callers with a per-second and a per-minute
 /// limit.
@@ -377,18 +379,15 @@ async fn the_extended_catalog_serves_windows_costs_shadows_and_anonymous_callers
     ]);
     q.wait_for("quotagate listening");
     let url = |p: &str| format!("http://127.0.0.1:{gw}{p}");
-    let key = ("X-Api-Key", "7H6AMB0FXQKQBG3JKPW1PXTTNW");
+    let key = KEY_7H6;
     let client = support::http1_client();
     // Cost 50 against 500 units a day: ten exports, then none until the day has passed.
+    let export_url = url("/api/export");
+    let export = |headers: &'static [(&'static str, &'static str)]| {
+        support::send(&client, "POST", &export_url, headers, Default::default())
+    };
     for left in (0..10).rev() {
-        let r = support::send(
-            &client,
-            "POST",
-            &url("/api/export"),
-            &[key],
-            Default::default(),
-        )
-        .await;
+        let r = export(&[KEY_7H6]).await;
         assert_eq!(r.status, 200);
         // A day has 24-minute buckets: the first unit leaves when its bucket does.
         let field = r.header("ratelimit").unwrap();
@@ -400,14 +399,7 @@ async fn the_extended_catalog_serves_windows_costs_shadows_and_anonymous_callers
         let t: u64 = t.parse().unwrap();
         assert!((86_400 - 1_440..=86_400).contains(&t), "{field}");
     }
-    let r = support::send(
-        &client,
-        "POST",
-        &url("/api/export"),
-        &[key],
-        Default::default(),
-    )
-    .await;
+    let r = export(&[KEY_7H6]).await;
     assert_eq!(r.status, 429);
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((86_400 - 1_440..=86_400).contains(&wait), "{wait}");
