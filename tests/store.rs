@@ -165,6 +165,19 @@ macro_rules! on_every_store {
                 $case(subject_on(target, stringify!($case))).await;
             )*
         }
+        /// Every case on a sentinel-managed master, sentinels and data nodes speaking only TLS.
+        #[tokio::test]
+        async fn on_tls_sentinel_every_case() {
+            let certs = support::Certs::make();
+            let set = SentinelSet::start_tls(&certs);
+            let files = TlsFiles { ca: &certs.path("ca.pem"), ..TlsFiles::default() };
+            $(
+                let target = RedisTarget::new(
+                    &set.url(), RedisMode::Sentinel, support::SENTINEL_MASTER, "", &files,
+                ).unwrap();
+                $case(subject_on(target, stringify!($case))).await;
+            )*
+        }
         /// Every case over TLS with a client certificate and an ACL user.
         #[tokio::test]
         async fn on_tls_every_case() {

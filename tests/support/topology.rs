@@ -426,6 +426,8 @@ pub struct SentinelSet {
     pub master: Node,
     pub replica: Node,
     pub sentinels: Vec<Node>,
+    /// redis-cli's TLS arguments when everything speaks only TLS.
+    cli_tls: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -433,32 +435,81 @@ pub const SENTINEL_MASTER: &str = "mymaster";
 
 impl SentinelSet {
     pub fn start() -> SentinelSet {
+        SentinelSet::start_with(None)
+    }
+
+    /// Master, replica and sentinels all speaking only TLS (replication too), with `certs`.
+    pub fn start_tls(certs: &Certs) -> SentinelSet {
+        SentinelSet::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&Certs>) -> SentinelSet {
         let dir = tempfile::tempdir().expect("tempdir");
         let sub = |name: &str| {
             let d = dir.path().join(name);
             std::fs::create_dir(&d).unwrap();
             d
         };
-        let master = Node::spawn(free_port_pair(), &sub("master"), &[]);
+        let cli_tls: Vec<String> = certs.map_or_else(Vec::new, |c| {
+            vec![
+                "--tls".into(),
+                "--cacert".into(),
+                c.path("ca.pem"),
+                "--cert".into(),
+                c.path("client.pem"),
+                "--key".into(),
+                c.path("client.key"),
+            ]
+        });
+        // As arguments (data nodes) or config lines (sentinels).
+        let tls_settings = |port: u16| -> Vec<(String, String)> {
+            certs.map_or_else(Vec::new, |c| {
+                vec![
+                    ("port".into(), "0".into()),
+                    ("tls-port".into(), port.to_string()),
+                    ("tls-replication".into(), "yes".into()),
+                    ("tls-auth-clients".into(), "no".into()),
+                    ("tls-cert-file".into(), c.path("server.pem")),
+                    ("tls-key-file".into(), c.path("server.key")),
+                    ("tls-ca-cert-file".into(), c.path("ca.pem")),
+                ]
+            })
+        };
+        let as_args = |port: u16, mut extra: Vec<String>| {
+            for (k, v) in tls_settings(port) {
+                extra.push(format!("--{k}"));
+                extra.push(v);
+            }
+            extra
+        };
+        let master_port = free_port_pair();
+        let master = Node::spawn(master_port, &sub("master"), &as_args(master_port, vec![]));
         let replica_port = free_port_pair();
         let replica = Node::spawn(
             replica_port,
             &sub("replica"),
-            &[
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master.port.to_string(),
-            ],
+            &as_args(
+                replica_port,
+                vec![
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port.to_string(),
+                ],
+            ),
         );
         let sentinels = (0..3)
             .map(|i| {
                 let port = free_port_pair();
                 let d = sub(&format!("sentinel{i}"));
                 let conf = d.join("sentinel.conf");
+                let tls: String = tls_settings(port)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} {v}\n"))
+                    .collect();
                 std::fs::write(
                     &conf,
                     format!(
-                        "port {port}\nbind 127.0.0.1\ndir {}\n\
+                        "port {port}\nbind 127.0.0.1\ndir {}\n{tls}\
                          sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
                          sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
                          sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
@@ -481,18 +532,20 @@ impl SentinelSet {
             master,
             replica,
             sentinels,
+            cli_tls,
             _dir: dir,
         };
+        let tls = set.tls();
         // Ready when the replica is in sync and every sentinel knows the master, the replica and
         // the other sentinels.
         wait_until(Duration::from_secs(20), || {
-            cli(set.replica.port, &[], &["INFO", "replication"])
+            cli(set.replica.port, &tls, &["INFO", "replication"])
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
         for s in &set.sentinels {
             wait_until(Duration::from_secs(20), || {
                 let m =
-                    cli(s.port, &[], &["SENTINEL", "MASTER", SENTINEL_MASTER]).unwrap_or_default();
+                    cli(s.port, &tls, &["SENTINEL", "MASTER", SENTINEL_MASTER]).unwrap_or_default();
                 let lines: Vec<&str> = m.lines().collect();
                 let field = |name: &str| {
                     lines
@@ -506,11 +559,20 @@ impl SentinelSet {
         set
     }
 
+    fn tls(&self) -> Vec<&str> {
+        self.cli_tls.iter().map(String::as_str).collect()
+    }
+
     /// The sentinels' URLs, comma-separated.
     pub fn url(&self) -> String {
+        let scheme = if self.cli_tls.is_empty() {
+            "redis"
+        } else {
+            "rediss"
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .map(|s| format!("{scheme}://127.0.0.1:{}", s.port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -520,7 +582,7 @@ impl SentinelSet {
         let s = self.sentinels.iter().find(|s| s.is_running())?;
         let out = cli(
             s.port,
-            &[],
+            &self.tls(),
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
         )?;
         out.lines().nth(1)?.trim().parse().ok()
