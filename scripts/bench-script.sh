@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cost of the window script inside Redis: redis-server's CPU per call (utime+stime from /proc over the
-# run, divided by the calls) and calls/s with redis-benchmark (50 clients, unpipelined), next to INCR
-# and an empty script measured in the same run.
+# run, divided by the calls, so with the network work of each call) and the time inside the command
+# alone (INFO commandstats usec_per_call), with calls/s from redis-benchmark (50 clients,
+# unpipelined), next to INCR and an empty script measured in the same run.
 #   scripts/bench-script.sh [REQUESTS]     (default 300000)
 # Prints a table and appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
@@ -20,6 +21,10 @@ cli() { redis-cli -p "$PORT" "$@"; }
 SHA=$(cli SCRIPT LOAD "$(cat src/store/window.lua)")
 EMPTY=$(cli SCRIPT LOAD 'return 1')
 NOW=1700000040; M=$((NOW / 60)); BASE=$((M * 60)); BIG=1000000000000
+NOW_MS=$((NOW * 1000 + 7))
+# window.lua's arguments after the keys: minute, now (ms), TTL, cost, number of limits, then
+# rl, w, shadow per limit.
+ONE=("$M" "$NOW_MS" 180 1 1)
 # The previous minute of a key hit in every one of its seconds, with the script's state fields as the
 # script leaves them after its last second.
 cli EVAL "for i=0,59 do redis.call('HSET',KEYS[1],i,1) end
@@ -27,39 +32,50 @@ redis.call('HSET',KEYS[1],'c',ARGV[1]+59,'w',60,'o',ARGV[1])" 1 prevfull $((BASE
 
 ROWS=()
 INCR_US=""
-# row NAME REDIS-BENCHMARK-ARGS...: calls/s and redis-server CPU per call.
+INCR_IN=""
+# inside CMD: microseconds per call inside the command (INFO commandstats), since the last reset.
+inside() { cli INFO commandstats | grep "^cmdstat_$1:" | grep -o 'usec_per_call=[0-9.]*' | cut -d= -f2 || true; }
+# row NAME REDIS-BENCHMARK-ARGS...: calls/s, redis-server CPU per call, time inside the command.
 row() {
   local name=$1; shift
-  local before after rate us
+  local before after rate us in cmd
+  cmd=$(printf '%s\n' "$@" | grep -m1 -E '^(INCR|EVALSHA)$' | tr '[:upper:]' '[:lower:]')
+  cli CONFIG RESETSTAT >/dev/null
   before=$(cpu_ticks "$PID")
   rate=$(redis-benchmark -p "$PORT" -n "$N" -c 50 -q "$@" 2>/dev/null | grep -o '[0-9.]* requests per second' | cut -d' ' -f1)
   after=$(cpu_ticks "$PID")
   us=$(us_per $((after - before)) "$N")
-  [ -z "$INCR_US" ] && INCR_US=$us
-  ROWS+=("| $name | $(printf '%.0f' "$rate") | $us | $(python3 -c "print(f'{$us/$INCR_US:.2f}x')") |")
+  in=$(inside "$cmd")
+  [ -z "$INCR_US" ] && INCR_US=$us && INCR_IN=$in
+  ROWS+=("| $name | $(printf '%.0f' "$rate") | $us | $(python3 -c "print(f'{$us/$INCR_US:.2f}x')") | $in |")
 }
 
 row "INCR" INCR x
 row "empty script (EVALSHA baseline)" EVALSHA "$EMPTY" 0
-row "window.lua, one hot key, allowed (same second)" EVALSHA "$SHA" 4 a b hot c "$M" "$NOW" "$BIG" 180
-row "window.lua, one key over its limit, rejected (cached in the hash)" EVALSHA "$SHA" 4 a b hog c "$M" "$NOW" 10 180
+row "window.lua, one hot key, allowed (same second)" EVALSHA "$SHA" 4 a b hot c "${ONE[@]}" "$BIG" 60 0
+row "window.lua, one key over its limit, rejected (cached in the hash)" EVALSHA "$SHA" 4 a b hog c "${ONE[@]}" 10 60 0
 row "window.lua, worst case: first call of a minute, previous minute full (every second hit)" \
-  -r 100000000 EVALSHA "$SHA" 4 a prevfull "cur:__rand_int__" c "$M" "$NOW" "$BIG" 180
+  -r 100000000 EVALSHA "$SHA" 4 a prevfull "cur:__rand_int__" c "${ONE[@]}" "$BIG" 60 0
+row "window.lua, three limits (w = 1, 60, 3600), one hot key, allowed" \
+  EVALSHA "$SHA" 6 a b hot3 c hot3:s1 hot3:s3600 "$M" "$NOW_MS" 180 1 3 "$BIG" 1 0 "$BIG" 60 0 "$BIG" 3600 0
 
 # Steady state of full windows, pipelined (redis-cli --pipe): 1000 keys, each hit once in every
 # second of a minute whose previous minute is full. 59 of 60 calls per key are a new second, 1 a
 # new minute. Compared with the same number of pipelined INCRs.
 # pipe_row NAME FILE CALLS: redis-server CPU per call of piping FILE.
 pipe_row() {
-  local name=$1 file=$2 calls=$3 before after us
+  local name=$1 file=$2 calls=$3 before after us in cmd
+  cmd=$(head -c 200 "$file" | sed -n 3p | tr -d '\r' | tr '[:upper:]' '[:lower:]')
+  cli CONFIG RESETSTAT >/dev/null
   before=$(cpu_ticks "$PID")
   local started; started=$(date +%s.%N)
   redis-cli -p "$PORT" --pipe < "$file" >/dev/null
   after=$(cpu_ticks "$PID")
   local rate; rate=$(python3 -c "import time; print(f'{$calls/(time.time()-$started):.0f}')")
   us=$(us_per $((after - before)) "$calls")
+  in=$(inside "$cmd")
   [ -z "$PIPE_INCR_US" ] && PIPE_INCR_US=$us
-  ROWS+=("| $name | $rate | $us | $(python3 -c "print(f'{$us/$PIPE_INCR_US:.2f}x')") |")
+  ROWS+=("| $name | $rate | $us | $(python3 -c "print(f'{$us/$PIPE_INCR_US:.2f}x')") | $in |")
 }
 python3 - "$DIR" "$SHA" "$BASE" "$M" <<'PY'
 import sys
@@ -79,7 +95,7 @@ with open(f"{d}/setup.resp", "w") as f:
 with open(f"{d}/window.resp", "w") as f, open(f"{d}/incr.resp", "w") as g:
     for sec in range(60):
         for i in range(keys):
-            f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, base + sec, 10**12, 180))
+            f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, (base + sec) * 1000 + 7, 180, 1, 1, 10**12, 60, 0))
             g.write(resp("INCR", f"i{i}"))
 PY
 redis-cli -p "$PORT" --pipe < "$DIR/setup.resp" >/dev/null
@@ -88,8 +104,8 @@ pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
 pipe_row "window.lua, pipelined, 1000 keys each hit every second of a minute, previous minute full" "$DIR/window.resp" 60000
 
 TABLE=$(
-  echo "| call | calls/s | redis-server CPU us/call | CPU vs INCR (of the same mode) |"
-  echo "|---|---:|---:|---:|"
+  echo "| call | calls/s | redis-server CPU us/call | CPU vs INCR (of the same mode) | us inside the command |"
+  echo "|---|---:|---:|---:|---:|"
   printf '%s\n' "${ROWS[@]}"
 )
 echo "$TABLE"

@@ -809,6 +809,31 @@ async fn counters_expire_from_redis() {
     assert!((170..=180).contains(&ttl), "ttl {ttl}");
 }
 
+#[tokio::test]
+async fn other_windows_set_their_ttl_once_per_window() {
+    let s = redis();
+    let k = key("a");
+    let limits = [lim(1000, 10)];
+    let t = T0 * 1000;
+    s.hit_all(&k, &limits, 1, t).await;
+    let server = s._redis.as_ref().unwrap();
+    let name = server.cli(&["KEYS", "*"]);
+    assert!(name.ends_with(":s10"), "{name}");
+    let ttl = || -> u64 { server.cli(&["TTL", &name]).parse().unwrap() };
+    assert!((70..=80).contains(&ttl()), "2 w + 60 s: {}", ttl());
+    // A TTL set by hand shows whether a later call sets it again.
+    assert_eq!(server.cli(&["EXPIRE", &name, "100000"]), "1");
+    s.hit_all(&k, &limits, 1, t + 9_900).await;
+    assert!(ttl() > 99_000, "99 buckets on, within one window: kept");
+    let o = s.hit_all(&k, &limits, 1, t + 10_000).await;
+    assert_eq!(o.quotas()[0].remaining, 998, "the first count left");
+    assert!(
+        (70..=80).contains(&ttl()),
+        "a window on: set again, {}",
+        ttl()
+    );
+}
+
 fn store_on(server: &RedisServer, policy: FailurePolicy) -> Store {
     let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Local)).unwrap();
     Store::redis(store, policy, Duration::from_millis(50))

@@ -23,8 +23,15 @@
 -- Any other window length w has one hash of its own, `<counter>:s<w>`, with n buckets (60 for
 -- w >= 60, one per 100 ms below): bucket b holds the milliseconds [ceil(b*1000*w/n),
 -- ceil((b+1)*1000*w/n)). Field "<b mod n>" holds bucket b's units, and c, s, o hold the latest
--- bucket, the sum and the oldest bucket with a count, kept up to date the same way. Buckets are
--- deleted as they leave, so the hash never holds more than n + 3 fields.
+-- bucket, the sum and the oldest bucket with a count, kept up to date the same way; e is the
+-- bucket at which the hash's TTL was last set (once per n buckets, not at every bucket). Buckets
+-- are deleted as they leave, so the hash never holds more than n + 4 fields.
+--
+-- What a call costs inside Redis is mostly its commands (about 1 us each) and conversions between
+-- numbers and strings (0.1-0.3 us each: Redis 7.0 formats every number argument with "%.17g"), so
+-- the common paths use two commands per window, write only the fields that changed, and pass
+-- strings where a number would be formatted twice. A hash field that is absent costs a scan of
+-- the whole hash (a listpack) on every read, so b and bl are written with the first count.
 --
 -- KEYS[1..4]  the minute hashes m-2, m-1, m and m+1, when a limit has w = 60
 -- KEYS[...]   then one hash per other limit, in the order of the limits
@@ -39,25 +46,29 @@
 -- "fits remaining reset_ms retry_ms" (retry_ms -1 when none); or "-1 now_ms" when now's minute is
 -- not among KEYS: the caller then retries with the minute it learned.
 
+local call, tonumber, fmt = redis.call, tonumber, string.format
+
 local m = tonumber(ARGV[1])
 local now_ms
 local usec = -1
 if ARGV[2] == '' then
-  local now = redis.call('TIME')
+  local now = call('TIME')
   usec = tonumber(now[2])
   now_ms = tonumber(now[1]) * 1000 + (usec - usec % 1000) / 1000
 else
   now_ms = tonumber(ARGV[2])
 end
-local ttl = tonumber(ARGV[3])
+local ttl = ARGV[3] -- handed to EXPIRE as it came
 local cost = tonumber(ARGV[4])
 local k = tonumber(ARGV[5])
 
 local limits = {}
 local has60 = false
 for i = 1, k do
-  local l = {rl = tonumber(ARGV[3 + 3 * i]), w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1'}
-  l.never = l.rl < cost
+  local rl = tonumber(ARGV[3 + 3 * i])
+  -- Every field a limit will get, at once: a table that grows is rebuilt.
+  local l = {rl = rl, w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1',
+    never = rl < cost, fits = false, remaining = 0, reset = 0, retry = -1, G = false}
   if l.w == 60 then has60 = true end
   limits[i] = l
 end
@@ -69,7 +80,8 @@ end
 
 -- The 60 s window (DynLimits layout). ------------------------------------------------------------
 
-local D = {}
+-- The state dyn_check leaves for dyn_count (locals: cheaper than a table's fields).
+local d_cur, d_t, d_c, d_b, d_here, d_sec, d_nowx, d_w, d_o, d_o0
 
 -- Reads the state of the 60 s window at now; returns false when now's minute is not among KEYS.
 local function dyn_check(l)
@@ -83,21 +95,22 @@ local function dyn_check(l)
   local base = minute * 60
   local room = l.rl - cost
 
-  local st = redis.call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', t % 60)
+  local sec = fmt('%d', t - base) -- a field name used twice: formatted once
+  local st = call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', sec)
   local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
   local b, bl = tonumber(st[4]), tonumber(st[5])
   local here = tonumber(st[6]) or 0 -- the count of second t
   if c and t < c then
     t = c -- a window's clock never runs backwards
-    here = tonumber(redis.call('HGET', cur, t % 60)) or 0
+    sec = fmt('%d', t - base)
+    here = tonumber(call('HGET', cur, sec)) or 0
   end
   local nowx = math.max(now_ms, t * 1000)
-  D.cur, D.t, D.c, D.b, D.here, D.sec, D.nowx = cur, t, c, b, here, t - base, nowx
+  d_cur, d_t, d_c, d_b, d_here, d_sec, d_nowx, d_o0 = cur, t, c, b, here, sec, nowx, o
 
   if b and bl == room and t < b then
     l.fits, l.remaining, l.retry = false, 0, b * 1000 - nowx
     l.reset = l.retry
-    D.blocked = true
     return true
   end
 
@@ -118,7 +131,7 @@ local function dyn_check(l)
     if #names == 0 then
       return {}
     end
-    local vals = redis.call('HMGET', key, unpack(names))
+    local vals = call('HMGET', key, unpack(names))
     for i = n + 1, #names do
       known[from + i - n - 1] = tonumber(vals[i]) or 0
     end
@@ -206,7 +219,7 @@ local function dyn_check(l)
       o = first_count(t - 59)
     end
   end
-  D.w, D.o = w, o
+  d_w, d_o = w, o
 
   if w + cost > l.rl then
     -- Walk the oldest seconds out of the window until the cost fits.
@@ -224,9 +237,9 @@ local function dyn_check(l)
       end
     end
     -- Remembered even if another limit refused too: nothing is counted here until t + retry.
-    redis.call('HSET', cur, 'c', t, 'w', w, 'o', o, 'b', t + retry, 'bl', room)
+    call('HSET', cur, 'c', t, 'w', w, 'o', o, 'b', t + retry, 'bl', room)
     if not c then
-      redis.call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
+      call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
     end
     l.fits, l.remaining, l.retry = false, 0, (t + retry) * 1000 - nowx
     l.reset = l.retry
@@ -238,22 +251,36 @@ local function dyn_check(l)
 end
 
 local function dyn_count(l)
-  local t, o = D.t, D.o
-  local w = D.w + cost
+  local t, o = d_t, d_o
+  local w = d_w + cost
   if o < 0 then
     o = t
   end
-  -- One write: the count of second t (read above) and the state.
-  if D.b then
-    redis.call('HSET', D.cur, D.sec, D.here + cost, 'c', t, 'w', w, 'o', o, 'b', 0)
-  else
-    redis.call('HSET', D.cur, D.sec, D.here + cost, 'c', t, 'w', w, 'o', o)
+  -- One write: the count of second t (read above) and the state fields that changed.
+  local args = {d_cur, d_sec, d_here + cost, 'w', w}
+  if d_c ~= t then
+    args[#args + 1] = 'c'
+    args[#args + 1] = t
   end
-  if not D.c then
-    redis.call('EXPIRE', D.cur, ttl)
+  if o ~= d_o0 then
+    args[#args + 1] = 'o'
+    args[#args + 1] = o
+  end
+  if d_b ~= 0 then
+    -- Absent (the first count) or a block that ended.
+    args[#args + 1] = 'b'
+    args[#args + 1] = '0'
+    if not d_b then
+      args[#args + 1] = 'bl'
+      args[#args + 1] = '0'
+    end
+  end
+  call('HSET', unpack(args))
+  if not d_c then
+    call('EXPIRE', d_cur, ttl)
   end
   l.remaining = l.rl - w
-  l.reset = (o + 60) * 1000 - D.nowx
+  l.reset = (o + 60) * 1000 - d_nowx
 end
 
 -- Any other window length. -----------------------------------------------------------------------
@@ -265,27 +292,38 @@ local function gen_check(l, key)
     return div(b * 1000 * w + n - 1, n)
   end
   local t = div(now_ms * n, 1000 * w)
-  local st = redis.call('HMGET', key, 'c', 's', 'o')
-  local c, s, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  local slot = fmt('%d', t % n)
+  -- The state and bucket t's slot, in one read.
+  local st = call('HMGET', key, 'c', 's', 'o', 'e', slot)
+  local c, s, o, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
+  local here = tonumber(st[5]) or 0
   if c and t < c then
     t = c
+    slot = fmt('%d', t % n)
+    here = tonumber(call('HGET', key, slot)) or 0
   end
-  local dirty = false
+  local o0 = o
+  local moved, clear = false, false
   if c and t - c >= n then
-    redis.call('DEL', key)
+    call('DEL', key)
     c = nil
   end
   if not c then
-    s, o = 0, -1
-    dirty = true
+    s, o, e, here = 0, -1, nil, 0
+    moved = true
   elseif c < t then
-    -- Buckets c-n+1 .. t-n leave the window (their slots are about to be reused).
+    -- Buckets c-n+1 .. t-n leave the window (their slots are about to be reused). The last of
+    -- them, t-n, is in bucket t's slot, read above: it is overwritten by this call's count, or
+    -- deleted if nothing is counted.
+    s = s - here
+    clear = st[5] ~= false
+    here = 0
     local names = {}
-    for b = c - n + 1, t - n do
+    for b = c - n + 1, t - n - 1 do
       if b >= 0 then names[#names + 1] = b % n end
     end
     if #names > 0 then
-      local vals = redis.call('HMGET', key, unpack(names))
+      local vals = call('HMGET', key, unpack(names))
       local gone = {}
       for i, v in ipairs(vals) do
         local x = tonumber(v)
@@ -295,17 +333,19 @@ local function gen_check(l, key)
         end
       end
       if #gone > 0 then
-        redis.call('HDEL', key, unpack(gone))
+        call('HDEL', key, unpack(gone))
       end
     end
-    dirty = true
+    moved = true
   end
+  -- Counts of buckets from..to (to <= t); bucket t's is `here`, whatever its slot still holds.
   local function counts(from, to)
     local names = {}
     for b = from, to do names[#names + 1] = b % n end
-    local vals = redis.call('HMGET', key, unpack(names))
+    local vals = call('HMGET', key, unpack(names))
     local out = {}
     for i = 1, #names do out[i] = tonumber(vals[i]) or 0 end
+    if to == t then out[#names] = here end
     return out
   end
   if s <= 0 then
@@ -326,7 +366,8 @@ local function gen_check(l, key)
     end
   end
   local nowx = math.max(now_ms, start(t))
-  l.G = {key = key, t = t, s = s, o = o, n = n, start = start, nowx = nowx, dirty = dirty}
+  l.G = {key = key, t = t, s = s, o = o, o0 = o0, e = e, n = n, slot = slot, here = here,
+    clear = clear, start = start, nowx = nowx, moved = moved}
   if s + cost > l.rl then
     local left, at, b, batch = s, t, o, 1
     while b <= t do
@@ -352,22 +393,39 @@ end
 
 local function gen_write(l, counted)
   local g = l.G
+  -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
+  -- Set once per n buckets (about w seconds): counts written before the next refresh are at most
+  -- w old when it comes due, and the TTL left then is still more than w.
+  local refresh = not g.e or g.t - g.e >= g.n
+  local args = {g.key}
   if counted then
     local o = g.o >= 0 and g.o or g.t
-    redis.call('HINCRBY', g.key, g.t % g.n, cost)
-    redis.call('HSET', g.key, 'c', g.t, 's', g.s + cost, 'o', o)
+    args[2], args[3], args[4], args[5] = g.slot, g.here + cost, 's', g.s + cost
+    if g.moved then
+      args[#args + 1] = 'c'
+      args[#args + 1] = g.t
+    end
+    if o ~= g.o0 then
+      args[#args + 1] = 'o'
+      args[#args + 1] = o
+    end
     l.remaining = l.rl - g.s - cost
     l.reset = g.start(o + g.n) - g.nowx
-  elseif g.dirty then
-    redis.call('HSET', g.key, 'c', g.t, 's', g.s, 'o', g.o)
+  elseif g.moved then
+    args[2], args[3], args[4], args[5], args[6], args[7] = 'c', g.t, 's', g.s, 'o', g.o
+    if g.clear then
+      call('HDEL', g.key, g.slot)
+    end
   else
     return
   end
-  -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
-  -- Set when the hash moves to a new bucket (or is new): later writes in the same bucket are
-  -- covered by it, since a bucket is never longer than the margin.
-  if g.dirty then
-    redis.call('EXPIRE', g.key, 2 * l.w + 60)
+  if refresh then
+    args[#args + 1] = 'e'
+    args[#args + 1] = g.t
+  end
+  call('HSET', unpack(args))
+  if refresh then
+    call('EXPIRE', g.key, 2 * l.w + 60)
   end
 end
 
@@ -401,8 +459,7 @@ for _, l in ipairs(limits) do
   judge(l)
 end
 
-local out = {}
-for i, l in ipairs(limits) do
+for _, l in ipairs(limits) do
   local counted = enforced_ok and (shadow_ok or not l.shadow) and l.fits
   if l.never then
     -- nothing to write
@@ -411,7 +468,15 @@ for i, l in ipairs(limits) do
   else
     gen_write(l, counted)
   end
-  out[i] = string.format('%d %d %d %d', l.fits and 1 or 0, l.remaining, l.reset, l.retry)
 end
-local sl = (enforced_ok and not shadow_ok) and 1 or 0
-return string.format('%d %d %d %d ', enforced_ok and 1 or 0, sl, now_ms, usec) .. table.concat(out, ' ')
+local head = fmt('%d %d %d %d', enforced_ok and 1 or 0, (enforced_ok and not shadow_ok) and 1 or 0,
+  now_ms, usec)
+if k == 1 then
+  local l = limits[1]
+  return fmt('%s %d %d %d %d', head, l.fits and 1 or 0, l.remaining, l.reset, l.retry)
+end
+local out = {head}
+for i, l in ipairs(limits) do
+  out[i + 1] = fmt('%d %d %d %d', l.fits and 1 or 0, l.remaining, l.reset, l.retry)
+end
+return table.concat(out, ' ')
