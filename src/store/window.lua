@@ -210,13 +210,30 @@ local function dyn_check(l)
   elseif c < t then
     -- Seconds c-59 .. t-60, all in the previous minute, leave the window; read them together with
     -- t-59, where the oldest count is looked for first when it left.
-    read(prev, minute - 1, c - 59, math.min(t - 59, base - 1), {})
-    w = w - sum(c - 59, t - 60)
+    -- (The common case of a busy key, so without the helpers' tables: their work costs as much
+    -- as a command here.)
+    local from, last = c - 59, math.min(t - 59, base - 1)
+    local pbase = base - 60
+    local names = {}
+    for s = from, last do
+      names[s - from + 1] = s - pbase
+    end
+    local vals = call('HMGET', prev, unpack(names))
+    for i = 1, t - 60 - from + 1 do
+      w = w - (tonumber(vals[i]) or 0)
+    end
     if w <= 0 then
       w = 0
       o = -1
     elseif o < t - 59 then
-      o = first_count(t - 59)
+      if t - 59 <= last and (tonumber(vals[t - 59 - from + 1]) or 0) > 0 then
+        o = t - 59
+      else
+        for i, v in ipairs(vals) do
+          known[from + i - 1] = tonumber(v) or 0
+        end
+        o = first_count(t - 59)
+      end
     end
   end
   d_w, d_o = w, o
