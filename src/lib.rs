@@ -13,6 +13,7 @@
 //! - [`demo`]: the example upstream API.
 
 pub mod admin;
+pub mod alloc;
 pub mod app;
 pub mod catalog;
 pub mod clock;

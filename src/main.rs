@@ -194,25 +194,8 @@ async fn run_tool(tool: ToolCommand) -> Result<ExitCode, StartError> {
     })
 }
 
-/// mimalloc keeps freed pages for reuse and returns them to the system lazily: after a burst of
-/// 5000 keep-alive connections closed, resident memory stayed at its peak (about 190 MB instead of
-/// 17 MB). Purging at once, and committing arena memory only when used, gives it back; the cost
-/// measured under load is about one `madvise` per 30 requests.
-fn return_freed_memory_promptly() {
-    // Option numbers of mimalloc 2 and 3 (`mi_option_e` in mimalloc.h); the Rust binding names
-    // only some of them.
-    const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: mi_option_set only stores an integer option; both are documented as settable at
-    // any time.
-    unsafe {
-        libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
-    }
-}
-
 fn main() -> ExitCode {
-    return_freed_memory_promptly();
+    quotagate::alloc::configure();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -70,6 +70,8 @@ impl Workers {
                     INDEX.with(|c| c.set(i));
                     runtime.block_on(async move {
                         let mut tasks = tokio::task::JoinSet::new();
+                        let mut collect = tokio::time::interval(crate::alloc::COLLECT_EVERY);
+                        collect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                         loop {
                             tokio::select! {
                                 job = rx.recv() => match job {
@@ -77,6 +79,7 @@ impl Workers {
                                     None => break,
                                 },
                                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                                _ = collect.tick() => crate::alloc::collect(),
                             }
                         }
                         while tasks.join_next().await.is_some() {}
