@@ -3,8 +3,9 @@
     python3 scripts/bench-memory.py PID HOST:PORT [CONNECTIONS] [BURSTS]
 
 Opens CONNECTIONS connections (default 5000), sends one request on each (X-Api-Key: key-0001,
-GET /users/1) and reads the answer, keeps them open and idle, reads the gateway's VmRSS from /proc,
-closes them all, waits 2 s and reads it again; BURSTS times (default 4). Prints one Markdown row per
+GET /users/1) and reads the answer, keeps them open and idle for SETTLE_S seconds (default 2), reads
+the gateway's VmRSS from /proc, closes them all, waits SETTLE_S again and reads it again; BURSTS
+times (default 4). Prints one Markdown row per
 burst. Used by scripts/bench.sh; a ratchet (memory that never comes back) shows as a growing
 "after close" column.
 """
@@ -44,6 +45,9 @@ async def burst(pid, host, port, n):
             await one(host, port, opened)
 
     await asyncio.gather(*(guarded() for _ in range(n)))
+    # Idle for a while first: what the allocator keeps of the burst's short-lived memory (it
+    # returns it within a second or so) is not memory the idle connections hold.
+    time.sleep(float(__import__("os").environ.get("SETTLE_S", "2")))
     busy = rss_kib(pid)
     for w in opened:
         w.close()

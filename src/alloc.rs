@@ -12,8 +12,11 @@
 
 use std::time::Duration;
 
-/// How long freed memory is kept for reuse before it goes back to the system. Default: 250 ms.
-pub const PURGE_DELAY_MS: i64 = 250;
+/// How long freed memory is kept for reuse before it goes back to the system. Default: 50 ms.
+/// (50 and 250 ms measured the same CPU per request; 0 costs 8-10% more. Any delay above 0 costs
+/// about 2-3 KiB more resident memory per idle keep-alive connection after a burst of 5000:
+/// 39.6 -> 42.0 KiB; `MIMALLOC_PURGE_DELAY=0` in the environment chooses that trade back.)
+pub const PURGE_DELAY_MS: i64 = 50;
 
 /// How often each worker asks the allocator to purge what has waited long enough. Default: 1 s.
 pub const COLLECT_EVERY: Duration = Duration::from_secs(1);
@@ -28,7 +31,11 @@ pub fn configure() {
     // any time.
     unsafe {
         libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(PURGE_DELAY, PURGE_DELAY_MS as std::ffi::c_long);
+        // mimalloc's own MIMALLOC_PURGE_DELAY (milliseconds) still wins, for whoever needs to
+        // trade differently (0: less resident memory, more CPU under load).
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            libmimalloc_sys::mi_option_set(PURGE_DELAY, PURGE_DELAY_MS as std::ffi::c_long);
+        }
     }
 }
 
