@@ -235,7 +235,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "$LATENCY_TABLE"
     echo
-    echo "Resident memory of the gateway (memory store) with idle keep-alive connections that each sent one request, and 5 s after they close:"
+    echo "Resident memory of the gateway (memory store) with idle keep-alive connections that each sent one request (read after 5 s idle), and 5 s after they close:"
     echo
     echo "$MEMORY"
   } >> docs/benchmarks.md
