@@ -557,6 +557,22 @@ struct FailoverRun {
     local: usize,
 }
 
+impl FailoverRun {
+    /// Prints the run (its numbers go to docs/operations.md) and checks that every request was
+    /// answered within the store timeout and a margin.
+    fn report(&self, what: &str, timeout: Duration) {
+        println!(
+            "{what} failover: recovered in {:?}, {} requests answered locally meanwhile, slowest answer {:?}",
+            self.recovery, self.local, self.slowest
+        );
+        assert!(
+            self.slowest <= timeout + ANSWER_MARGIN,
+            "slowest {:?}",
+            self.slowest
+        );
+    }
+}
+
 /// Eight tasks send requests through `store` (policy `local`, so every request gets an answer)
 /// while `kill` takes the master down; runs until decisions come from Redis again and `promoted`
 /// says the replica took over (within 60 s).
@@ -670,16 +686,8 @@ async fn kill_9_of_the_sentinel_managed_master_under_load() {
         || set.master_port() == Some(replica),
     )
     .await;
-    println!(
-        "sentinel failover: recovered in {:?}, {} requests answered locally meanwhile, slowest answer {:?}",
-        run.recovery, run.local, run.slowest
-    );
+    run.report("sentinel", timeout);
     assert!(run.local > 0, "the policy answered during the gap");
-    assert!(
-        run.slowest <= timeout + ANSWER_MARGIN,
-        "slowest {:?}",
-        run.slowest
-    );
 }
 
 #[tokio::test]
@@ -695,15 +703,7 @@ async fn kill_9_of_a_cluster_master_under_load() {
         || cluster.masters().len() == 3 && !cluster.masters().contains(&victim),
     )
     .await;
-    println!(
-        "cluster failover: recovered in {:?}, {} requests answered locally meanwhile, slowest answer {:?}",
-        run.recovery, run.local, run.slowest
-    );
-    assert!(
-        run.slowest <= timeout + ANSWER_MARGIN,
-        "slowest {:?}",
-        run.slowest
-    );
+    run.report("cluster", timeout);
 }
 
 #[tokio::test]

@@ -163,13 +163,12 @@ impl Drop for RedisServer {
 }
 
 fn redis_cli(sock: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli")
-        .arg("-s")
-        .arg(sock)
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    run_cli(Command::new("redis-cli").arg("-s").arg(sock).args(args))
+}
+
+/// Runs a redis-cli `command`: its trimmed output if it succeeded.
+fn run_cli(command: &mut Command) -> Option<String> {
+    let out = command.stderr(Stdio::null()).output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())

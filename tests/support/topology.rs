@@ -20,16 +20,45 @@ pub fn free_port_pair() -> u16 {
 }
 
 fn cli(port: u16, extra: &[&str], args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(extra)
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    super::run_cli(
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(extra)
+            .args(args),
+    )
+}
+
+/// redis-cli's arguments for a server that speaks TLS with `certs` (none without).
+fn cli_tls_of(certs: Option<&Certs>) -> Vec<String> {
+    certs.map_or_else(Vec::new, |c| {
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            c.path("ca.pem"),
+            "--cert".into(),
+            c.path("client.pem"),
+            "--key".into(),
+            c.path("client.key"),
+        ]
+    })
+}
+
+/// `items` as `&str`s (redis-cli's TLS arguments).
+fn strs(items: &[String]) -> Vec<&str> {
+    items.iter().map(String::as_str).collect()
+}
+
+/// Comma-separated URLs of `ports` on 127.0.0.1: `rediss://` when redis-cli needs TLS arguments.
+fn url_list(cli_tls: &[String], ports: impl Iterator<Item = u16>) -> String {
+    let scheme = if cli_tls.is_empty() {
+        "redis"
+    } else {
+        "rediss"
+    };
+    ports
+        .map(|p| format!("{scheme}://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Runs one command through redis-cli on 127.0.0.1:`port`.
@@ -107,17 +136,7 @@ impl RedisCluster {
 
     fn start_with(masters: usize, replicas: usize, certs: Option<&Certs>) -> RedisCluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cli_tls: Vec<String> = certs.map_or_else(Vec::new, |c| {
-            vec![
-                "--tls".into(),
-                "--cacert".into(),
-                c.path("ca.pem"),
-                "--cert".into(),
-                c.path("client.pem"),
-                "--key".into(),
-                c.path("client.key"),
-            ]
-        });
+        let cli_tls = cli_tls_of(certs);
         let tls_of = |port: u16| -> Vec<String> {
             certs.map_or_else(Vec::new, |c| {
                 [
@@ -165,7 +184,7 @@ impl RedisCluster {
                 Node::spawn(port, &d, &args)
             })
             .collect();
-        let tls: Vec<&str> = cli_tls.iter().map(String::as_str).collect();
+        let tls = strs(&cli_tls);
         for n in &nodes {
             wait_until(Duration::from_secs(10), || {
                 cli(n.port, &tls, &["PING"]).as_deref() == Some("PONG")
@@ -209,21 +228,12 @@ impl RedisCluster {
     }
 
     fn tls(&self) -> Vec<&str> {
-        self.cli_tls.iter().map(String::as_str).collect()
+        strs(&self.cli_tls)
     }
 
     /// The seed list, every node.
     pub fn url(&self) -> String {
-        let scheme = if self.cli_tls.is_empty() {
-            "redis"
-        } else {
-            "rediss"
-        };
-        self.nodes
-            .iter()
-            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
-            .collect::<Vec<_>>()
-            .join(",")
+        url_list(&self.cli_tls, self.nodes.iter().map(|n| n.port))
     }
 
     /// The ports of the nodes that are masters now.
@@ -450,17 +460,7 @@ impl SentinelSet {
             std::fs::create_dir(&d).unwrap();
             d
         };
-        let cli_tls: Vec<String> = certs.map_or_else(Vec::new, |c| {
-            vec![
-                "--tls".into(),
-                "--cacert".into(),
-                c.path("ca.pem"),
-                "--cert".into(),
-                c.path("client.pem"),
-                "--key".into(),
-                c.path("client.key"),
-            ]
-        });
+        let cli_tls = cli_tls_of(certs);
         // As arguments (data nodes) or config lines (sentinels).
         let tls_settings = |port: u16| -> Vec<(String, String)> {
             certs.map_or_else(Vec::new, |c| {
@@ -560,21 +560,12 @@ impl SentinelSet {
     }
 
     fn tls(&self) -> Vec<&str> {
-        self.cli_tls.iter().map(String::as_str).collect()
+        strs(&self.cli_tls)
     }
 
     /// The sentinels' URLs, comma-separated.
     pub fn url(&self) -> String {
-        let scheme = if self.cli_tls.is_empty() {
-            "redis"
-        } else {
-            "rediss"
-        };
-        self.sentinels
-            .iter()
-            .map(|s| format!("{scheme}://127.0.0.1:{}", s.port))
-            .collect::<Vec<_>>()
-            .join(",")
+        url_list(&self.cli_tls, self.sentinels.iter().map(|s| s.port))
     }
 
     /// The port the sentinels name as master now.
