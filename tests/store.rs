@@ -551,7 +551,7 @@ async fn peeking_several_windows_agrees_with_the_reference(s: Subject) {
 struct FailoverRun {
     /// The longest any request waited for its answer.
     slowest: Duration,
-    /// From the kill to the first request decided by Redis again.
+    /// From the kill to the lasting return of decisions from Redis.
     recovery: Duration,
     /// Requests answered by the failure policy (`local`) meanwhile.
     local: usize,
@@ -582,6 +582,11 @@ async fn failover_under_load(
     promoted: impl Fn() -> bool,
 ) -> FailoverRun {
     use std::sync::Mutex;
+    // The store's own warnings (what marked it down, when it recovered) go with a failure's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("quotagate=info")
+        .with_test_writer()
+        .try_init();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // (started, took, decided by Redis)
     let log: Arc<Mutex<Vec<(Instant, Duration, bool)>>> = Arc::default();
@@ -622,24 +627,29 @@ async fn failover_under_load(
     kill();
     let deadline = killed + Duration::from_secs(60);
     // Recovered: the replica took over, and the answers since the last one from the policy (at
-    // least 200 of them) all came from Redis.
+    // least 200 of them, over at least 300 ms) all came from Redis. Until then the store may
+    // return to Redis and fail again (a cluster answers for the slots of its live masters, and
+    // CLUSTERDOWN on some nodes for a moment after the promotion): the failure policy at work, so
+    // recovery is the lasting return.
     let recovered = loop {
-        assert!(Instant::now() < deadline, "no recovery within 60 s");
+        assert!(Instant::now() < deadline, "no lasting recovery within 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
         if !promoted() {
             continue;
         }
         let log = log.lock().unwrap();
-        let since_local = log.iter().rev().take_while(|(_, _, decided)| *decided);
-        let run: Vec<_> = since_local.collect();
+        let run: Vec<_> = log
+            .iter()
+            .rev()
+            .take_while(|(_, _, decided)| *decided)
+            .collect();
         if run.len() >= 200
             && let Some((at, _, _)) = run.last()
+            && at.elapsed() >= Duration::from_millis(300)
         {
             break *at;
         }
     };
-    // A little more load on the recovered store.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in tasks {
         t.await.expect("no task panicked");
@@ -700,7 +710,10 @@ async fn kill_9_of_a_cluster_master_under_load() {
     let run = failover_under_load(
         store,
         || cluster.nodes[index].kill(),
-        || cluster.masters().len() == 3 && !cluster.masters().contains(&victim),
+        || {
+            let masters = cluster.masters();
+            masters.len() == 3 && !masters.contains(&victim) && cluster.is_ok()
+        },
     )
     .await;
     run.report("cluster", timeout);

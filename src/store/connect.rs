@@ -22,7 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, RedisFuture, RedisResult, TlsCertificates, Value,
+    Pipeline, RedisError, RedisFuture, RedisResult, TlsCertificates, Value,
 };
 
 /// How the Redis store reaches Redis (`store.redis_mode`).
@@ -366,6 +366,87 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Whether every key can be decided: a single server answers `PING`; on a cluster, the master
+    /// of every slot range answers `CLUSTER INFO` with `cluster_state:ok`. (The crate's `PING` to
+    /// "all primaries" asks only the nodes it holds connections to, so a dead master still named
+    /// in the slot map would pass it, and the store would flap between Redis and the failure
+    /// policy until the replica takes over.)
+    pub async fn check_every_master(&mut self) -> RedisResult<()> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let c = match self {
+            Conn::Single(c) => return redis::cmd("PING").query_async(c).await,
+            Conn::Cluster(c) => c,
+        };
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+        let masters = slot_masters(&slots).ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::Parse,
+                "CLUSTER SLOTS answered an unexpected shape",
+            ))
+        })?;
+        if masters.is_empty() {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "the cluster assigns no slots",
+            )));
+        }
+        for (start, master) in masters {
+            // By address: routing by slot falls back to a replica or any node when the master
+            // cannot be reached, which is what must not pass. A master announced without a host
+            // can only be reached by slot.
+            let routing = match master {
+                Some((host, port)) => SingleNodeRoutingInfo::ByAddress { host, port },
+                None => SingleNodeRoutingInfo::SpecificNode(Route::new(start, SlotAddr::Master)),
+            };
+            let info = c
+                .route_command(
+                    redis::cmd("CLUSTER").arg("INFO").clone(),
+                    RoutingInfo::SingleNode(routing),
+                )
+                .await?;
+            let info: String = redis::from_redis_value(info)?;
+            if !info.contains("cluster_state:ok") {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a master reports cluster_state other than ok",
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each slot range of a `CLUSTER SLOTS` reply (`[[start, end, [host, port, ...], replicas...],
+/// ...]`): its first slot, and its master's host and port when it names a host. `None` for
+/// another shape.
+fn slot_masters(slots: &Value) -> Option<Vec<(u16, Option<(String, u16)>)>> {
+    let Value::Array(ranges) = slots else {
+        return None;
+    };
+    ranges
+        .iter()
+        .map(|r| {
+            let Value::Array(r) = r else { return None };
+            let start = match r.first()? {
+                Value::Int(start) => u16::try_from(*start).ok()?,
+                _ => return None,
+            };
+            let master = match r.get(2)? {
+                Value::Array(node) => match (node.first()?, node.get(1)?) {
+                    (Value::BulkString(host), Value::Int(port)) if !host.is_empty() => Some((
+                        String::from_utf8(host.clone()).ok()?,
+                        u16::try_from(*port).ok()?,
+                    )),
+                    _ => None,
+                },
+                _ => return None,
+            };
+            Some((start, master))
+        })
+        .collect()
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
@@ -397,6 +478,37 @@ impl ConnectionLike for Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_masters_are_read_from_cluster_slots() {
+        let node = |host: &str, port| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range =
+            |start, end, master| Value::Array(vec![Value::Int(start), Value::Int(end), master]);
+        let mut first = match range(0, 5460, node("127.0.0.1", 7000)) {
+            Value::Array(r) => r,
+            _ => unreachable!(),
+        };
+        first.push(node("127.0.0.1", 7003));
+        let reply = Value::Array(vec![
+            Value::Array(first),
+            range(5461, 16383, node("", 7001)),
+        ]);
+        assert_eq!(
+            slot_masters(&reply),
+            Some(vec![(0, Some(("127.0.0.1".into(), 7000))), (5461, None)])
+        );
+        assert_eq!(slot_masters(&Value::Array(vec![])), Some(vec![]));
+        assert_eq!(slot_masters(&Value::Okay), None);
+        assert_eq!(slot_masters(&Value::Array(vec![Value::Int(1)])), None);
+        let too_far = range(70000, 70001, node("h", 1));
+        assert_eq!(slot_masters(&Value::Array(vec![too_far])), None);
+    }
 
     fn target(urls: &str, mode: RedisMode) -> Result<RedisTarget, String> {
         RedisTarget::new(urls, mode, "mymaster", "", &TlsFiles::default())

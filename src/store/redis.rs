@@ -498,10 +498,13 @@ impl CounterStore for RedisStore {
         self.fixed(key, limit, reset).await
     }
 
-    /// A fresh connection per probe: the old one may be stuck behind a hung server.
+    /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster
+    /// every slot range's master must answer, so that one live node does not end the failure
+    /// policy while another's keys still fail ([`Conn::check_every_master`]).
     async fn probe(&self) -> Result<(), StoreError> {
         self.reset_connection();
-        self.ping().await
+        self.bounded(self.on_connection(|mut conn| async move { conn.check_every_master().await }))
+            .await
     }
 
     /// Reads the hashes that hold the windows at `now_ms` and asks the Rust arithmetic

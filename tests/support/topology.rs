@@ -214,6 +214,14 @@ impl RedisCluster {
         cluster
     }
 
+    /// Every running node reports `cluster_state:ok` (none answers CLUSTERDOWN).
+    pub fn is_ok(&self) -> bool {
+        self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+            cli(n.port, &self.tls(), &["CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        })
+    }
+
     /// Waits until every running node reports `cluster_state:ok` and knows every node.
     pub fn wait_ok(&self, limit: Duration) {
         let running = self.nodes.iter().filter(|n| n.is_running()).count();
