@@ -417,10 +417,12 @@ impl Conn {
     }
 }
 
+type HostPort = (String, u16);
+
 /// Each slot range of a `CLUSTER SLOTS` reply (`[[start, end, [host, port, ...], replicas...],
 /// ...]`): its first slot, and its master's host and port when it names a host. `None` for
 /// another shape.
-fn slot_masters(slots: &Value) -> Option<Vec<(u16, Option<(String, u16)>)>> {
+fn slot_masters(slots: &Value) -> Option<Vec<(u16, Option<HostPort>)>> {
     let Value::Array(ranges) = slots else {
         return None;
     };
