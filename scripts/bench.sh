@@ -3,6 +3,11 @@
 #
 #   scripts/bench.sh [DURATION_SECONDS] [CONNECTIONS]      (defaults: 10 s, 64 connections)
 #
+# Every row runs once per round (BENCH_ROUNDS, default 3), the rows of a round one after another, so
+# that a slow minute of the machine hits every row of that round alike. Each round's ratios are to
+# that round's nginx; the tables give the median over the rounds and, for ratios, the lowest and
+# highest round.
+#
 # Installs nginx, HAProxy and wrk from Debian's packages when missing, builds the release binary,
 # starts the example upstream and a private redis-server, then loads every row with
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, or one key far over its limit). For each row it
@@ -20,6 +25,7 @@ cd "$(dirname "$0")/.."
 DURATION=${1:-10}
 CONNS=${2:-64}
 THREADS=2
+ROUNDS=${BENCH_ROUNDS:-3}
 
 ensure_debian_packages wrk:wrk nginx:nginx-light haproxy:haproxy
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
@@ -62,8 +68,9 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --d
 REDIS_PID=$!
 wait_port "$UP_PORT"; wait_port "$REDIS_PORT"
 
-# Result lines: name|rps|us_per_request|p50|p99|rejected|redis_us_per_request
+# Result lines: round|name|rps|us_per_request|p50|p99|rejected|redis_us_per_request
 RESULTS=()
+ROUND=1
 
 # measure NAME PORT PIDS WRK_ARGS...: one wrk run against PORT, CPU of PIDS (space-separated).
 measure() {
@@ -74,7 +81,7 @@ measure() {
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/users/1")
   # shellcheck disable=SC2086
   after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID")
-  RESULTS+=("$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" <<<"$out")")
+  RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" <<<"$out")")
 }
 
 MANY=(-s "$WORK/many-keys.lua")
@@ -156,36 +163,47 @@ CONF
 }
 
 REDIS=(--store redis --redis-url "redis://127.0.0.1:$REDIS_PORT")
-measure "upstream directly" "$UP_PORT" "$UP_PID" "${MANY[@]}"
-nginx_row
-haproxy_row "HAProxy (1 thread), plain proxy" ""
-haproxy_row "HAProxy (1 thread), per-key stick table" "  stick-table type string len 64 size 100k expire 60s store http_req_rate(60s)
+for ROUND in $(seq "$ROUNDS"); do
+  echo "round $ROUND of $ROUNDS: throughput and CPU" >&2
+  measure "upstream directly" "$UP_PORT" "$UP_PID" "${MANY[@]}"
+  nginx_row
+  haproxy_row "HAProxy (1 thread), plain proxy" ""
+  haproxy_row "HAProxy (1 thread), per-key stick table" "  stick-table type string len 64 size 100k expire 60s store http_req_rate(60s)
   http-request track-sc0 req.hdr(X-Api-Key)
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
-gateway "quotagate, limits off" MANY --set limits.enabled=false
-gateway "quotagate, memory store, 1000 keys under limit" MANY
-gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
-gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
-gateway "quotagate, memory store, one key over its limit" HOG
-gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
+  gateway "quotagate, limits off" MANY --set limits.enabled=false
+  gateway "quotagate, memory store, 1000 keys under limit" MANY
+  gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
+  gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
+  gateway "quotagate, memory store, one key over its limit" HOG
+  gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
+done
 
 # Added latency: a fixed-rate load (oha --qps, with latency correction, so a stall counts for every
 # request it delayed) at half of the maximum the memory store reached above, against the upstream
-# directly, nginx and quotagate; p99 added = p99 through the proxy - p99 of the upstream directly.
+# directly, nginx and quotagate; p99 added = p99 through the proxy - p99 of the upstream directly
+# in the same round.
 OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
 if [ ! -x "$OHA" ]; then
   echo "installing oha (cargo install oha --locked; a few minutes)" >&2
   cargo install oha --locked --quiet
 fi
-# rps_of NAME: the requests/s of a row above.
-rps_of() { printf '%s\n' "${RESULTS[@]}" | awk -F'|' -v n="$1" '$1 == n {print int($2)}'; }
+# rps_of NAME: the median requests/s of a row above.
+rps_of() {
+  printf '%s\n' "${RESULTS[@]}" | awk -F'|' -v n="$1" '$2 == n {print $3}' |
+    python3 -c 'import statistics, sys; print(int(statistics.median(float(l) for l in sys.stdin)))'
+}
+# Lines: round|name|qps|p50|p99|answers
 LATENCY=()
 # latency NAME PORT QPS: p50 and p99 at QPS.
 latency() {
   local out
+  # One second at the rate first, not counted: every target opens its connections (to the
+  # upstream, to Redis) and warms up before the measured run.
+  "$OHA" --no-tui -q "$3" -z 1s -c "$CONNS" -H "X-Api-Key: key-0001" "http://127.0.0.1:$2/users/1" >/dev/null
   out=$("$OHA" --no-tui -q "$3" -z "${DURATION}s" -c "$CONNS" --latency-correction --output-format json \
     -H "X-Api-Key: key-0001" "http://127.0.0.1:$2/users/1")
-  LATENCY+=("$1|$3|$(python3 scripts/parse_oha.py <<<"$out")")
+  LATENCY+=("$ROUND|$1|$3|$(python3 scripts/parse_oha.py <<<"$out")")
 }
 # with_gateway NAME QPS ARGS...: starts quotagate with ARGS and measures its latency at QPS.
 with_gateway() {
@@ -197,21 +215,15 @@ with_gateway() {
 # Each path at half of its own maximum above; the upstream directly and nginx at the same rates.
 QM=$(( $(rps_of "quotagate, memory store, 1000 keys under limit") / 2 ))
 QR=$(( $(rps_of "quotagate, Redis store, 1000 keys under limit") / 2 ))
-latency "upstream directly" "$UP_PORT" "$QM"
-start_nginx; latency "nginx proxy_pass (1 worker)" "$NGINX_PORT" "$QM"; kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
-with_gateway "quotagate, memory store" "$QM"
-latency "upstream directly" "$UP_PORT" "$QR"
-with_gateway "quotagate, Redis store" "$QR" "${REDIS[@]}"
-LATENCY_TABLE=$(
-  echo "| target, at half of the path's maximum rate above, $CONNS connections | req/s | p50 ms | p99 ms | p99 added over the upstream directly at that rate, ms | answers |"
-  echo "|---|---:|---:|---:|---:|---:|"
-  direct=0
-  for l in "${LATENCY[@]}"; do
-    IFS='|' read -r name qps p50 p99 n <<<"$l"
-    [ "$name" = "upstream directly" ] && direct=$p99
-    echo "| $name | $qps | $p50 | $p99 | $(python3 -c "print(f'{$p99 - $direct:.3f}')") | $n |"
-  done
-)
+for ROUND in $(seq "$ROUNDS"); do
+  echo "round $ROUND of $ROUNDS: added latency" >&2
+  latency "upstream directly" "$UP_PORT" "$QM"
+  start_nginx; latency "nginx proxy_pass (1 worker)" "$NGINX_PORT" "$QM"; kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
+  with_gateway "quotagate, memory store" "$QM"
+  latency "upstream directly" "$UP_PORT" "$QR"
+  with_gateway "quotagate, Redis store" "$QR" "${REDIS[@]}"
+done
+LATENCY_TABLE=$(printf '%s\n' "${LATENCY[@]}" | python3 scripts/bench_latency.py "$CONNS")
 
 TABLE=$(printf '%s\n' "${RESULTS[@]}" | python3 scripts/bench_table.py "nginx proxy_pass (1 worker)")
 echo "$TABLE"
@@ -227,7 +239,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "## Request path, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
-    echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
+    echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
     echo

@@ -1,19 +1,43 @@
-"""Turns result lines (see parse_wrk.py) on stdin into a Markdown table with ratios to the row named
-in argv[1] (the reference, nginx proxy_pass)."""
+"""Turns result lines (`round|` + parse_wrk.py's line) on stdin into a Markdown table with ratios to
+the row named in argv[1] (the reference, nginx proxy_pass).
+
+Each round's ratios are to that round's reference; a cell is the median over the rounds, and a ratio
+also shows the lowest and highest round when there is more than one."""
+import statistics
 import sys
 
 ref_name = sys.argv[1]
-rows = [line.rstrip("\n").split("|") for line in sys.stdin if line.strip()]
-ref = next((r for r in rows if r[0] == ref_name), None)
-ref_rps, ref_us = (float(ref[1]), float(ref[2])) if ref else (None, None)
+rows = {}  # name -> {round: (rps, us, p50, p99, rejected, redis_us)}
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    rnd, name, *values = line.rstrip("\n").split("|")
+    rows.setdefault(name, {})[rnd] = tuple(float(v) for v in values)
+ref = rows.get(ref_name, {})
 
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def ratio(name, index):
+    """The median ratio of a row's value `index` to the reference's in the same round, with the range."""
+    rs = [v[index] / ref[r][index] for r, v in rows[name].items() if r in ref and ref[r][index]]
+    if not rs:
+        return ""
+    m = f"{med(rs):.2f}x"
+    return m if len(rs) == 1 else f"{m} ({min(rs):.2f}-{max(rs):.2f})"
+
+
+rounds = max((len(v) for v in rows.values()), default=0)
 print("| row | req/s | req/s vs nginx | CPU us/req | CPU/req vs nginx | p50 ms | p99 ms | non-2xx | Redis CPU us/req |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for name, rps, us, p50, p99, rejected, redis_us in rows:
-    rps, us, redis_us = float(rps), float(us), float(redis_us)
-    r_rps = f"{rps / ref_rps:.2f}x" if ref_rps else ""
-    r_us = f"{us / ref_us:.2f}x" if ref_us else ""
+for name, by_round in rows.items():
+    col = lambda i: med([v[i] for v in by_round.values()])  # noqa: E731
+    rps, us, p50, p99, rejected, redis_us = (col(i) for i in range(6))
+    r_us = "" if name == "upstream directly" else ratio(name, 1)
     redis_col = f"{redis_us:.1f}" if "Redis store" in name else ""
-    cpu_col = f"{us:.1f}"
-    r_us = "" if name == "upstream directly" else r_us
-    print(f"| {name} | {rps:,.0f} | {r_rps} | {cpu_col} | {r_us} | {p50} | {p99} | {float(rejected):.0%} | {redis_col} |")
+    print(f"| {name} | {rps:,.0f} | {ratio(name, 0)} | {us:.1f} | {r_us} | {p50:.2f} | {p99:.2f} | {rejected:.0%} | {redis_col} |")
+if rounds > 1:
+    print()
+    print(f"Medians of {rounds} rounds; a ratio's range is its lowest and highest round.")
