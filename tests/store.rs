@@ -199,6 +199,7 @@ on_every_store!(
     time_never_runs_backwards,
     concurrent_requests_never_overshoot,
     agrees_with_the_reference_window_on_a_random_workload,
+    agrees_with_the_reference_window_on_busy_keys,
     peeking_counts_nothing_and_tells_what_a_hit_would,
     reset_forgets_one_api_key_on_every_endpoint,
     several_windows_count_together_or_not_at_all,
@@ -373,6 +374,35 @@ async fn concurrent_requests_never_overshoot(s: Subject) {
 /// A deterministic pseudo-random walk through time, limits and counters, compared step by step with
 /// `limiter::Window`. This is what holds the Lua script and the Rust arithmetic equal.
 async fn agrees_with_the_reference_window_on_a_random_workload(s: Subject) {
+    random_walk(s, [3, 5, 8], 12, |r, next| match r {
+        0..=59 => 0,
+        60..=89 => next(4),
+        90..=96 => next(40),
+        _ => 55 + next(70),
+    })
+    .await;
+}
+
+/// The same with busy keys: limits of dozens, several hits a second, windows full and moving on
+/// every second (the script's fast path, and its way back to the general one).
+async fn agrees_with_the_reference_window_on_busy_keys(s: Subject) {
+    random_walk(s, [40, 60, 90], 100, |r, next| match r {
+        0..=69 => 0,
+        70..=96 => 1,
+        97..=98 => next(8),
+        _ => 50 + next(30),
+    })
+    .await;
+}
+
+/// 1500 steps: each advances the clock by `advance(next(100), next)` seconds, changes a limit now
+/// and then (to 1..=`max_limit`), and hits one of three keys.
+async fn random_walk(
+    s: Subject,
+    mut limits: [u64; 3],
+    max_limit: u64,
+    advance: impl Fn(u64, &mut dyn FnMut(u64) -> u64) -> u64,
+) {
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move |n: u64| {
         rng ^= rng << 13;
@@ -383,17 +413,12 @@ async fn agrees_with_the_reference_window_on_a_random_workload(s: Subject) {
     let keys = [key("a"), key("b"), key("c")];
     let mut reference: Vec<Window> = vec![Window::new(); keys.len()];
     let mut now = T0 + 17;
-    let mut limits = [3u64, 5, 8];
     for step in 0..1500 {
-        match next(100) {
-            0..=59 => {}
-            60..=89 => now += next(4),
-            90..=96 => now += next(40),
-            _ => now += 55 + next(70),
-        }
+        let r = next(100);
+        now += advance(r, &mut next);
         if next(50) == 0 {
             let i = next(3) as usize;
-            limits[i] = 1 + next(12);
+            limits[i] = 1 + next(max_limit);
         }
         let i = next(3) as usize;
         let want = reference[i].hit(now, limits[i]);
