@@ -4,6 +4,9 @@
 # alone (INFO commandstats usec_per_call), with calls/s from redis-benchmark (50 clients,
 # unpipelined), next to INCR and an empty script measured in the same run.
 #   scripts/bench-script.sh [REQUESTS]     (default 300000)
+# BENCH_BASE=REV also runs window.lua as it was at git revision REV, each row right after the
+# current script's, so that a change is measured before and after in one run (absolute numbers
+# on a shared machine move 50% between runs).
 # Prints a table and appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,13 +55,30 @@ row() {
 
 row "INCR" INCR x
 row "empty script (EVALSHA baseline)" EVALSHA "$EMPTY" 0
-row "window.lua, one hot key, allowed (same second)" EVALSHA "$SHA" 4 a b hot c "${ONE[@]}" "$BIG" 60 0
-row "window.lua, one key over its limit, rejected (cached in the hash)" EVALSHA "$SHA" 4 a b hog c "${ONE[@]}" 10 60 0
-row "window.lua, worst case: first call of a minute, previous minute full (every second hit)" \
-  -r 100000000 EVALSHA "$SHA" 4 a prevfull "cur:__rand_int__" c "${ONE[@]}" "$BIG" 60 0
-row "window.lua, three limits (w = 1, 60, 3600), one hot key, allowed" \
-  EVALSHA "$SHA" 6 a b hot3 c hot3:s1 hot3:s3600 "$M" "$NOW_MS" 180 1 3 "$BIG" 1 0 "$BIG" 60 0 "$BIG" 3600 0
-
+# The scripts measured: the current one, and the one at BENCH_BASE.
+SCRIPTS=("$SHA|")
+if [ -n "${BENCH_BASE:-}" ]; then
+  git show "$BENCH_BASE:src/store/window.lua" > "$DIR/base.lua"
+  SCRIPTS+=("$(cli SCRIPT LOAD "$(cat "$DIR/base.lua")")| (at $BENCH_BASE)")
+fi
+for s in "${SCRIPTS[@]}"; do
+  sha=${s%%|*}; at=${s#*|}
+  row "window.lua$at, one hot key, allowed (same second)" EVALSHA "$sha" 4 a b "hot$at" c "${ONE[@]}" "$BIG" 60 0
+done
+for s in "${SCRIPTS[@]}"; do
+  sha=${s%%|*}; at=${s#*|}
+  row "window.lua$at, one key over its limit, rejected (cached in the hash)" EVALSHA "$sha" 4 a b "hog$at" c "${ONE[@]}" 10 60 0
+done
+for s in "${SCRIPTS[@]}"; do
+  sha=${s%%|*}; at=${s#*|}
+  row "window.lua$at, worst case: first call of a minute, previous minute full (every second hit)" \
+    -r 100000000 EVALSHA "$sha" 4 a prevfull "cur$at:__rand_int__" c "${ONE[@]}" "$BIG" 60 0
+done
+for s in "${SCRIPTS[@]}"; do
+  sha=${s%%|*}; at=${s#*|}
+  row "window.lua$at, three limits (w = 1, 60, 3600), one hot key, allowed" \
+    EVALSHA "$sha" 6 a b "hot3$at" c "hot3$at:s1" "hot3$at:s3600" "$M" "$NOW_MS" 180 1 3 "$BIG" 1 0 "$BIG" 60 0 "$BIG" 3600 0
+done
 # Steady state of full windows, pipelined (redis-cli --pipe): 1000 keys, each hit once in every
 # second of a minute whose previous minute is full. 59 of 60 calls per key are a new second, 1 a
 # new minute. Compared with the same number of pipelined INCRs.
@@ -77,9 +97,11 @@ pipe_row() {
   [ -z "$PIPE_INCR_US" ] && PIPE_INCR_US=$us
   ROWS+=("| $name | $rate | $us | $(python3 -c "print(f'{$us/$PIPE_INCR_US:.2f}x')") | $in |")
 }
-python3 - "$DIR" "$SHA" "$BASE" "$M" <<'PY'
+# window_resp SHA FILE: the pipelined steady state for the script SHA.
+window_resp() {
+python3 - "$DIR" "$1" "$BASE" "$M" "$2" <<'PY'
 import sys
-d, sha, base, m = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+d, sha, base, m, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 def resp(*args):
     out = [f"*{len(args)}\r\n"]
     for a in args:
@@ -92,16 +114,23 @@ with open(f"{d}/setup.resp", "w") as f:
         prev = f"s{i}:{m-1}"
         args = ["HSET", prev] + [x for s in range(60) for x in (s, 1)] + ["c", base - 1, "w", 60, "o", base - 60]
         f.write(resp(*args))
-with open(f"{d}/window.resp", "w") as f, open(f"{d}/incr.resp", "w") as g:
+with open(out, "w") as f, open(f"{d}/incr.resp", "w") as g:
     for sec in range(60):
         for i in range(keys):
             f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, (base + sec) * 1000 + 7, 180, 1, 1, 10**12, 60, 0))
             g.write(resp("INCR", f"i{i}"))
 PY
-redis-cli -p "$PORT" --pipe < "$DIR/setup.resp" >/dev/null
+}
 PIPE_INCR_US=""
-pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
-pipe_row "window.lua, pipelined, 1000 keys each hit every second of a minute, previous minute full" "$DIR/window.resp" 60000
+for s in "${SCRIPTS[@]}"; do
+  sha=${s%%|*}; at=${s#*|}
+  window_resp "$sha" "$DIR/window-$sha.resp"
+  [ -z "$PIPE_INCR_US" ] && pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
+  # Every script starts from the same state: the previous minute full, this minute empty.
+  redis-cli -p "$PORT" --pipe < "$DIR/setup.resp" >/dev/null
+  redis-cli -p "$PORT" --pipe < <(for i in $(seq 0 999); do printf 'DEL s%d:%d\r\n' "$i" "$M"; done) >/dev/null
+  pipe_row "window.lua$at, pipelined, 1000 keys each hit every second of a minute, previous minute full" "$DIR/window-$sha.resp" 60000
+done
 
 TABLE=$(
   echo "| call | calls/s | redis-server CPU us/call | CPU vs INCR (of the same mode) | us inside the command |"
@@ -114,7 +143,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "## Script cost, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
-    echo "Command: \`scripts/bench-script.sh $N\` (redis-benchmark -n $N -c 50, unpipelined, redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2)). Machine: $(machine_line)."
+    echo "Command: \`${BENCH_BASE:+BENCH_BASE=$BENCH_BASE }scripts/bench-script.sh $N\` (redis-benchmark -n $N -c 50, unpipelined, redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2)). Machine: $(machine_line)."
     echo
     echo "$TABLE"
   } >> docs/benchmarks.md
