@@ -121,6 +121,38 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
         return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
       end
       -- Over the limit, or the oldest count to be searched: the general path reads again.
+    elseif c and c <= t and tonumber(st[4]) and t < tonumber(st[4])
+        and tonumber(st[5]) == tonumber(ARGV[6]) - tonumber(ARGV[4]) then
+      -- Refused until second b for this room (limit - cost): nothing to read or count.
+      local retry = tonumber(st[4]) * 1000 - now_ms
+      return fmt('0 0 %d %d 0 0 %d %d', now_ms, usec, retry, retry)
+    elseif not c then
+      -- The first call of this minute: the window is what the previous minute's hash holds after
+      -- second t-60. When that hash was last counted in at second pc, within the last 30 seconds,
+      -- the seconds pc-59 .. t-60 have left since (read with t-59, where the oldest count is
+      -- looked for first); a key idle for a minute has an empty window.
+      local base = minute * 60
+      local p = call('HMGET', KEYS[idx - 1], 'c', 'w', 'o')
+      local pc, pw, po = tonumber(p[1]), tonumber(p[2]), tonumber(p[3])
+      local w, o, found = 0, -1, true
+      if pc and pc > t - 60 then
+        found = false
+        if pw and po and t - pc <= pc - t + 60 and idx >= 3 then
+          local rest
+          w, o, rest = leave(KEYS[idx - 1], base - 60, pc, t, pw, po)
+          found = not rest
+        end
+      end
+      local rl, cost = tonumber(ARGV[6]), tonumber(ARGV[4])
+      if found and w + cost <= rl then
+        w = w + cost
+        if o < 0 then
+          o = t
+        end
+        call('HSET', cur, sec, cost, 'w', w, 'c', t, 'o', o, 'b', '0', 'bl', '0')
+        call('EXPIRE', cur, ARGV[3])
+        return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
+      end
     end
   end
 end
