@@ -61,24 +61,27 @@ if [ -n "${BENCH_BASE:-}" ]; then
   git show "$BENCH_BASE:src/store/window.lua" > "$DIR/base.lua"
   SCRIPTS+=("$(cli SCRIPT LOAD "$(cat "$DIR/base.lua")")| (at $BENCH_BASE)")
 fi
-for s in "${SCRIPTS[@]}"; do
-  sha=${s%%|*}; at=${s#*|}
-  row "window.lua$at, one hot key, allowed (same second)" EVALSHA "$sha" 4 a b "hot$at" c "${ONE[@]}" "$BIG" 60 0
-done
-for s in "${SCRIPTS[@]}"; do
-  sha=${s%%|*}; at=${s#*|}
-  row "window.lua$at, one key over its limit, rejected (cached in the hash)" EVALSHA "$sha" 4 a b "hog$at" c "${ONE[@]}" 10 60 0
-done
-for s in "${SCRIPTS[@]}"; do
-  sha=${s%%|*}; at=${s#*|}
+# each CASE: runs the function CASE for every script measured ($sha and $at set), one right after
+# the other.
+each() {
+  local s
+  for s in "${SCRIPTS[@]}"; do
+    sha=${s%%|*}; at=${s#*|}
+    "$1"
+  done
+}
+hot() { row "window.lua$at, one hot key, allowed (same second)" EVALSHA "$sha" 4 a b "hot$at" c "${ONE[@]}" "$BIG" 60 0; }
+hog() { row "window.lua$at, one key over its limit, rejected (cached in the hash)" EVALSHA "$sha" 4 a b "hog$at" c "${ONE[@]}" 10 60 0; }
+first_of_minute() {
   row "window.lua$at, worst case: first call of a minute, previous minute full (every second hit)" \
     -r 100000000 EVALSHA "$sha" 4 a prevfull "cur$at:__rand_int__" c "${ONE[@]}" "$BIG" 60 0
-done
-for s in "${SCRIPTS[@]}"; do
-  sha=${s%%|*}; at=${s#*|}
+}
+three() {
   row "window.lua$at, three limits (w = 1, 60, 3600), one hot key, allowed" \
     EVALSHA "$sha" 6 a b "hot3$at" c "hot3$at:s1" "hot3$at:s3600" "$M" "$NOW_MS" 180 1 3 "$BIG" 1 0 "$BIG" 60 0 "$BIG" 3600 0
-done
+}
+each hot; each hog; each first_of_minute; each three
+
 # Steady state of full windows, pipelined (redis-cli --pipe): 1000 keys, each hit once in every
 # second of a minute whose previous minute is full. 59 of 60 calls per key are a new second, 1 a
 # new minute. Compared with the same number of pipelined INCRs.
@@ -97,11 +100,11 @@ pipe_row() {
   [ -z "$PIPE_INCR_US" ] && PIPE_INCR_US=$us
   ROWS+=("| $name | $rate | $us | $(python3 -c "print(f'{$us/$PIPE_INCR_US:.2f}x')") | $in |")
 }
-# window_resp SHA FILE: the pipelined steady state for the script SHA.
-window_resp() {
-python3 - "$DIR" "$1" "$BASE" "$M" "$2" <<'PY'
+# The pipelined steady state: setup.resp (every key's previous minute full), incr.resp, and
+# window-SHA.resp for each script measured.
+python3 - "$DIR" "$BASE" "$M" "${SCRIPTS[@]%%|*}" <<'PY'
 import sys
-d, sha, base, m, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+d, base, m, shas = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 def resp(*args):
     out = [f"*{len(args)}\r\n"]
     for a in args:
@@ -114,23 +117,25 @@ with open(f"{d}/setup.resp", "w") as f:
         prev = f"s{i}:{m-1}"
         args = ["HSET", prev] + [x for s in range(60) for x in (s, 1)] + ["c", base - 1, "w", 60, "o", base - 60]
         f.write(resp(*args))
-with open(out, "w") as f, open(f"{d}/incr.resp", "w") as g:
+with open(f"{d}/incr.resp", "w") as g:
     for sec in range(60):
         for i in range(keys):
-            f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, (base + sec) * 1000 + 7, 180, 1, 1, 10**12, 60, 0))
             g.write(resp("INCR", f"i{i}"))
+for sha in shas:
+    with open(f"{d}/window-{sha}.resp", "w") as f:
+        for sec in range(60):
+            for i in range(keys):
+                f.write(resp("EVALSHA", sha, 4, f"s{i}:{m-2}", f"s{i}:{m-1}", f"s{i}:{m}", f"s{i}:{m+1}", m, (base + sec) * 1000 + 7, 180, 1, 1, 10**12, 60, 0))
 PY
-}
 PIPE_INCR_US=""
-for s in "${SCRIPTS[@]}"; do
-  sha=${s%%|*}; at=${s#*|}
-  window_resp "$sha" "$DIR/window-$sha.resp"
-  [ -z "$PIPE_INCR_US" ] && pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
+pipe_row "INCR, pipelined" "$DIR/incr.resp" 60000
+pipelined() {
   # Every script starts from the same state: the previous minute full, this minute empty.
   redis-cli -p "$PORT" --pipe < "$DIR/setup.resp" >/dev/null
   redis-cli -p "$PORT" --pipe < <(for i in $(seq 0 999); do printf 'DEL s%d:%d\r\n' "$i" "$M"; done) >/dev/null
   pipe_row "window.lua$at, pipelined, 1000 keys each hit every second of a minute, previous minute full" "$DIR/window-$sha.resp" 60000
-done
+}
+each pipelined
 
 TABLE=$(
   echo "| call | calls/s | redis-server CPU us/call | CPU vs INCR (of the same mode) | us inside the command |"
