@@ -98,62 +98,57 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
     local cur = KEYS[idx]
     local sec = fmt('%d', t - minute * 60)
     local st = call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', sec)
-    local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+    local c, w, o, b = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
+    local rl, cost = tonumber(ARGV[6]), tonumber(ARGV[4])
     pre_idx, pre_st = idx, st
-    if c and w and o and c <= t and st[4] == '0' then
-      local o0, rest = o, nil
+    local o0, found = o, false -- found: w and o are the window's at t
+    if c and w and o and c <= t and b == 0 then
+      found = true
       if c < t then
+        local rest
         w, o, rest = leave(KEYS[idx - 1], minute * 60 - 60, c, t, w, o)
+        found = not rest
       end
-      local rl, cost = tonumber(ARGV[6]), tonumber(ARGV[4])
-      if not rest and w + cost <= rl then
-        w = w + cost
-        if o < 0 then
-          o = t
-        end
-        local here = (tonumber(st[6]) or 0) + cost
-        if c == t and o == o0 then
-          call('HSET', cur, sec, here, 'w', w)
-        elseif o == o0 then
-          call('HSET', cur, sec, here, 'w', w, 'c', t)
-        else
-          call('HSET', cur, sec, here, 'w', w, 'c', t, 'o', o)
-        end
-        return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
-      end
-      -- Over the limit, or the oldest count to be searched: the general path reads again.
-    elseif c and c <= t and tonumber(st[4]) and t < tonumber(st[4])
-        and tonumber(st[5]) == tonumber(ARGV[6]) - tonumber(ARGV[4]) then
+    elseif c and c <= t and b and t < b and tonumber(st[5]) == rl - cost then
       -- Refused until second b for this room (limit - cost): nothing to read or count.
-      local retry = tonumber(st[4]) * 1000 - now_ms
+      local retry = b * 1000 - now_ms
       return fmt('0 0 %d %d 0 0 %d %d', now_ms, usec, retry, retry)
     elseif not c then
       -- The first call of this minute: the window is what the previous minute's hash holds after
       -- second t-60. When that hash was last counted in at second pc, within the last 30 seconds,
       -- the seconds pc-59 .. t-60 have left since (read with t-59, where the oldest count is
       -- looked for first); a key idle for a minute has an empty window.
-      local base = minute * 60
       local p = call('HMGET', KEYS[idx - 1], 'c', 'w', 'o')
       local pc, pw, po = tonumber(p[1]), tonumber(p[2]), tonumber(p[3])
-      local w, o, found = 0, -1, true
+      w, o, found = 0, -1, true
       if pc and pc > t - 60 then
         found = false
         if pw and po and t - pc <= pc - t + 60 and idx >= 3 then
           local rest
-          w, o, rest = leave(KEYS[idx - 1], base - 60, pc, t, pw, po)
+          w, o, rest = leave(KEYS[idx - 1], minute * 60 - 60, pc, t, pw, po)
           found = not rest
         end
       end
-      local rl, cost = tonumber(ARGV[6]), tonumber(ARGV[4])
-      if found and w + cost <= rl then
-        w = w + cost
-        if o < 0 then
-          o = t
-        end
-        call('HSET', cur, sec, cost, 'w', w, 'c', t, 'o', o, 'b', '0', 'bl', '0')
-        call('EXPIRE', cur, ARGV[3])
-        return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
+    end
+    -- Otherwise (over the limit, the oldest count to be searched, a block that ended) the general
+    -- path decides.
+    if found and w + cost <= rl then
+      w = w + cost
+      if o < 0 then
+        o = t
       end
+      local here = (tonumber(st[6]) or 0) + cost
+      if not c then
+        call('HSET', cur, sec, here, 'w', w, 'c', t, 'o', o, 'b', '0', 'bl', '0')
+        call('EXPIRE', cur, ARGV[3])
+      elseif c == t and o == o0 then
+        call('HSET', cur, sec, here, 'w', w)
+      elseif o == o0 then
+        call('HSET', cur, sec, here, 'w', w, 'c', t)
+      else
+        call('HSET', cur, sec, here, 'w', w, 'c', t, 'o', o)
+      end
+      return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
     end
   end
 end
