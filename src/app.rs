@@ -11,7 +11,6 @@ use tokio::net::TcpListener;
 
 use crate::admin::Admin;
 use crate::catalog::Snapshot;
-use crate::clock::Clock;
 use crate::config::ConfigError;
 use crate::divvy::Divvy;
 use crate::divvy::metrics::Statsd;
@@ -24,6 +23,7 @@ use crate::shutdown::Token;
 use crate::store::{Store, StoreSettings};
 use crate::workers::Workers;
 use crate::{divvy, server};
+use quotagate_engine::clock::Clock;
 
 /// A built application, not yet listening.
 pub struct App {

@@ -11,15 +11,15 @@ use std::sync::Arc;
 use crate::app::App;
 use crate::catalog::Snapshot;
 use crate::catalog::server::CatalogServer;
-use crate::clock::SystemClock;
 use crate::config::{ConfigError, address, header_name};
 use crate::divvy::load::LoadOptions;
 use crate::divvy::rules::RuleSet;
 use crate::gateway::{StartError, bind};
 use crate::settings::Settings;
 use crate::shutdown::Token;
-use crate::text::plural;
 use crate::{demo, server};
+use quotagate_engine::clock::SystemClock;
+use quotagate_engine::text::plural;
 
 /// `quotagate` / `quotagate run` / `quotagate quickstart`: the gateway, plus its admin listener and
 /// Divvy port when configured; `quickstart` uses the built-in catalog (unless one is configured)
@@ -241,7 +241,7 @@ pub fn validate(files: &[PathBuf], strict: bool) -> bool {
             }
             continue;
         }
-        match Snapshot::load_file(f) {
+        match crate::catalog::load_file(f) {
             Ok(s) => {
                 let unknown = s.unknown_fields();
                 let refused = strict && !unknown.is_empty();

@@ -14,7 +14,6 @@ use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
 use crate::catalog::{CatalogError, Snapshot};
-use crate::clock::Clock;
 use crate::config::{Config, ConfigError, address};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{Upstream, UpstreamSettings};
@@ -22,6 +21,7 @@ use crate::proxy::{Policy, Proxy, Refresh};
 use crate::server::{self, HttpSettings};
 use crate::store::{Store, StoreError};
 use crate::workers::Workers;
+use quotagate_engine::clock::Clock;
 
 /// Why quotagate could not start.
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +110,7 @@ impl Gateway {
     ) -> Result<Gateway, StartError> {
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
-            (None, Some(file)) => Some(Snapshot::load_file(file)?),
+            (None, Some(file)) => Some(crate::catalog::load_file(file)?),
             (None, None) if s.poller.is_none() => {
                 return Err(ConfigError(
                     "no catalog: set catalog.file, catalog.server_url or both".into(),

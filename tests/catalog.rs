@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use quotagate::clock::FakeClock;
 use quotagate::config::{Config, StoreKind};
 use quotagate::store::{RedisMode, TimeSource};
+use quotagate_engine::clock::FakeClock;
 use support::{
     CATALOG_SECRET, CatalogFixture, Fault, FaultyCatalogServer, RedisServer, TestGateway, Upstream,
     eventually, get, http2_client, send,
@@ -82,7 +82,9 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     // under paused time; here the deadline only catches a poller that stopped.
     eventually(Duration::from_secs(5), || async {
         gw.gateway.catalog().snapshot().limit(b"k1", 0)
-            != quotagate::catalog::LimitLookup::Limits(&[quotagate::limiter::Limit::per_minute(2)])
+            != quotagate::catalog::LimitLookup::Limits(&[
+                quotagate_engine::limiter::Limit::per_minute(2),
+            ])
     })
     .await;
     let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;

@@ -6,11 +6,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotagate::clock::FakeClock;
 use quotagate::divvy::Divvy;
 use quotagate::divvy::rules::RuleSet;
 use quotagate::divvy::server::{DivvySettings, serve};
 use quotagate::store::{FailurePolicy, RedisOptions, RedisStore, Store, TimeSource};
+use quotagate_engine::clock::FakeClock;
 use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

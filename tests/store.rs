@@ -6,12 +6,12 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate::limiter::{Counter, Limit, Outcome, Quota, Window};
 use quotagate::store::connect::TlsFiles;
 use quotagate::store::{
     CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
     Verdict,
 };
+use quotagate_engine::limiter::{Counter, Limit, Outcome, Quota, Window};
 use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
 /// Second 0 of a minute.

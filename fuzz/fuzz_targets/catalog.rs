@@ -3,7 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use quotagate::catalog::Snapshot;
-use quotagate::path::{EscapedSlashes, normalize};
+use quotagate_engine::path::{EscapedSlashes, normalize};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(s) = Snapshot::from_json("fuzz", data) {

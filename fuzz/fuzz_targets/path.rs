@@ -2,7 +2,7 @@
 //! no second spelling of a normalised path reaches another counter.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use quotagate::path::{EscapedSlashes, normalize};
+use quotagate_engine::path::{EscapedSlashes, normalize};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(raw) = std::str::from_utf8(data) else {

@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq;
 
 use super::version::format_rfc3339;
 use super::{CatalogDoc, CatalogVersion, Snapshot};
-use crate::proxy::problem::problem;
+use crate::problem::problem;
 
 /// How often the source is checked for changes, at most.
 pub const RECHECK: Duration = Duration::from_millis(200);

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::path::EscapedSlashes;
 use crate::store::{FailurePolicy, TimeSource};
+use quotagate_engine::path::EscapedSlashes;
 /// A configuration problem, said in one line that names the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

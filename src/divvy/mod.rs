@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::clock::Clock;
 use crate::config::{ConfigError, DivvyConfig, address};
 use crate::store::{Store, Verdict};
 use metrics::{DivvyMetrics, Statsd, StatsdSettings};
 use protocol::{ProtoError, Reply};
+use quotagate_engine::clock::Clock;
 use rules::{MatchPolicy, Rule, RuleSet};
 use server::DivvySettings;
 use std::time::Instant;

@@ -20,13 +20,13 @@ use http_body_util::Full;
 use super::Policy;
 use super::client;
 use super::headers;
-use super::problem::{QUOTA_EXCEEDED, problem};
 use super::upstream::UpstreamError;
 use crate::catalog::{Endpoint, LimitLookup, Snapshot};
 use crate::config::{HeaderSet, Uncovered};
-use crate::limiter::{Limits, Outcome};
-use crate::path;
+use crate::problem::{QUOTA_EXCEEDED, problem};
 use crate::store::{CounterKey, Verdict};
+use quotagate_engine::limiter::{Limits, Outcome};
+use quotagate_engine::path;
 
 /// What happened to a request: the `decision` label of `quotagate_requests` and the access log.
 /// (`as usize` indexes the metrics' per-endpoint handles: fewer than `metrics::DECISIONS`.)
@@ -278,7 +278,7 @@ fn refusal_detail(rate: &Rate) -> String {
         format!(
             "{} allows {} per {} s",
             rate.name,
-            crate::text::plural(rl, "request", "requests"),
+            quotagate_engine::text::plural(rl, "request", "requests"),
             l.w
         )
     };
@@ -450,7 +450,7 @@ fn counted<'s, 'r>(
     policy: &Policy,
     endpoint: &'s Endpoint,
     key: &'r [u8],
-    limits: &'s [crate::limiter::Limit],
+    limits: &'s [quotagate_engine::limiter::Limit],
     anonymous: Option<ipnet::IpNet>,
     path: String,
 ) -> Step<'s, 'r> {
@@ -532,7 +532,7 @@ pub fn upstream_failure(e: UpstreamError) -> (Decision, Rejection<'static>) {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::limiter::{Limit, Quota};
+    use quotagate_engine::limiter::{Limit, Quota};
 
     const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
 

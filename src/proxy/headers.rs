@@ -16,8 +16,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use super::admission::Rate;
 use crate::config::HeaderSet;
 #[cfg(test)]
-use crate::limiter::Quota;
-use crate::limiter::WINDOW_SECONDS;
+use quotagate_engine::limiter::Quota;
+use quotagate_engine::limiter::WINDOW_SECONDS;
 
 /// Hop-by-hop fields that never cross the proxy.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -290,18 +290,18 @@ mod tests {
     }
 
     fn one(name: &'static str, q: &Quota) -> Rate<'static> {
-        let limits = [crate::limiter::Limit::per_minute(q.limit)];
+        let limits = [quotagate_engine::limiter::Limit::per_minute(q.limit)];
         Rate {
             name,
-            limits: crate::limiter::Limits::new(Box::leak(Box::new(limits)), false),
-            outcome: crate::limiter::Outcome::new(q.allowed, false, &[*q]),
+            limits: quotagate_engine::limiter::Limits::new(Box::leak(Box::new(limits)), false),
+            outcome: quotagate_engine::limiter::Outcome::new(q.allowed, false, &[*q]),
             cost: 1,
         }
     }
 
     #[test]
     fn several_policies_are_all_reported_and_the_trio_tells_the_tightest() {
-        use crate::limiter::{Limit, Limits, Outcome};
+        use quotagate_engine::limiter::{Limit, Limits, Outcome};
         let l = |rl, w, shadow| Limit { rl, w, shadow };
         let q = |allowed, limit, remaining, reset, retry_after| Quota {
             allowed,

@@ -9,7 +9,6 @@ pub mod client;
 mod explain;
 pub mod headers;
 pub mod pool;
-pub mod problem;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -25,14 +24,14 @@ use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
-use crate::clock::Clock;
 use crate::config::{
     CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
 };
 use crate::metrics::{ClassLabels, Metrics, status_class};
-use crate::path::EscapedSlashes;
 use crate::store::Store;
 use admission::{Action, Decision, Step, Target};
+use quotagate_engine::clock::Clock;
+use quotagate_engine::path::EscapedSlashes;
 use upstream::Upstream;
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
@@ -339,7 +338,7 @@ impl Proxy {
     ) -> Response<Body> {
         let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
             record.decision = Decision::BadRequest;
-            return own(problem::problem(
+            return own(crate::problem::problem(
                 http::StatusCode::BAD_REQUEST,
                 None,
                 "the request target cannot be forwarded",

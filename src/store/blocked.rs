@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::time::Instant;
 
 use super::keys::CounterKey;
-use crate::limiter::{Limit, Quota};
+use quotagate_engine::limiter::{Limit, Quota};
 
 /// Blocks remembered at most; beyond that, expired ones are swept and new ones not remembered.
 const MAX_BLOCKS: usize = 100_000;

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::memory::MemoryStore;
 use super::{CounterKey, CounterStore, FailurePolicy, FixedDecision, StoreError, Verdict};
-use crate::limiter::{Limit, Outcome, Quota};
+use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
 /// A backend plus the failure policy.
 pub struct Failover<B> {

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use super::keys::CounterKey;
 use super::{CounterStore, StoreError};
-use crate::limiter::{Counter, Limit, Outcome};
+use quotagate_engine::limiter::{Counter, Limit, Outcome};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -352,7 +352,7 @@ mod tests {
             }
             store.hit(
                 &CounterKey::new(&i.to_be_bytes(), "GET /x"),
-                &[crate::limiter::Limit::per_minute(10)],
+                &[quotagate_engine::limiter::Limit::per_minute(10)],
                 1,
                 now * 1000,
             );

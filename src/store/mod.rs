@@ -29,13 +29,13 @@ pub use keys::CounterKey;
 pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 
 use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
-use crate::limiter::{Limit, Outcome};
+use quotagate_engine::limiter::{Limit, Outcome};
 
 /// A place counters live. Calls are bounded by the backend's own timeout.
 pub trait CounterStore: Send + Sync + 'static {
     /// Checks one request of `cost` units against every sliding window of `key` (`limits`: distinct
-    /// window lengths, at most [`crate::limiter::MAX_LIMITS`]) at `now_ms` (Unix milliseconds) and
-    /// counts it where it belongs, atomically ([`crate::limiter::Counter::hit`]).
+    /// window lengths, at most [`quotagate_engine::limiter::MAX_LIMITS`]) at `now_ms` (Unix milliseconds) and
+    /// counts it where it belongs, atomically ([`quotagate_engine::limiter::Counter::hit`]).
     fn hit(
         &self,
         key: &CounterKey,
@@ -58,7 +58,7 @@ pub trait CounterStore: Send + Sync + 'static {
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The state of `key`'s windows against `limits` at `now_ms` for one more request of `cost`,
-    /// counting nothing ([`crate::limiter::Counter::peek`]). For the admin's "why was I limited".
+    /// counting nothing ([`quotagate_engine::limiter::Counter::peek`]). For the admin's "why was I limited".
     fn peek(
         &self,
         key: &CounterKey,
@@ -104,7 +104,7 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The answer for one request (`D`: the sliding windows' [`Outcome`], one [`crate::limiter::Quota`],
+/// The answer for one request (`D`: the sliding windows' [`Outcome`], one [`quotagate_engine::limiter::Quota`],
 /// or a Divvy [`FixedDecision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict<D = Outcome> {

@@ -23,7 +23,9 @@ use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{CounterKey, api_key_pattern, minute_hash, window_hash};
 use super::memory::FixedDecision;
 use super::{CounterStore, StoreError};
-use crate::limiter::{Counter, Limit, MAX_LIMITS, Outcome, Quota, Window, buckets, ceil_seconds};
+use quotagate_engine::limiter::{
+    Counter, Limit, MAX_LIMITS, Outcome, Quota, Window, buckets, ceil_seconds,
+};
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
@@ -575,7 +577,7 @@ impl CounterStore for RedisStore {
                     let b = latest.checked_sub((latest + n - slot) % n)?;
                     Some((b, u32::try_from(number(v)?).ok()?))
                 });
-                let at = crate::limiter::bucket_of(l.w, now_ms).max(latest);
+                let at = quotagate_engine::limiter::bucket_of(l.w, now_ms).max(latest);
                 windows.push(Window::from_counts(l.w, at, counts));
             }
         }

@@ -213,10 +213,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use quotagate::app::App;
 use quotagate::catalog::Snapshot;
-use quotagate::clock::FakeClock;
 use quotagate::config::Config;
 use quotagate::gateway::Gateway;
 use quotagate::settings::Settings;
+use quotagate_engine::clock::FakeClock;
 use tokio_util::sync::CancellationToken;
 
 /// What the upstream received.

@@ -2,10 +2,9 @@
 //! version), swapped in whole. Building checks everything first and reports every problem.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use super::CatalogVersion;
-use super::{CatalogDoc, CatalogError, LimitDef, MAX_CATALOG_BYTES, Problem};
+use super::{CatalogDoc, CatalogError, LimitDef, Problem};
 use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, WINDOW_SECONDS};
 use crate::router::{RouteMatch, RouteTable, Template};
 
@@ -90,27 +89,6 @@ impl Snapshot {
 
     pub fn doc(&self) -> &std::sync::Arc<CatalogDoc> {
         &self.doc
-    }
-
-    /// Reads, parses and validates a catalog file.
-    pub fn load_file(path: &Path) -> Result<Snapshot, CatalogError> {
-        let source = path.display().to_string();
-        let one = |reason: String| CatalogError {
-            source: source.clone(),
-            problems: vec![Problem {
-                at: String::new(),
-                reason,
-            }],
-        };
-        let meta = std::fs::metadata(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
-        if meta.len() > MAX_CATALOG_BYTES {
-            return Err(one(format!(
-                "it is {} bytes; the largest catalog accepted is {MAX_CATALOG_BYTES} bytes",
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
-        Snapshot::from_json(&source, &bytes)
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {
