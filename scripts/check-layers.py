@@ -160,7 +160,9 @@ def main() -> int:
                 if o != m and o in mods:
                     edges[m].setdefault(o, p)
         cycles = find_cycles(edges)
-        name = src.parent.name if src.name == "src" else src.name
+        manifest = src.parent / "Cargo.toml"
+        found = re.search(r'^name\s*=\s*"([^"]+)"', manifest.read_text(), re.M) if manifest.exists() else None
+        name = found.group(1) if found else str(src)
         if cycles:
             failed = True
             print(f"{name}: {len(cycles)} module cycle(s)")

@@ -25,7 +25,7 @@ use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
 use crate::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
-use crate::store::{FailurePolicy, Store};
+use quotagate_store::{FailurePolicy, Store};
 
 /// The admin listener's settings (`[admin]`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,15 +15,16 @@ use crate::config::ConfigError;
 use crate::divvy::Divvy;
 use crate::divvy::metrics::Statsd;
 use crate::divvy::rules::RuleSet;
-use crate::divvy::server::DivvySettings;
+use crate::divvy::server::ConnectionLimits;
 use crate::gateway::{Gateway, StartError, bind};
 use crate::metrics::Metrics;
+use crate::runtime::Runtime;
 use crate::settings::Settings;
 use crate::shutdown::Token;
-use crate::store::{Store, StoreSettings};
 use crate::workers::Workers;
 use crate::{divvy, server};
 use quotagate_engine::clock::Clock;
+use quotagate_store::{Announcer, Store, StoreSettings};
 
 /// A built application, not yet listening.
 pub struct App {
@@ -31,7 +32,8 @@ pub struct App {
     pub gateway: Option<Arc<Gateway>>,
     pub divvy: Option<Arc<Divvy>>,
     pub admin: Option<Arc<Admin>>,
-    divvy_settings: DivvySettings,
+    divvy_limits: ConnectionLimits,
+    workers: Arc<Workers>,
     addrs: Addrs,
 }
 
@@ -78,7 +80,7 @@ impl App {
                 "store.tls_insecure_skip_verify is on: Redis server certificates are not checked"
             );
         }
-        let store = Arc::new(Store::open(&settings.store)?);
+        let store = Arc::new(Store::open(&settings.store, crate::workers::current)?);
         let workers = Arc::new(
             Workers::start(settings.workers, "quotagate-worker").map_err(|source| {
                 StartError::Runtime {
@@ -101,17 +103,23 @@ impl App {
                 Some(Arc::new(divvy))
             }
         };
-        let metrics = Arc::new(metrics);
+        let announcer = match &settings.store {
+            StoreSettings::Redis { redis, .. } => {
+                Some(Arc::new(Announcer::new(&redis.target, redis.timeout)?))
+            }
+            StoreSettings::Memory => None,
+        };
+        let rt = Runtime {
+            store: store.clone(),
+            metrics: Arc::new(metrics),
+            workers,
+            clock,
+            announcer,
+        };
+        let metrics = rt.metrics.clone();
         let gateway = match &settings.gateway {
             None => None,
-            Some(g) => Some(Arc::new(Gateway::build(
-                g,
-                store.clone(),
-                metrics.clone(),
-                workers.clone(),
-                clock,
-                catalog,
-            )?)),
+            Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog)?)),
         };
         let admin = settings.admin.as_ref().map(|a| {
             Arc::new(Admin::new(
@@ -121,20 +129,18 @@ impl App {
                 a.clone(),
             ))
         });
-        let divvy_settings = DivvySettings {
-            workers: Some(workers),
-            ..settings
-                .divvy
-                .as_ref()
-                .map(|d| d.limits.clone())
-                .unwrap_or_default()
-        };
+        let divvy_limits = settings
+            .divvy
+            .as_ref()
+            .map(|d| d.limits.clone())
+            .unwrap_or_default();
         Ok(App {
             store,
             gateway,
             divvy,
             admin,
-            divvy_settings,
+            divvy_limits,
+            workers: rt.workers,
             addrs: Addrs {
                 gateway: settings.gateway.as_ref().map(|g| g.listen),
                 divvy: settings.divvy.as_ref().map(|d| d.listen),
@@ -166,6 +172,7 @@ impl App {
             tokio::spawn(server::serve(
                 l,
                 Default::default(),
+                Default::default(),
                 move |peer, req| handler.clone().handle(peer, req),
                 token.clone().cancelled_owned(),
             ));
@@ -174,7 +181,8 @@ impl App {
             (Some((l, _)), Some(d)) => Some(tokio::spawn(divvy::server::serve(
                 l,
                 d.clone(),
-                self.divvy_settings.clone(),
+                self.divvy_limits.clone(),
+                Some(self.workers.clone()),
                 token.clone().cancelled_owned(),
             ))),
             _ => None,

@@ -53,6 +53,7 @@ pub async fn gateway(
         tokio::spawn(server::serve(
             up,
             Default::default(),
+            Default::default(),
             demo::echo,
             token.clone().cancelled_owned(),
         ));
@@ -95,6 +96,7 @@ pub async fn example_upstream(listen: Option<&str>, token: Token) -> Result<(), 
     server::serve(
         listener,
         Default::default(),
+        Default::default(),
         demo::echo,
         token.cancelled_owned(),
     )
@@ -129,6 +131,7 @@ pub async fn catalog_server(
     tracing::info!(%listen, "catalog server listening");
     server::serve(
         listener,
+        Default::default(),
         Default::default(),
         move |peer, req| server.clone().handle(peer, req),
         token.cancelled_owned(),

@@ -17,11 +17,10 @@ use crate::catalog::{CatalogError, Snapshot};
 use crate::config::{Config, ConfigError, address};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{Upstream, UpstreamSettings};
-use crate::proxy::{Policy, Proxy, Refresh};
-use crate::server::{self, HttpSettings};
-use crate::store::{Store, StoreError};
-use crate::workers::Workers;
-use quotagate_engine::clock::Clock;
+use crate::proxy::{Policy, Proxy, ProxySettings, Refresh};
+use crate::runtime::Runtime;
+use crate::server::{self, Executor, HttpSettings};
+use quotagate_store::{Announcer, Store, StoreError};
 
 /// Why quotagate could not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +49,7 @@ pub struct GatewaySettings {
     /// The proxy listener (`server.listen`).
     pub listen: SocketAddr,
     pub http: HttpSettings,
-    pub policy: Policy,
-    pub refresh: Refresh,
+    pub proxy: ProxySettings,
     pub upstream: UpstreamSettings,
     /// Catalog loaded at start-up (`catalog.file`).
     pub catalog_file: Option<PathBuf>,
@@ -77,8 +75,10 @@ impl TryFrom<&Config> for GatewaySettings {
         Ok(GatewaySettings {
             listen: address("server.listen", &c.server.listen, "127.0.0.1:8080")?,
             http: HttpSettings::try_from(&c.server)?,
-            policy: Policy::try_from(c)?,
-            refresh,
+            proxy: ProxySettings {
+                policy: Policy::try_from(c)?,
+                refresh,
+            },
             upstream: UpstreamSettings::try_from(c)?,
             catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
             poller,
@@ -91,21 +91,19 @@ impl TryFrom<&Config> for GatewaySettings {
 pub struct Gateway {
     proxy: Arc<Proxy>,
     http: HttpSettings,
+    executor: Executor,
     poller: Option<Arc<Poller>>,
     /// Channel of the catalog announcements, when counters are in Redis and a poller runs.
-    announcements: Option<(Arc<crate::store::RedisStore>, String)>,
+    announcements: Option<(Arc<Announcer>, String)>,
 }
 
 impl Gateway {
-    /// Builds the gateway on the shared `store`, `metrics` and `workers`. `catalog`: a catalog
-    /// already loaded (the quick start's); otherwise `catalog_file` is loaded, or the gateway
-    /// waits for its catalog server.
+    /// Builds the gateway on the shared runtime `rt`. `catalog`: a catalog already loaded (the
+    /// quick start's); otherwise `catalog_file` is loaded, or the gateway waits for its catalog
+    /// server.
     pub fn build(
         s: &GatewaySettings,
-        store: Arc<Store>,
-        metrics: Arc<Metrics>,
-        workers: Arc<Workers>,
-        clock: Arc<dyn Clock>,
+        rt: &Runtime,
         catalog: Option<Snapshot>,
     ) -> Result<Gateway, StartError> {
         let catalog = match (catalog, &s.catalog_file) {
@@ -120,41 +118,36 @@ impl Gateway {
             (None, None) => None,
         };
         let live = Live::new(catalog);
-        let redis = store.redis_store();
         let (mut poller, mut announcements) = (None, None);
         if let Some(opts) = &s.poller {
-            let announce = redis.clone().map(|r| {
+            let announce = rt.announcer.clone().map(|announcer| {
                 Arc::new(RedisAnnounce {
-                    store: r,
+                    announcer,
                     channel: s.announce_channel.clone(),
                 }) as Arc<dyn Announce>
             });
-            announcements = redis.map(|r| (r, s.announce_channel.clone()));
+            announcements = rt
+                .announcer
+                .clone()
+                .map(|a| (a, s.announce_channel.clone()));
             let p = Poller::new(
                 opts.clone(),
                 live.clone(),
                 announce,
-                metrics.catalog_polls.clone(),
+                rt.metrics.catalog_polls.clone(),
             )
             .map_err(|e| ConfigError(format!("cannot build the catalog client: {e}")))?;
             poller = Some(Arc::new(p));
         }
-        let mut http = s.http.clone();
-        http.connections = Some(metrics.open_connections.clone());
-        let upstream = Upstream::new(&s.upstream, workers.len());
-        http.workers = Some(workers);
-        let proxy = Proxy::new(
-            live,
-            s.refresh.clone(),
-            store,
-            clock,
-            upstream,
-            s.policy.clone(),
-            metrics,
-        );
+        let upstream = Upstream::new(&s.upstream, rt.workers.len());
+        let executor = Executor {
+            workers: Some(rt.workers.clone()),
+            open_connections: Some(rt.metrics.open_connections.clone()),
+        };
         Ok(Gateway {
-            proxy: Arc::new(proxy),
-            http,
+            proxy: Arc::new(Proxy::new(&s.proxy, live, upstream, rt)),
+            http: s.http.clone(),
+            executor,
             poller,
             announcements,
         })
@@ -201,6 +194,7 @@ impl Gateway {
         server::serve(
             listener,
             self.http.clone(),
+            self.executor.clone(),
             move |peer, req| proxy.clone().handle(peer, req),
             shutdown,
         )

@@ -33,11 +33,17 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// How long in-flight requests may take to finish after shutdown begins. Default: 10 s.
     pub drain_timeout: Duration,
-    /// Counts open connections, when given (a metric).
-    pub connections: Option<prometheus_client::metrics::gauge::Gauge>,
+}
+
+/// Where a listener's connections run and what counts them: runtime objects, handed to
+/// [`serve`] beside the settings. The default serves on the caller's runtime, uncounted.
+#[derive(Debug, Clone, Default)]
+pub struct Executor {
     /// Serve connections on these single-threaded workers (see [`crate::workers`]); `None`: on
     /// the caller's runtime. The gateway uses `server.workers`, one per core by default.
     pub workers: Option<Arc<Workers>>,
+    /// Counts open connections, when given (a metric).
+    pub open_connections: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Default for HttpSettings {
@@ -47,8 +53,6 @@ impl Default for HttpSettings {
             max_header_bytes: 64 * 1024,
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(10),
-            connections: None,
-            workers: None,
         }
     }
 }
@@ -56,8 +60,7 @@ impl Default for HttpSettings {
 impl TryFrom<&ServerConfig> for HttpSettings {
     type Error = ConfigError;
 
-    /// The proxy listener's limits (`[server]`); `connections` and `workers` are left for the
-    /// gateway to attach.
+    /// The proxy listener's limits (`[server]`).
     fn try_from(c: &ServerConfig) -> Result<Self, ConfigError> {
         if c.max_header_bytes < 8192 {
             return Err(ConfigError(
@@ -77,8 +80,6 @@ impl TryFrom<&ServerConfig> for HttpSettings {
             max_header_bytes: c.max_header_bytes,
             max_connections: c.max_connections,
             drain_timeout: positive_ms("server.drain_timeout_ms", c.drain_timeout_ms)?,
-            connections: None,
-            workers: None,
         })
     }
 }
@@ -88,6 +89,7 @@ impl TryFrom<&ServerConfig> for HttpSettings {
 pub async fn serve<H, F, B>(
     listener: TcpListener,
     settings: HttpSettings,
+    executor: Executor,
     handler: H,
     shutdown: impl Future<Output = ()>,
 ) -> bool
@@ -136,7 +138,7 @@ where
         let (http, watcher, gauge) = (
             http.clone(),
             graceful.watcher(),
-            settings.connections.clone(),
+            executor.open_connections.clone(),
         );
         let first_byte = settings.header_read_timeout;
         let connection = move |tcp: TcpStream| async move {
@@ -162,7 +164,7 @@ where
             drop(permit);
         };
         // On a worker, the socket moves to the worker's own reactor; the connection never leaves it.
-        workers::spawn_connection(settings.workers.as_deref(), tcp, connection);
+        workers::spawn_connection(executor.workers.as_deref(), tcp, connection);
     }
     drop(listener);
     tokio::time::timeout(settings.drain_timeout, graceful.shutdown())

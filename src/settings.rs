@@ -1,17 +1,17 @@
 //! settings: the configuration turned into typed, checked values, once, before anything starts.
 //!
 //! Each module owns its settings type and checks its values in its `TryFrom` (the gateway's
-//! [`GatewaySettings`], the store's [`StoreSettings`], the Divvy port's [`DivvyPortSettings`], the
+//! [`GatewaySettings`], the store's [`StoreSettings`], the Divvy port's [`DivvySettings`], the
 //! admin listener's [`AdminSettings`]); this file only gathers them. Nothing after this point
 //! parses a configuration string again.
 
 use std::path::Path;
 
 use crate::admin::AdminSettings;
-use crate::config::{Config, ConfigError, LogConfig};
-use crate::divvy::DivvyPortSettings;
+use crate::config::{Config, ConfigError, LogConfig, StoreConfig, StoreKind, positive_ms};
+use crate::divvy::DivvySettings;
 use crate::gateway::GatewaySettings;
-use crate::store::StoreSettings;
+use quotagate_store::{RedisOptions, RedisTarget, StoreSettings};
 
 /// Workers at most (`server.workers`).
 pub const MAX_WORKERS: usize = 1024;
@@ -27,7 +27,7 @@ pub struct Settings {
     /// The HTTP gateway; `None` for the `quotagate divvy` drop-in.
     pub gateway: Option<GatewaySettings>,
     /// The Divvy port, when a rule file is configured.
-    pub divvy: Option<DivvyPortSettings>,
+    pub divvy: Option<DivvySettings>,
     /// The admin listener, unless turned off.
     pub admin: Option<AdminSettings>,
     pub log: LogConfig,
@@ -58,13 +58,13 @@ impl Settings {
             }
             n => n,
         };
-        let mut store = StoreSettings::try_from(&config.store)?;
+        let mut store = store_settings(&config.store)?;
         if let StoreSettings::Redis { redis, .. } = &mut store {
             redis.connections = workers;
         }
         let divvy = match config.divvy.rules.is_empty() {
             true => None,
-            false => Some(DivvyPortSettings::new(&config.divvy, &env)?),
+            false => Some(DivvySettings::new(&config.divvy, &env)?),
         };
         Ok(Settings {
             workers,
@@ -79,6 +79,45 @@ impl Settings {
             config,
         })
     }
+}
+
+/// The store's settings (`[store]`). The Redis options are checked (and their files read)
+/// whichever kind is chosen, so a mistake shows before the day someone switches to Redis.
+/// `connections` is 1 here; [`Settings::new`] sets one per worker.
+fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
+    quotagate_store::keys::check_prefix(&c.key_prefix)
+        .map_err(|m| ConfigError(format!("store.key_prefix: {m}")))?;
+    let tls = quotagate_store::connect::TlsFiles {
+        ca: &c.tls_ca_file,
+        cert: &c.tls_cert_file,
+        key: &c.tls_key_file,
+        insecure: c.tls_insecure_skip_verify,
+    };
+    let target = RedisTarget::new(
+        &c.redis_url,
+        c.redis_mode,
+        &c.sentinel_master,
+        &c.redis_password_file,
+        &tls,
+    )
+    .map_err(ConfigError)?;
+    let redis = RedisOptions {
+        target,
+        timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
+        pool_size: c.pool_size,
+        prefix: c.key_prefix.clone(),
+        time_source: c.time_source,
+        connections: 1,
+    };
+    let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
+    Ok(match c.kind {
+        StoreKind::Memory => StoreSettings::Memory,
+        StoreKind::Redis => StoreSettings::Redis {
+            redis,
+            policy: c.failure_policy,
+            probe_interval,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -124,14 +163,14 @@ mod tests {
     #[test]
     fn the_refresh_secret_needs_a_catalog_server() {
         let s = with(&["catalog.refresh_secret=s"]).unwrap();
-        assert!(s.gateway.unwrap().refresh.secret.is_none());
+        assert!(s.gateway.unwrap().proxy.refresh.secret.is_none());
         let s = with(&[
             "catalog.refresh_secret=s",
             "catalog.server_url=http://127.0.0.1:9100",
         ])
         .unwrap();
         assert_eq!(
-            s.gateway.unwrap().refresh.secret.as_deref(),
+            s.gateway.unwrap().proxy.refresh.secret.as_deref(),
             Some(&b"s"[..])
         );
     }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use quotagate::config::{Config, StoreKind};
-use quotagate::store::{RedisMode, TimeSource};
 use quotagate_engine::clock::FakeClock;
+use quotagate_store::{RedisMode, TimeSource};
 use support::{
     CATALOG_SECRET, CatalogFixture, Fault, FaultyCatalogServer, RedisServer, TestGateway, Upstream,
     eventually, get, http2_client, send,

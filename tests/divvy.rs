@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use quotagate::divvy::Divvy;
 use quotagate::divvy::rules::RuleSet;
-use quotagate::divvy::server::{DivvySettings, serve};
-use quotagate::store::{FailurePolicy, RedisOptions, RedisStore, Store, TimeSource};
+use quotagate::divvy::server::{ConnectionLimits, serve};
 use quotagate_engine::clock::FakeClock;
+use quotagate_store::{FailurePolicy, RedisOptions, RedisStore, Store, TimeSource};
 use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,8 +52,8 @@ enum Redis {
 }
 
 impl Redis {
-    fn target(&self) -> quotagate::store::RedisTarget {
-        use quotagate::store::{RedisMode, RedisTarget, connect::TlsFiles};
+    fn target(&self) -> quotagate_store::RedisTarget {
+        use quotagate_store::{RedisMode, RedisTarget, connect::TlsFiles};
         match self {
             Redis::Server(r) => RedisTarget::single(&r.url()).unwrap(),
             Redis::Cluster(c) => {
@@ -115,14 +115,14 @@ impl Drop for Port {
 }
 
 impl Port {
-    async fn start(rules: &str, redis: Option<Redis>, settings: DivvySettings) -> Port {
+    async fn start(rules: &str, redis: Option<Redis>, settings: ConnectionLimits) -> Port {
         Port::start_with(rules, redis, settings, FailurePolicy::Closed).await
     }
 
     async fn start_with(
         rules: &str,
         redis: Option<Redis>,
-        settings: DivvySettings,
+        settings: ConnectionLimits,
         policy: FailurePolicy,
     ) -> Port {
         Port::start_full(rules, redis, settings, policy, None).await
@@ -131,18 +131,15 @@ impl Port {
     async fn start_full(
         rules: &str,
         redis: Option<Redis>,
-        settings: DivvySettings,
+        settings: ConnectionLimits,
         policy: FailurePolicy,
         statsd: Option<quotagate::divvy::metrics::Statsd>,
     ) -> Port {
-        let mut settings = settings;
         // On Redis, every case also runs the connections on two workers, each with its own
         // Redis connection, as the binary does (memory cases use the test's runtime).
-        if redis.is_some() && settings.workers.is_none() {
-            settings.workers = Some(Arc::new(
-                quotagate::workers::Workers::start(2, "test-divvy").unwrap(),
-            ));
-        }
+        let workers = redis
+            .is_some()
+            .then(|| Arc::new(quotagate::workers::Workers::start(2, "test-divvy").unwrap()));
         let store = Arc::new(match &redis {
             None => Store::memory(),
             Some(r) => {
@@ -154,7 +151,8 @@ impl Port {
                     time_source: TimeSource::Local,
                     connections: 2,
                 })
-                .unwrap();
+                .unwrap()
+                .with_thread_slot(quotagate::workers::current);
                 Store::redis(s, policy, Duration::from_millis(50))
             }
         });
@@ -172,6 +170,7 @@ impl Port {
             listener,
             divvy.clone(),
             settings,
+            workers,
             token.clone().cancelled_owned(),
         ));
         Port {
@@ -246,7 +245,7 @@ on_every_store!(
 );
 
 async fn the_readme_walkthrough(redis: Option<Redis>) {
-    let p = Port::start(README_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(README_RULES, redis, ConnectionLimits::default()).await;
     let got = p
         .exchange(
             b"HIT method=GET path=/status\n\
@@ -274,7 +273,7 @@ async fn the_readme_walkthrough(redis: Option<Redis>) {
 }
 
 async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<Redis>) {
-    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
     assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 1 10\n");
     p.advance(3);
     assert_eq!(p.exchange(b"HIT k=short\n").await, "OK true 0 7\n");
@@ -297,7 +296,7 @@ async fn windows_start_at_the_first_hit_and_are_not_extended(redis: Option<Redis
 }
 
 async fn pipelined_replies_come_back_in_order(redis: Option<Redis>) {
-    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
     // Denials need no store call and finish first; they must still be answered in order.
     let mut req = String::new();
     for i in 0..200 {
@@ -333,7 +332,7 @@ async fn five_hundred_pipelined_hits_execute_in_order_under_load(redis: Option<R
     let p = Port::start(
         "[k=exact]\ncreditLimit = 100\nresetSeconds = 600\n\n[k=load]\ncreditLimit = 1000000000\nresetSeconds = 600\n\n[default]\ncreditLimit = 0\n",
         redis,
-        DivvySettings::default(),
+        ConnectionLimits::default(),
     )
     .await;
     let addr = p.addr;
@@ -369,7 +368,7 @@ async fn five_hundred_pipelined_hits_execute_in_order_under_load(redis: Option<R
 }
 
 async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Option<Redis>) {
-    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
     let got = p.exchange(b"HIT k=short\nBOGUS\nHIT k=short\n").await;
     assert_eq!(
         got,
@@ -388,7 +387,7 @@ async fn errors_close_the_connection_and_later_lines_are_not_executed(redis: Opt
 }
 
 async fn canaries_consume_quota_but_never_decide(redis: Option<Redis>) {
-    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
     let got = p
         .exchange(b"HIT tier=gold\nHIT tier=gold\nHIT tier=gold\n")
         .await;
@@ -406,7 +405,7 @@ async fn canaries_consume_quota_but_never_decide(redis: Option<Redis>) {
 }
 
 async fn fifty_connections_never_get_more_than_the_limit(redis: Option<Redis>) {
-    let p = Port::start(TEST_RULES, redis, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
     let addr = p.addr;
     let tasks: Vec<_> = (0..50)
         .map(|_| {
@@ -447,10 +446,10 @@ async fn fifty_connections_never_get_more_than_the_limit(redis: Option<Redis>) {
 
 // ---- robustness (memory store: these are about the server, not the store) ----
 
-fn small_lines() -> DivvySettings {
-    DivvySettings {
+fn small_lines() -> ConnectionLimits {
+    ConnectionLimits {
         max_line_bytes: 4096,
-        ..DivvySettings::default()
+        ..ConnectionLimits::default()
     }
 }
 
@@ -473,7 +472,7 @@ async fn an_over_long_line_gets_an_error_without_waiting_for_its_end() {
 
 #[tokio::test]
 async fn binary_junk_and_invalid_utf8_get_an_error_and_others_carry_on() {
-    let p = Port::start(TEST_RULES, None, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, None, ConnectionLimits::default()).await;
     let got = p.exchange(b"\xff\xfe\x00junk\nHIT k=exact\n").await;
     assert_eq!(
         got,
@@ -489,7 +488,7 @@ async fn binary_junk_and_invalid_utf8_get_an_error_and_others_carry_on() {
 
 #[tokio::test]
 async fn a_dripping_client_and_a_half_closed_one_are_answered() {
-    let p = Port::start(TEST_RULES, None, DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, None, ConnectionLimits::default()).await;
     let mut drip = TcpStream::connect(p.addr).await.unwrap();
     for b in b"HIT k=exact\n" {
         drip.write_all(&[*b]).await.unwrap();
@@ -509,9 +508,9 @@ async fn a_dripping_client_and_a_half_closed_one_are_answered() {
 
 #[tokio::test]
 async fn a_client_that_never_reads_does_not_stall_others() {
-    let settings = DivvySettings {
+    let settings = ConnectionLimits {
         max_in_flight: 64,
-        ..DivvySettings::default()
+        ..ConnectionLimits::default()
     };
     let p = Port::start(TEST_RULES, None, settings).await;
     let addr = p.addr;
@@ -548,7 +547,7 @@ async fn a_client_that_never_reads_does_not_stall_others() {
 
 #[tokio::test]
 async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
-    let p = Port::start(TEST_RULES, redis(), DivvySettings::default()).await;
+    let p = Port::start(TEST_RULES, redis(), ConnectionLimits::default()).await;
     assert_eq!(p.exchange(b"HIT k=exact\n").await, "OK true 99 600\n");
     let r = p.redis.as_ref().unwrap().server();
     assert_eq!(r.cli(&["SCRIPT", "FLUSH"]), "OK");
@@ -564,7 +563,7 @@ async fn lost_redis_scripts_heal_and_a_down_redis_follows_the_policy() {
     let local = Port::start_with(
         TEST_RULES,
         redis(),
-        DivvySettings::default(),
+        ConnectionLimits::default(),
         FailurePolicy::Local,
     )
     .await;
@@ -591,7 +590,7 @@ async fn statsd_gets_divvys_metric_names() {
     let p = Port::start_full(
         README_RULES,
         None,
-        DivvySettings::default(),
+        ConnectionLimits::default(),
         FailurePolicy::Local,
         Some(statsd),
     )
@@ -638,7 +637,7 @@ async fn statsd_gets_divvys_metric_names() {
 
 #[tokio::test]
 async fn prometheus_names_are_divvys() {
-    let p = Port::start(README_RULES, None, DivvySettings::default()).await;
+    let p = Port::start(README_RULES, None, ConnectionLimits::default()).await;
     p.exchange(
         b"HIT method=GET path=/pantry/cookies ip=1.1.1.1\nHIT method=GET path=/status\nNOPE\n",
     )

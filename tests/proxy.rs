@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quotagate::config::{Config, HeaderSet, StoreKind, Uncovered};
-use quotagate::store::{FailurePolicy, TimeSource};
 use quotagate_engine::clock::FakeClock;
+use quotagate_store::{FailurePolicy, TimeSource};
 use support::{RedisServer, TestGateway, Upstream, get, http1_client, http2_client, send};
 
 const T0: u64 = 1_700_000_040;

@@ -6,12 +6,12 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate::store::connect::TlsFiles;
-use quotagate::store::{
+use quotagate_engine::limiter::{Counter, Limit, Outcome, Quota, Window};
+use quotagate_store::connect::TlsFiles;
+use quotagate_store::{
     CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
     Verdict,
 };
-use quotagate_engine::limiter::{Counter, Limit, Outcome, Quota, Window};
 use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
 /// Second 0 of a minute.
@@ -112,7 +112,7 @@ impl Subject {
 
 fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
     RedisOptions {
-        target: quotagate::store::RedisTarget::single(&url).unwrap(),
+        target: quotagate_store::RedisTarget::single(&url).unwrap(),
         timeout: Duration::from_millis(250),
         pool_size: 8,
         prefix: "qgtest".into(),
@@ -1112,7 +1112,7 @@ async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() 
 /// one clear error at start-up that never holds the password.
 #[tokio::test]
 async fn bad_tls_credentials_and_seeds_are_clear_errors_without_the_password() {
-    use quotagate::store::CounterStore;
+    use quotagate_store::CounterStore;
     let tls = TlsRedis::start(true, &ACL_ARGS);
     let dir = tls.certs.dir.path();
     let (good, bad) = (

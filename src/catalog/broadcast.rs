@@ -13,30 +13,32 @@ use tokio_util::sync::CancellationToken;
 
 use super::live::Live;
 use super::poller::Announce;
-use crate::store::RedisStore;
+use quotagate_store::Announcer;
 
-/// Publishes applied versions through the Redis store's connection.
+/// Publishes applied versions on `channel`.
 pub struct RedisAnnounce {
-    pub store: Arc<RedisStore>,
+    pub announcer: Arc<Announcer>,
     pub channel: String,
 }
 
 impl Announce for RedisAnnounce {
     fn announce(&self, hash: &str) {
-        let (store, channel, hash) = (self.store.clone(), self.channel.clone(), hash.to_owned());
+        let (announcer, channel, hash) = (
+            self.announcer.clone(),
+            self.channel.clone(),
+            hash.to_owned(),
+        );
         tokio::spawn(async move {
-            if let Err(e) = store.publish(&channel, &hash).await {
+            if let Err(e) = announcer.publish(&channel, &hash).await {
                 tracing::debug!(error = %e, "could not announce the catalog version; other instances will poll");
             }
         });
     }
 }
 
-/// Listens on `channel` until `shutdown`, waking the poller for versions this instance lacks. The
-/// subscription has a connection of its own, to the server, the master (sentinel) or a seed node
-/// (cluster: a plain `PUBLISH` reaches every node).
+/// Listens on `channel` until `shutdown`, waking the poller for versions this instance lacks.
 pub async fn listen(
-    store: Arc<RedisStore>,
+    announcer: Arc<Announcer>,
     channel: String,
     live: Arc<Live>,
     shutdown: CancellationToken,
@@ -44,34 +46,24 @@ pub async fn listen(
     let mut backoff = Duration::from_millis(500);
     let mut lost = false;
     loop {
-        let subscribed = async {
-            let client = store.pubsub_client().await.map_err(|e| e.to_string())?;
-            let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
-            pubsub
-                .subscribe(&channel)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(pubsub)
-        };
         let outcome = tokio::select! {
-            r = subscribed => r,
+            r = announcer.subscribe(&channel) => r,
             () = shutdown.cancelled() => return,
         };
         match outcome {
-            Ok(mut pubsub) => {
+            Ok(messages) => {
                 if lost {
                     tracing::info!(%channel, "catalog announcements: subscribed again");
                     lost = false;
                 }
                 backoff = Duration::from_millis(500);
-                let mut messages = pubsub.on_message();
+                let mut messages = std::pin::pin!(messages);
                 loop {
                     let msg = tokio::select! {
                         m = messages.next() => m,
                         () = shutdown.cancelled() => return,
                     };
-                    let Some(msg) = msg else { break };
-                    let hash: String = msg.get_payload().unwrap_or_default();
+                    let Some(hash) = msg else { break };
                     if hash != live.snapshot().version.hash {
                         tracing::debug!(%hash, "another instance applied a catalog version; fetching");
                         live.wake();

@@ -14,15 +14,14 @@ mod load;
 mod redact;
 
 pub use load::{ENV_PREFIX, MAX_CONFIG_BYTES};
-pub use redact::redact_url;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{FailurePolicy, TimeSource};
 use quotagate_engine::path::EscapedSlashes;
+use quotagate_store::{FailurePolicy, TimeSource};
 /// A configuration problem, said in one line that names the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -314,7 +313,7 @@ pub struct StoreConfig {
     /// sentinels). Default: `redis://127.0.0.1:6379`.
     pub redis_url: String,
     /// `single`, `cluster` (Redis Cluster) or `sentinel`. Default: `single`.
-    pub redis_mode: crate::store::RedisMode,
+    pub redis_mode: quotagate_store::RedisMode,
     /// The master's name in sentinel mode. Default: empty.
     pub sentinel_master: String,
     /// A file holding the Redis password (replaces the URL's; kept out of configs and process
@@ -350,7 +349,7 @@ impl Default for StoreConfig {
         StoreConfig {
             kind: StoreKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
-            redis_mode: crate::store::RedisMode::Single,
+            redis_mode: quotagate_store::RedisMode::Single,
             sentinel_master: String::new(),
             redis_password_file: String::new(),
             tls_ca_file: String::new(),
@@ -361,7 +360,7 @@ impl Default for StoreConfig {
             failure_policy: FailurePolicy::Local,
             probe_interval_ms: 1_000,
             pool_size: 16,
-            key_prefix: crate::store::keys::DEFAULT_PREFIX.into(),
+            key_prefix: quotagate_store::keys::DEFAULT_PREFIX.into(),
             time_source: TimeSource::Redis,
         }
     }

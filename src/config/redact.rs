@@ -1,5 +1,7 @@
 //! redact: the configuration as it may be logged, secrets replaced.
 
+use quotagate_store::connect::redact_url;
+
 use super::Config;
 
 impl Config {
@@ -18,15 +20,4 @@ impl Config {
         c.store.redis_url = redact_url(&c.store.redis_url);
         serde_json::to_string(&c).unwrap_or_default()
     }
-}
-
-/// A URL as it may be logged: `redis://user:password@host` becomes `redis://user:***@host`.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some((auth, host)) = rest.rsplit_once('@')
-    {
-        let user = auth.split_once(':').map_or("", |(u, _)| u);
-        return format!("{scheme}://{user}:***@{host}");
-    }
-    url.to_owned()
 }

@@ -25,46 +25,41 @@ use super::protocol::{self, ProtoError, Reply, Request};
 use crate::config::{ConfigError, DivvyConfig};
 use crate::workers::{self, Workers};
 
-/// Limits of the Divvy port.
+/// Limits of the Divvy port's connections.
 #[derive(Debug, Clone)]
-pub struct DivvySettings {
+pub struct ConnectionLimits {
     /// Longest request line in bytes. Default: 1 MiB.
     pub max_line_bytes: usize,
     /// Open connections at most; more wait in the kernel's accept queue. Default: 10000.
     pub max_connections: usize,
     /// Requests per connection whose replies are not yet written, at most. Default: 1024.
     pub max_in_flight: usize,
-    /// Serve connections on these single-threaded workers (see [`crate::workers`]); `None`: on
-    /// the caller's runtime.
-    pub workers: Option<Arc<Workers>>,
 }
 
-impl Default for DivvySettings {
+impl Default for ConnectionLimits {
     fn default() -> Self {
-        DivvySettings {
+        ConnectionLimits {
             max_line_bytes: 1024 * 1024,
             max_connections: 10_000,
             max_in_flight: 1024,
-            workers: None,
         }
     }
 }
 
-impl TryFrom<&DivvyConfig> for DivvySettings {
+impl TryFrom<&DivvyConfig> for ConnectionLimits {
     type Error = ConfigError;
 
-    /// The port's limits (`[divvy]`); `workers` is left for the application to attach.
+    /// The port's limits (`[divvy]`).
     fn try_from(c: &DivvyConfig) -> Result<Self, ConfigError> {
         if c.max_line_bytes < 1024 || c.max_connections == 0 || c.max_in_flight == 0 {
             return Err(ConfigError(
                 "divvy.max_line_bytes must be at least 1024, and divvy.max_connections and divvy.max_in_flight at least 1".into(),
             ));
         }
-        Ok(DivvySettings {
+        Ok(ConnectionLimits {
             max_line_bytes: c.max_line_bytes,
             max_connections: c.max_connections,
             max_in_flight: c.max_in_flight,
-            workers: None,
         })
     }
 }
@@ -74,7 +69,8 @@ impl TryFrom<&DivvyConfig> for DivvySettings {
 pub async fn serve(
     listener: TcpListener,
     divvy: Arc<Divvy>,
-    settings: DivvySettings,
+    settings: ConnectionLimits,
+    workers: Option<Arc<Workers>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(settings.max_connections.max(1)));
@@ -101,7 +97,6 @@ pub async fn serve(
         let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
         // On a worker, the socket moves to the worker's own reactor, and its hits use that worker's
         // Redis connection: no request of the connection crosses threads.
-        let workers = settings.workers.clone();
         workers::spawn_connection(workers.as_deref(), stream, move |stream| async move {
             connection(stream, divvy, &settings, stop).await;
             drop(permit);
@@ -125,7 +120,7 @@ fn ready(reply: Reply) -> Pending {
 async fn connection(
     stream: TcpStream,
     divvy: Arc<Divvy>,
-    settings: &DivvySettings,
+    settings: &ConnectionLimits,
     stop: CancellationToken,
 ) {
     divvy.metrics.connection(true);
@@ -136,7 +131,7 @@ async fn connection(
 async fn serve_connection(
     stream: TcpStream,
     divvy: &Arc<Divvy>,
-    settings: &DivvySettings,
+    settings: &ConnectionLimits,
     stop: CancellationToken,
 ) {
     let (mut rd, wr) = stream.into_split();

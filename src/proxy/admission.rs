@@ -17,16 +17,16 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 use http_body_util::Full;
 
-use super::Policy;
 use super::client;
 use super::headers;
+use super::settings::Policy;
 use super::upstream::UpstreamError;
 use crate::catalog::{Endpoint, LimitLookup, Snapshot};
 use crate::config::{HeaderSet, Uncovered};
 use crate::problem::{QUOTA_EXCEEDED, problem};
-use crate::store::{CounterKey, Verdict};
-use quotagate_engine::limiter::{Limits, Outcome};
+use quotagate_engine::limiter::{Limits, Rate};
 use quotagate_engine::path;
+use quotagate_store::{CounterKey, Verdict};
 
 /// What happened to a request: the `decision` label of `quotagate_requests` and the access log.
 /// (`as usize` indexes the metrics' per-endpoint handles: fewer than `metrics::DECISIONS`.)
@@ -75,18 +75,6 @@ impl Decision {
             Decision::UpstreamError => "upstream_error",
         }
     }
-}
-
-/// What the rate-limit fields of an answer say: the endpoint, the request's limits and the
-/// store's outcome for them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rate<'s> {
-    /// The endpoint's name: the name of its per-minute policy, and the stem of the others'.
-    pub name: &'s str,
-    pub limits: Limits<'s>,
-    pub outcome: Outcome,
-    /// Units the request used.
-    pub cost: u64,
 }
 
 /// Where an admitted request goes upstream, and the rate-limit fields its answer gets.
@@ -532,7 +520,7 @@ pub fn upstream_failure(e: UpstreamError) -> (Decision, Rejection<'static>) {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use quotagate_engine::limiter::{Limit, Quota};
+    use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
     const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
 

@@ -13,11 +13,10 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::admission::Rate;
 use crate::config::HeaderSet;
 #[cfg(test)]
 use quotagate_engine::limiter::Quota;
-use quotagate_engine::limiter::WINDOW_SECONDS;
+use quotagate_engine::limiter::{Rate, WINDOW_SECONDS};
 
 /// Hop-by-hop fields that never cross the proxy.
 const HOP_BY_HOP: [HeaderName; 8] = [

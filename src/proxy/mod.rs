@@ -9,6 +9,7 @@ pub mod client;
 mod explain;
 pub mod headers;
 pub mod pool;
+pub mod settings;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -24,103 +25,17 @@ use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
-use crate::config::{
-    CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
-};
 use crate::metrics::{ClassLabels, Metrics, status_class};
-use crate::store::Store;
+use crate::runtime::Runtime;
 use admission::{Action, Decision, Step, Target};
 use quotagate_engine::clock::Clock;
-use quotagate_engine::path::EscapedSlashes;
+use quotagate_store::Store;
 use upstream::Upstream;
+
+pub use settings::{Policy, ProxySettings, Refresh};
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
 pub type Body = Either<pool::PooledBody<upstream::UpstreamBody>, Full<Bytes>>;
-
-/// Request-path settings taken from the configuration.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    pub enabled: bool,
-    pub api_key_header: HeaderName,
-    /// The header name as configured, for messages (`HeaderName` is always lower case).
-    pub api_key_label: String,
-    pub unknown_endpoint: Uncovered,
-    pub no_limit: Uncovered,
-    pub headers: HeaderSet,
-    pub escaped_slashes: EscapedSlashes,
-    pub max_body_bytes: u64,
-    /// One log line per request (`log.access`).
-    pub access_log: bool,
-    /// Every limit is a shadow limit (`limits.shadow`).
-    pub shadow: bool,
-    /// A request header that overrides an endpoint's cost (`limits.cost_header`).
-    pub cost_header: Option<HeaderName>,
-    /// Requests without an API key get the catalog's anonymous limits per client address.
-    pub anonymous: bool,
-    /// Peers whose `X-Forwarded-For` is believed (`limits.trusted_proxies`).
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// IPv6 clients are counted per network of this prefix length (`limits.ipv6_prefix`).
-    pub ipv6_prefix: u8,
-}
-
-impl TryFrom<&Config> for Policy {
-    type Error = ConfigError;
-
-    /// `[limits]`, with `server.max_body_bytes` and `log.access`.
-    fn try_from(c: &Config) -> Result<Self, ConfigError> {
-        let limits = &c.limits;
-        Ok(Policy {
-            enabled: limits.enabled,
-            api_key_header: header_name("limits.api_key_header", &limits.api_key_header)?,
-            api_key_label: limits.api_key_header.clone(),
-            unknown_endpoint: limits.unknown_endpoint,
-            no_limit: limits.no_limit,
-            headers: limits.headers,
-            escaped_slashes: limits.escaped_slashes,
-            max_body_bytes: c.server.max_body_bytes,
-            access_log: c.log.access,
-            shadow: limits.shadow,
-            cost_header: match limits.cost_header.as_str() {
-                "" => None,
-                h => Some(header_name("limits.cost_header", h)?),
-            },
-            anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
-            trusted_proxies: client::parse_trusted(&limits.trusted_proxies)
-                .map_err(|e| ConfigError(format!("limits.trusted_proxies: {e}")))?,
-            ipv6_prefix: match limits.ipv6_prefix {
-                p @ 1..=128 => p,
-                p => {
-                    return Err(ConfigError(format!(
-                        "limits.ipv6_prefix: {p} is not a prefix length from 1 to 128"
-                    )));
-                }
-            },
-        })
-    }
-}
-
-/// The forced-refresh header.
-#[derive(Debug, Clone)]
-pub struct Refresh {
-    pub header: HeaderName,
-    /// `None`: the feature is off (the header is still removed).
-    pub secret: Option<Vec<u8>>,
-    /// How long the request waits for its fetch.
-    pub wait: std::time::Duration,
-}
-
-impl TryFrom<&CatalogConfig> for Refresh {
-    type Error = ConfigError;
-
-    /// The header's settings; the secret is dropped by whoever knows there is no catalog server.
-    fn try_from(c: &CatalogConfig) -> Result<Self, ConfigError> {
-        Ok(Refresh {
-            header: header_name("catalog.refresh_header", &c.refresh_header)?,
-            secret: (!c.refresh_secret.is_empty()).then(|| c.refresh_secret.clone().into_bytes()),
-            wait: positive_ms("catalog.refresh_wait_ms", c.refresh_wait_ms)?,
-        })
-    }
-}
 
 /// What happened to one request, for metrics and the access log.
 #[derive(Debug)]
@@ -162,23 +77,16 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(
-        catalog: Arc<Live>,
-        refresh: Refresh,
-        store: Arc<Store>,
-        clock: Arc<dyn Clock>,
-        upstream: Upstream,
-        policy: Policy,
-        metrics: Arc<Metrics>,
-    ) -> Proxy {
+    /// The request path over `catalog`, forwarding to `upstream`, counting in `rt`'s store.
+    pub fn new(s: &ProxySettings, catalog: Arc<Live>, upstream: Upstream, rt: &Runtime) -> Proxy {
         Proxy {
             catalog,
-            refresh,
-            store,
-            clock,
+            refresh: s.refresh.clone(),
+            store: rt.store.clone(),
+            clock: rt.clock.clone(),
             upstream,
-            policy,
-            metrics,
+            policy: s.policy.clone(),
+            metrics: rt.metrics.clone(),
             upstream_failing: AtomicBool::new(false),
         }
     }

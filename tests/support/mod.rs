@@ -249,9 +249,8 @@ impl Upstream {
 
     /// An upstream with these connection settings (`header_read_timeout` also closes idle
     /// keep-alive connections).
-    pub async fn start_with(mut settings: quotagate::server::HttpSettings) -> Upstream {
+    pub async fn start_with(settings: quotagate::server::HttpSettings) -> Upstream {
         let open = prometheus_client::metrics::gauge::Gauge::default();
-        settings.connections = Some(open.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -264,6 +263,10 @@ impl Upstream {
         tokio::spawn(quotagate::server::serve(
             listener,
             settings,
+            quotagate::server::Executor {
+                open_connections: Some(open.clone()),
+                ..Default::default()
+            },
             handler,
             token.clone().cancelled_owned(),
         ));
@@ -531,6 +534,7 @@ impl CatalogFixture {
         tokio::spawn(quotagate::server::serve(
             listener,
             Default::default(),
+            Default::default(),
             move |peer, req| s.clone().handle(peer, req),
             token.clone().cancelled_owned(),
         ));
@@ -617,6 +621,7 @@ impl FaultyCatalogServer {
         };
         tokio::spawn(quotagate::server::serve(
             listener,
+            Default::default(),
             Default::default(),
             handler,
             token.clone().cancelled_owned(),

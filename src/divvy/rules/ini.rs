@@ -5,7 +5,7 @@
 //! is itself the rule's `key=value` operation, `null` as no value), so a file means here what it
 //! meant to Divvy; a general INI crate differs in exactly those corners.
 
-use super::RawRule;
+use super::raw::RawRule;
 
 fn unquote(v: &str) -> &str {
     let b = v.as_bytes();

@@ -1,6 +1,6 @@
 //! json: the JSON form of Divvy rule files (`overrides` then `default`).
 
-use super::RawRule;
+use super::raw::RawRule;
 
 pub(super) fn parse_json(text: &str) -> Result<Vec<RawRule>, String> {
     let doc: serde_json::Value =

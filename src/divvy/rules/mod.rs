@@ -15,10 +15,12 @@ use std::path::Path;
 mod glob;
 mod ini;
 mod json;
+mod raw;
 
 use glob::Pattern;
 use ini::parse_ini;
 use json::parse_json;
+use raw::RawRule;
 
 /// Largest rule file accepted. Default: 16 MiB.
 pub const MAX_RULE_FILE_BYTES: u64 = 16 * 1024 * 1024;
@@ -95,20 +97,6 @@ pub struct RuleSet {
 pub struct RuleError {
     pub file: String,
     pub reason: String,
-}
-
-/// A rule as read from a file, before validation.
-#[derive(Debug, Default)]
-struct RawRule {
-    operation: Vec<(String, String)>,
-    credit_limit: Option<String>,
-    reset_seconds: Option<String>,
-    actor_field: Option<String>,
-    match_policy: Option<String>,
-    label: Option<String>,
-    comment: Option<String>,
-    /// How the file named it, for messages.
-    name: String,
 }
 
 fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {

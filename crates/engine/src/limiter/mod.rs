@@ -175,6 +175,18 @@ impl Outcome {
     }
 }
 
+/// What the rate-limit fields of an answer say (HTTP headers, a Divvy reply, an Envoy status):
+/// the endpoint, the request's limits and the store's outcome for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rate<'s> {
+    /// The endpoint's name: the name of its per-minute policy, and the stem of the others'.
+    pub name: &'s str,
+    pub limits: Limits<'s>,
+    pub outcome: Outcome,
+    /// Units the request used.
+    pub cost: u64,
+}
+
 /// The windows of one (API key, endpoint) counter, one per window length.
 #[derive(Debug, Clone, Default)]
 pub struct Counter {

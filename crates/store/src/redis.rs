@@ -106,7 +106,7 @@ pub struct RedisOptions {
     pub prefix: String,
     pub time_source: TimeSource,
     /// Multiplexed connections kept for the hot path: one per proxy worker
-    /// ([`crate::workers`]), so a worker's calls never wait on another thread. Default: 1.
+    /// (see [`RedisStore::with_thread_slot`]), so a worker's calls never wait on another thread. Default: 1.
     pub connections: usize,
 }
 
@@ -133,7 +133,7 @@ fn is_broken(e: &redis::RedisError) -> bool {
 
 /// The Redis store.
 pub struct RedisStore {
-    /// As configured: for messages and the announcement subscriber's own connection.
+    /// As configured.
     target: RedisTarget,
     connector: Connector,
     /// One slot per worker: the connection's task runs on the worker that opened it.
@@ -146,6 +146,8 @@ pub struct RedisStore {
     offset: AtomicI64,
     /// Counters known to be over their limit: answered without a round trip.
     blocked: BlockCache,
+    /// Which hot-path connection the calling thread uses (see [`RedisStore::with_thread_slot`]).
+    thread_slot: fn() -> usize,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -171,11 +173,20 @@ impl RedisStore {
             time_source: opts.time_source,
             offset: AtomicI64::new(0),
             blocked: BlockCache::default(),
+            thread_slot: || 0,
         })
     }
 
+    /// Has each thread use hot-path connection `thread_slot() % connections`: the application
+    /// passes its worker index, so a worker's calls stay on the connection whose task runs on
+    /// that worker's own runtime. Default: every thread uses the first.
+    pub fn with_thread_slot(mut self, thread_slot: fn() -> usize) -> RedisStore {
+        self.thread_slot = thread_slot;
+        self
+    }
+
     fn slot(&self) -> &Slot {
-        &self.slots[crate::workers::current() % self.slots.len()]
+        &self.slots[(self.thread_slot)() % self.slots.len()]
     }
 
     async fn connection(&self) -> Result<Arc<Conn>, StoreError> {
@@ -243,14 +254,6 @@ impl RedisStore {
     /// Where Redis is, as configured.
     pub fn target(&self) -> &RedisTarget {
         &self.target
-    }
-
-    /// A client of one data node, for the announcement subscriber's own connection.
-    pub async fn pubsub_client(&self) -> Result<redis::Client, StoreError> {
-        self.connector
-            .pubsub_client(&self.target)
-            .await
-            .map_err(|e| StoreError::connect(self.target.shown(), &e))
     }
 
     /// Forgets the current connection, so the next call opens a fresh one.
@@ -409,13 +412,6 @@ impl RedisStore {
             }
         };
         self.bounded(fut).await
-    }
-
-    /// Publishes `message` on `channel`, bounded by the timeout.
-    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(channel).arg(message);
-        self.command::<i64>(cmd).await.map(drop)
     }
 
     /// One PING, bounded by the timeout: is Redis answering?

@@ -103,7 +103,7 @@ impl RedisTarget {
     ) -> Result<RedisTarget, String> {
         let shown = urls
             .split(',')
-            .map(|u| crate::config::redact_url(u.trim()))
+            .map(|u| redact_url(u.trim()))
             .collect::<Vec<_>>()
             .join(",");
         let list: Vec<&str> = urls
@@ -126,10 +126,7 @@ impl RedisTarget {
         let mut nodes = Vec::with_capacity(list.len());
         for u in &list {
             let info = u.into_connection_info().map_err(|e| {
-                format!(
-                    "store.redis_url: {} is not a Redis URL: {e}",
-                    crate::config::redact_url(u)
-                )
+                format!("store.redis_url: {} is not a Redis URL: {e}", redact_url(u))
             })?;
             nodes.push(info);
         }
@@ -475,6 +472,17 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => c.get_db(),
         }
     }
+}
+
+/// A URL as it may be logged: `redis://user:password@host` becomes `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some((auth, host)) = rest.rsplit_once('@')
+    {
+        let user = auth.split_once(':').map_or("", |(u, _)| u);
+        return format!("{scheme}://{user}:***@{host}");
+    }
+    url.to_owned()
 }
 
 #[cfg(test)]

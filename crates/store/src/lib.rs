@@ -1,14 +1,23 @@
-//! store: where counters live, and what happens when that place fails.
+//! quotagate-store: where counters live, and what happens when that place fails.
 //!
+//! Owns:
 //! - [`CounterStore`]: the question every backend answers ("may this request pass, and count
 //!   it"), for the gateway's sliding windows and the Divvy port's fixed windows.
 //! - [`MemoryStore`] (embedded, one instance) and [`RedisStore`] (shared by every instance on one
 //!   Redis) implement it; the store behaviour suite (`tests/store.rs`) runs the same cases against
-//!   both.
+//!   both, on every Redis topology.
 //! - [`Failover`] wraps any backend with the failure policy; [`Store`] is the failover around the
-//!   configured backend, what the rest of quotagate holds.
-//! - [`keys`]: every Redis key name; `window.lua` and `fixed.lua`: the scripts.
+//!   configured backend, what the doors hold.
+//! - [`keys`]: every Redis key name; `window.lua` and `divvy.lua`: the scripts.
+//! - [`Announcer`]: messages between instances over Redis pub/sub (catalog versions), on
+//!   connections of its own.
+//!
+//! Depends on `quotagate-engine` (the window arithmetic the memory backend runs and the Redis
+//! script mirrors) and must not depend on the application: no configuration file types, no HTTP,
+//! no metrics registry. Its settings ([`StoreSettings`], [`RedisOptions`]) are plain values the
+//! application builds.
 
+mod announce;
 mod blocked;
 pub mod connect;
 mod error;
@@ -22,13 +31,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use self::redis::{RedisOptions, RedisStore, TimeSource};
+pub use announce::Announcer;
 pub use connect::{RedisMode, RedisTarget};
 pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
 pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 
-use crate::config::{ConfigError, StoreConfig, StoreKind, positive_ms};
 use quotagate_engine::limiter::{Limit, Outcome};
 
 /// A place counters live. Calls are bounded by the backend's own timeout.
@@ -132,52 +141,9 @@ pub enum StoreSettings {
     },
 }
 
-impl TryFrom<&StoreConfig> for StoreSettings {
-    type Error = ConfigError;
-
-    /// The Redis options are checked (and their files read) whichever kind is chosen, so a mistake
-    /// shows before the day someone switches to Redis. `connections` is 1 here; the application sets one per worker.
-    fn try_from(c: &StoreConfig) -> Result<Self, ConfigError> {
-        keys::check_prefix(&c.key_prefix)
-            .map_err(|m| ConfigError(format!("store.key_prefix: {m}")))?;
-        let tls = connect::TlsFiles {
-            ca: &c.tls_ca_file,
-            cert: &c.tls_cert_file,
-            key: &c.tls_key_file,
-            insecure: c.tls_insecure_skip_verify,
-        };
-        let target = RedisTarget::new(
-            &c.redis_url,
-            c.redis_mode,
-            &c.sentinel_master,
-            &c.redis_password_file,
-            &tls,
-        )
-        .map_err(ConfigError)?;
-        let redis = RedisOptions {
-            target,
-            timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
-            pool_size: c.pool_size,
-            prefix: c.key_prefix.clone(),
-            time_source: c.time_source,
-            connections: 1,
-        };
-        let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
-        Ok(match c.kind {
-            StoreKind::Memory => StoreSettings::Memory,
-            StoreKind::Redis => StoreSettings::Redis {
-                redis,
-                policy: c.failure_policy,
-                probe_interval,
-            },
-        })
-    }
-}
-
 /// The configured backend.
 pub enum Backend {
     Memory(MemoryStore),
-    /// In an `Arc`: the catalog announcements publish and subscribe through it too.
     Redis(Arc<RedisStore>),
 }
 
@@ -255,14 +221,19 @@ pub type Store = Failover<Backend>;
 
 impl Store {
     /// The configured store. A Redis store connects lazily: this fails only on a malformed URL.
-    pub fn open(s: &StoreSettings) -> Result<Store, StoreError> {
+    /// `thread_slot`: see [`RedisStore::with_thread_slot`].
+    pub fn open(s: &StoreSettings, thread_slot: fn() -> usize) -> Result<Store, StoreError> {
         Ok(match s {
             StoreSettings::Memory => Store::memory(),
             StoreSettings::Redis {
                 redis,
                 policy,
                 probe_interval,
-            } => Store::redis(RedisStore::connect(redis)?, *policy, *probe_interval),
+            } => Store::redis(
+                RedisStore::connect(redis)?.with_thread_slot(thread_slot),
+                *policy,
+                *probe_interval,
+            ),
         })
     }
 
@@ -291,14 +262,6 @@ impl Store {
         match &**self.backend() {
             Backend::Memory(_) => true,
             Backend::Redis(r) => r.target().mode != RedisMode::Cluster,
-        }
-    }
-
-    /// The Redis store, when that is the backend (for catalog announcements).
-    pub fn redis_store(&self) -> Option<Arc<RedisStore>> {
-        match &**self.backend() {
-            Backend::Redis(r) => Some(r.clone()),
-            Backend::Memory(_) => None,
         }
     }
 }

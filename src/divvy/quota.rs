@@ -1,0 +1,106 @@
+//! quota: the quota service behind the Divvy port: a `HIT`'s matching rules, each counted in its
+//! fixed window in the shared store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quotagate_engine::clock::Clock;
+use quotagate_store::{Store, Verdict};
+
+use super::metrics::{DivvyMetrics, Statsd};
+use super::protocol::{ProtoError, Reply};
+use super::rules::{MatchPolicy, Rule, RuleSet};
+
+/// The quota service behind the port.
+pub struct Divvy {
+    pub rules: RuleSet,
+    pub store: Arc<Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: DivvyMetrics,
+}
+
+impl Divvy {
+    /// The service; with `statsd`, metrics also go there.
+    pub fn new(
+        rules: RuleSet,
+        store: Arc<Store>,
+        clock: Arc<dyn Clock>,
+        statsd: Option<Statsd>,
+    ) -> Divvy {
+        let labels = rules
+            .rules()
+            .iter()
+            .map(|r| r.label.clone().unwrap_or_default())
+            .collect();
+        Divvy {
+            rules,
+            store,
+            clock,
+            metrics: DivvyMetrics::new(labels, statsd),
+        }
+    }
+
+    /// Answers one `HIT`: every matching canary consumes its own quota, then the deciding rule
+    /// answers.
+    pub async fn hit(&self, operation: &HashMap<String, String>) -> Reply {
+        let started = Instant::now();
+        let now = self.clock.now();
+        let mut reply = Reply::Err(ProtoError::Unknown("no rule matched".into()));
+        for rule in self.rules.matching(operation) {
+            reply = self.evaluate(rule, operation, now).await;
+            if let Reply::Ok { allowed, .. } = reply {
+                self.metrics.hit(
+                    rule.index,
+                    rule.match_policy == MatchPolicy::Canary,
+                    allowed,
+                );
+            }
+        }
+        if matches!(reply, Reply::Ok { .. }) {
+            self.metrics.duration(started.elapsed());
+        }
+        reply
+    }
+
+    async fn evaluate(&self, rule: &Rule, operation: &HashMap<String, String>, now: u64) -> Reply {
+        if rule.credit_limit == 0 {
+            return Reply::Ok {
+                allowed: false,
+                credit: 0,
+                reset: -1,
+            };
+        }
+        if rule.reset_seconds == 0 {
+            return Reply::Ok {
+                allowed: true,
+                credit: rule.credit_limit,
+                reset: 0,
+            };
+        }
+        let key = format!(
+            "divvy:{}:{}:{}:{}",
+            rule.bucket(),
+            rule.actor(operation),
+            rule.credit_limit,
+            rule.reset_seconds
+        );
+        match self
+            .store
+            .check_fixed(&key, rule.credit_limit, rule.reset_seconds, now)
+            .await
+        {
+            Verdict::Decided(d) | Verdict::Local(d) => Reply::Ok {
+                allowed: d.allowed,
+                credit: d.credit,
+                reset: d.reset,
+            },
+            Verdict::Open => Reply::Ok {
+                allowed: true,
+                credit: rule.credit_limit,
+                reset: -1,
+            },
+            Verdict::Closed => Reply::Err(ProtoError::Unknown("quota store unavailable".into())),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! raw: a rule as the INI and JSON readers give it, before validation.
+
+/// A rule as read from a file, before validation.
+#[derive(Debug, Default)]
+pub(super) struct RawRule {
+    pub(super) operation: Vec<(String, String)>,
+    pub(super) credit_limit: Option<String>,
+    pub(super) reset_seconds: Option<String>,
+    pub(super) actor_field: Option<String>,
+    pub(super) match_policy: Option<String>,
+    pub(super) label: Option<String>,
+    pub(super) comment: Option<String>,
+    /// How the file named it, for messages.
+    pub(super) name: String,
+}
