@@ -93,7 +93,8 @@ impl App {
         let divvy = match &settings.divvy {
             None => None,
             Some(d) => {
-                let rules = RuleSet::load(&d.rules).map_err(|e| ConfigError(e.to_string()))?;
+                let rules = RuleSet::load(&d.rules)
+                    .map_err(|e| ConfigError::option("divvy.rules", e.to_string()))?;
                 let statsd = d
                     .statsd
                     .clone()

@@ -47,7 +47,9 @@ pub async fn gateway(
             .await
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or_else(|| ConfigError(format!("cannot resolve {authority}")))?;
+            .ok_or_else(|| {
+                ConfigError::option("upstream.url", format!("cannot resolve {authority}"))
+            })?;
         let (up, up_addr) = bind(addr).await?;
         tracing::info!(listen = %up_addr, "example upstream listening");
         tokio::spawn(server::serve(
@@ -111,8 +113,9 @@ pub async fn catalog_server(
     listen: Option<&str>,
     token: Token,
 ) -> Result<(), StartError> {
-    let source = source
-        .ok_or_else(|| ConfigError("catalog-server needs --catalog FILE or DIRECTORY".into()))?;
+    let source = source.ok_or_else(|| {
+        ConfigError::option("--catalog", "catalog-server needs a FILE or DIRECTORY")
+    })?;
     let addr = address(
         "--listen",
         listen.unwrap_or("127.0.0.1:9100"),
@@ -164,7 +167,7 @@ pub async fn divvy_load(opts: LoadOptions) -> Result<(), StartError> {
     let addr = opts.addr;
     let r = crate::divvy::load::run(opts)
         .await
-        .map_err(|e| ConfigError(format!("load against {addr} failed: {e}")))?;
+        .map_err(|e| ConfigError::general(format!("load against {addr} failed: {e}")))?;
     println!(
         "hits={} seconds={:.2} hits_per_s={:.0} p50_ms={:.3} p99_ms={:.3} p999_ms={:.3} allowed={} denied={} errors={}",
         r.hits,

@@ -110,8 +110,8 @@ impl Gateway {
             (Some(c), _) => Some(c),
             (None, Some(file)) => Some(crate::catalog::load_file(file)?),
             (None, None) if s.poller.is_none() => {
-                return Err(ConfigError(
-                    "no catalog: set catalog.file, catalog.server_url or both".into(),
+                return Err(ConfigError::general(
+                    "no catalog: set catalog.file, catalog.server_url or both",
                 )
                 .into());
             }
@@ -136,7 +136,12 @@ impl Gateway {
                 announce,
                 rt.metrics.catalog_polls.clone(),
             )
-            .map_err(|e| ConfigError(format!("cannot build the catalog client: {e}")))?;
+            .map_err(|e| {
+                ConfigError::option(
+                    "catalog.server_url",
+                    format!("cannot build the catalog client: {e}"),
+                )
+            })?;
             poller = Some(Arc::new(p));
         }
         let upstream = Upstream::new(&s.upstream, rt.workers.len());

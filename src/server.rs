@@ -63,13 +63,15 @@ impl TryFrom<&ServerConfig> for HttpSettings {
     /// The proxy listener's limits (`[server]`).
     fn try_from(c: &ServerConfig) -> Result<Self, ConfigError> {
         if c.max_header_bytes < 8192 {
-            return Err(ConfigError(
-                "server.max_header_bytes must be at least 8192".into(),
+            return Err(ConfigError::option(
+                "server.max_header_bytes",
+                "must be at least 8192",
             ));
         }
         if c.max_connections == 0 {
-            return Err(ConfigError(
-                "server.max_connections must be at least 1".into(),
+            return Err(ConfigError::option(
+                "server.max_connections",
+                "must be at least 1",
             ));
         }
         Ok(HttpSettings {

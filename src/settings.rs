@@ -52,9 +52,10 @@ impl Settings {
         let workers = match config.server.workers {
             0 => crate::workers::default_count(),
             n if n > MAX_WORKERS => {
-                return Err(ConfigError(format!(
-                    "server.workers must be at most {MAX_WORKERS} (0: one per core)"
-                )));
+                return Err(ConfigError::option(
+                    "server.workers",
+                    format!("must be at most {MAX_WORKERS} (0: one per core)"),
+                ));
             }
             n => n,
         };
@@ -86,7 +87,7 @@ impl Settings {
 /// `connections` is 1 here; [`Settings::new`] sets one per worker.
 fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
     quotagate_store::keys::check_prefix(&c.key_prefix)
-        .map_err(|m| ConfigError(format!("store.key_prefix: {m}")))?;
+        .map_err(|m| ConfigError::option("store.key_prefix", m))?;
     let tls = quotagate_store::connect::TlsFiles {
         ca: &c.tls_ca_file,
         cert: &c.tls_cert_file,
@@ -100,7 +101,7 @@ fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
         &c.redis_password_file,
         &tls,
     )
-    .map_err(ConfigError)?;
+    .map_err(|e| ConfigError::option("store.redis_url", e))?;
     let redis = RedisOptions {
         target,
         timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
@@ -145,18 +146,23 @@ mod tests {
             ("server.listen=localhost", "server.listen: \"localhost\""),
             ("admin.listen=x", "admin.listen: \"x\""),
             ("upstream.url=https://x", "must start with http://"),
-            ("store.timeout_ms=0", "store.timeout_ms must be above 0"),
+            ("store.timeout_ms=0", "store.timeout_ms: must be above 0"),
             (
                 "limits.api_key_header=a b",
                 "limits.api_key_header: \"a b\"",
             ),
             ("catalog.server_url=nope", "catalog.server_url: \"nope\""),
-            ("server.workers=2000", "server.workers must be at most 1024"),
+            (
+                "server.workers=2000",
+                "server.workers: must be at most 1024",
+            ),
             ("server.max_header_bytes=10", "server.max_header_bytes"),
             ("store.key_prefix=a{b}", "store.key_prefix"),
         ] {
             let e = with(&[set]).unwrap_err();
-            assert!(e.0.contains(expect), "{set}: {e}");
+            assert!(e.to_string().contains(expect), "{set}: {e}");
+            let option = set.split_once('=').unwrap().0;
+            assert_eq!(e.option_name(), Some(option), "{set}: {e}");
         }
     }
 

@@ -61,10 +61,10 @@ impl TryFrom<&CatalogConfig> for PollerOptions {
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
             .ok_or_else(|| {
-                ConfigError(format!(
-                    "catalog.server_url: {:?} is not an http(s) URL",
-                    c.server_url
-                ))
+                ConfigError::option(
+                    "catalog.server_url",
+                    format!("{:?} is not an http(s) URL", c.server_url),
+                )
             })?;
         Ok(PollerOptions {
             url,

@@ -23,19 +23,19 @@ impl Config {
         let mut table = match file {
             Some(path) => {
                 let text = read_capped(path, MAX_CONFIG_BYTES).map_err(|e| {
-                    ConfigError(format!("cannot read config file {}: {e}", path.display()))
+                    ConfigError::general(format!("cannot read config file {}: {e}", path.display()))
                 })?;
                 // Parse into the typed struct first: that gives line and column for mistakes.
-                let typed: Config = toml::from_str(&text)
-                    .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
-                toml::Table::try_from(typed).map_err(|e| ConfigError(e.to_string()))?
+                let typed: Config = toml::from_str(&text).map_err(|e| {
+                    ConfigError::general(format!("config file {}: {e}", path.display()))
+                })?;
+                toml::Table::try_from(typed).map_err(|e| ConfigError::general(e.to_string()))?
             }
-            None => {
-                toml::Table::try_from(Config::default()).map_err(|e| ConfigError(e.to_string()))?
-            }
+            None => toml::Table::try_from(Config::default())
+                .map_err(|e| ConfigError::general(e.to_string()))?,
         };
-        let known =
-            toml::Table::try_from(Config::default()).map_err(|e| ConfigError(e.to_string()))?;
+        let known = toml::Table::try_from(Config::default())
+            .map_err(|e| ConfigError::general(e.to_string()))?;
         for (section, keys) in &known {
             let Some(keys) = keys.as_table() else {
                 continue;
@@ -47,32 +47,30 @@ impl Config {
                     key.to_uppercase()
                 );
                 if let Some(raw) = env(&var) {
-                    let value =
-                        coerce(default, &raw).map_err(|e| ConfigError(format!("{var}: {e}")))?;
+                    let value = coerce(default, &raw).map_err(|e| ConfigError::option(&var, e))?;
                     set(&mut table, section, key, value);
                 }
             }
         }
         for o in overrides {
-            let (name, raw) = o
-                .split_once('=')
-                .ok_or_else(|| ConfigError(format!("--set {o:?}: expected section.key=value")))?;
-            let (section, key) = name
-                .split_once('.')
-                .ok_or_else(|| ConfigError(format!("--set {o:?}: expected section.key=value")))?;
-            let default = known
-                .get(section)
-                .and_then(|s| s.get(key))
-                .ok_or_else(|| ConfigError(format!("--set {o:?}: there is no option {name}")))?;
-            let value =
-                coerce(default, raw).map_err(|e| ConfigError(format!("--set {name}: {e}")))?;
+            let (name, raw) = o.split_once('=').ok_or_else(|| {
+                ConfigError::option(format!("--set {o:?}"), "expected section.key=value")
+            })?;
+            let (section, key) = name.split_once('.').ok_or_else(|| {
+                ConfigError::option(format!("--set {o:?}"), "expected section.key=value")
+            })?;
+            let default = known.get(section).and_then(|s| s.get(key)).ok_or_else(|| {
+                ConfigError::option(format!("--set {o:?}"), format!("there is no option {name}"))
+            })?;
+            let value = coerce(default, raw)
+                .map_err(|e| ConfigError::option(format!("--set {name}"), e))?;
             set(&mut table, section, key, value);
         }
         let config: Config =
             toml::Value::Table(table)
                 .try_into()
                 .map_err(|e: toml::de::Error| {
-                    ConfigError(format!("invalid configuration: {}", e.message()))
+                    ConfigError::general(format!("invalid configuration: {}", e.message()))
                 })?;
         Ok(config)
     }
@@ -172,18 +170,23 @@ mod tests {
     fn mistakes_name_the_option() {
         let e = load(Some("[server]\nlisten_addr = \"x\"\n"), &[], &[]).unwrap_err();
         assert!(
-            e.0.contains("unknown field `listen_addr`") && e.0.contains("line 2"),
+            e.to_string().contains("unknown field `listen_addr`")
+                && e.to_string().contains("line 2"),
             "{e}"
         );
         let e = load(None, &[("QUOTAGATE_STORE_TIMEOUT_MS", "soon")], &[]).unwrap_err();
         assert_eq!(
-            e.0,
+            e.to_string(),
             "QUOTAGATE_STORE_TIMEOUT_MS: \"soon\" is not a whole number"
         );
         let e = load(None, &[], &["store.kind=postgres"]).unwrap_err();
-        assert!(e.0.contains("postgres"), "{e}");
+        assert!(e.to_string().contains("postgres"), "{e}");
         let e = load(None, &[], &["store.nope=1"]).unwrap_err();
-        assert_eq!(e.0, "--set \"store.nope=1\": there is no option store.nope");
+        assert_eq!(
+            e.to_string(),
+            "--set \"store.nope=1\": there is no option store.nope"
+        );
+        assert_eq!(e.option_name(), Some("--set \"store.nope=1\""));
     }
 }
 

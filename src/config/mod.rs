@@ -22,10 +22,51 @@ use serde::{Deserialize, Serialize};
 
 use quotagate_engine::path::EscapedSlashes;
 use quotagate_store::{FailurePolicy, TimeSource};
-/// A configuration problem, said in one line that names the option.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+/// A configuration problem, said in one line that names the option at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    option: Option<String>,
+    reason: String,
+}
+
+impl ConfigError {
+    /// `option` (`store.timeout_ms`, an environment variable, `--set name`) is wrong: `reason`.
+    pub fn option(option: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            option: Some(option.into()),
+            reason: reason.into(),
+        }
+    }
+
+    /// A problem with the configuration as a whole (a file that cannot be read, a missing part).
+    pub fn general(reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            option: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// The option at fault, when one is.
+    pub fn option_name(&self) -> Option<&str> {
+        self.option.as_deref()
+    }
+
+    /// What is wrong, without the option's name.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.option {
+            Some(o) => write!(f, "{o}: {}", self.reason),
+            None => f.write_str(&self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -398,7 +439,7 @@ impl Default for LogConfig {
 /// A duration from an option's milliseconds, which must be above 0.
 pub(crate) fn positive_ms(name: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
-        return Err(ConfigError(format!("{name} must be above 0")));
+        return Err(ConfigError::option(name, "must be above 0"));
     }
     Ok(Duration::from_millis(v))
 }
@@ -406,11 +447,11 @@ pub(crate) fn positive_ms(name: &str, v: u64) -> Result<Duration, ConfigError> {
 /// A socket address option (`127.0.0.1:8080`).
 pub(crate) fn address(name: &str, raw: &str, example: &str) -> Result<SocketAddr, ConfigError> {
     raw.parse()
-        .map_err(|_| ConfigError(format!("{name}: {raw:?} is not an address like {example}")))
+        .map_err(|_| ConfigError::option(name, format!("{raw:?} is not an address like {example}")))
 }
 
 /// A header name option.
 pub(crate) fn header_name(name: &str, raw: &str) -> Result<http::HeaderName, ConfigError> {
     http::HeaderName::from_bytes(raw.as_bytes())
-        .map_err(|_| ConfigError(format!("{name}: {raw:?} is not a header name")))
+        .map_err(|_| ConfigError::option(name, format!("{raw:?} is not a header name")))
 }

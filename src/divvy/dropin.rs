@@ -19,7 +19,7 @@ pub struct DropIn {
 
 fn port(var: &str, raw: &str) -> Result<u16, ConfigError> {
     raw.parse()
-        .map_err(|_| ConfigError(format!("{var}: {raw:?} is not a port number")))
+        .map_err(|_| ConfigError::option(var, format!("{raw:?} is not a port number")))
 }
 
 /// The settings of the Divvy port alone, `rules` its rule file.
@@ -105,6 +105,7 @@ mod tests {
             ("0.0.0.0:9090", "/metrics")
         );
         let e = dropin(&[("PORT", "http")]).unwrap_err();
-        assert_eq!(e.0, "PORT: \"http\" is not a port number");
+        assert_eq!(e.to_string(), "PORT: \"http\" is not a port number");
+        assert_eq!(e.option_name(), Some("PORT"));
     }
 }

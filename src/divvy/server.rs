@@ -52,8 +52,8 @@ impl TryFrom<&DivvyConfig> for ConnectionLimits {
     /// The port's limits (`[divvy]`).
     fn try_from(c: &DivvyConfig) -> Result<Self, ConfigError> {
         if c.max_line_bytes < 1024 || c.max_connections == 0 || c.max_in_flight == 0 {
-            return Err(ConfigError(
-                "divvy.max_line_bytes must be at least 1024, and divvy.max_connections and divvy.max_in_flight at least 1".into(),
+            return Err(ConfigError::general(
+                "divvy.max_line_bytes must be at least 1024, and divvy.max_connections and divvy.max_in_flight at least 1",
             ));
         }
         Ok(ConnectionLimits {

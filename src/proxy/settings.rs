@@ -57,13 +57,14 @@ impl TryFrom<&Config> for Policy {
             },
             anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
             trusted_proxies: client::parse_trusted(&limits.trusted_proxies)
-                .map_err(|e| ConfigError(format!("limits.trusted_proxies: {e}")))?,
+                .map_err(|e| ConfigError::option("limits.trusted_proxies", e))?,
             ipv6_prefix: match limits.ipv6_prefix {
                 p @ 1..=128 => p,
                 p => {
-                    return Err(ConfigError(format!(
-                        "limits.ipv6_prefix: {p} is not a prefix length from 1 to 128"
-                    )));
+                    return Err(ConfigError::option(
+                        "limits.ipv6_prefix",
+                        format!("{p} is not a prefix length from 1 to 128"),
+                    ));
                 }
             },
         })

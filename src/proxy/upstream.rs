@@ -93,7 +93,7 @@ pub struct UpstreamTarget {
 
 impl UpstreamTarget {
     pub fn parse(url: &str) -> Result<UpstreamTarget, ConfigError> {
-        let bad = |why: &str| ConfigError(format!("upstream.url: {url:?} {why}"));
+        let bad = |why: &str| ConfigError::option("upstream.url", format!("{url:?} {why}"));
         let uri: Uri = url.parse().map_err(|_| bad("is not a URL"))?;
         if uri.scheme_str() != Some("http") {
             return Err(bad(
@@ -233,6 +233,6 @@ mod tests {
             ""
         );
         let e = UpstreamTarget::parse("https://x").unwrap_err();
-        assert!(e.0.contains("http://"), "{e}");
+        assert!(e.to_string().contains("http://"), "{e}");
     }
 }

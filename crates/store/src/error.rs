@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-/// A failed store call. Opaque; ask it with the `is_*` predicates.
+/// A failed store call. Opaque; ask it with the `is_*` predicates, and for the Redis error behind
+/// it with [`std::error::Error::source`].
 #[derive(Debug)]
 pub struct StoreError {
     cause: Cause,
@@ -11,8 +12,15 @@ pub struct StoreError {
 #[derive(Debug)]
 enum Cause {
     Timeout,
-    Config(String),
-    Connect(String),
+    /// The options do not make a Redis client.
+    Config(redis::RedisError),
+    /// No connection could be opened to Redis at `shown`.
+    Connect {
+        shown: String,
+        source: redis::RedisError,
+    },
+    /// Redis could not be reached or is not usable; why, in our words (the cause was printed in).
+    Unreachable(String),
     Redis(redis::RedisError),
     Reply(String),
 }
@@ -23,22 +31,25 @@ impl StoreError {
             cause: Cause::Timeout,
         }
     }
-    pub(crate) fn config(e: impl fmt::Display) -> Self {
+    pub(crate) fn config(e: redis::RedisError) -> Self {
         StoreError {
-            cause: Cause::Config(e.to_string()),
+            cause: Cause::Config(e),
         }
     }
     /// Redis could not be reached; `why` in our words.
     pub(crate) fn unreachable(why: String) -> Self {
         StoreError {
-            cause: Cause::Connect(why),
+            cause: Cause::Unreachable(why),
         }
     }
 
     /// No connection could be opened to Redis at `shown` (URLs without their passwords).
     pub(crate) fn connect(shown: &str, e: &redis::RedisError) -> Self {
         StoreError {
-            cause: Cause::Connect(format!("cannot connect to Redis at {shown}: {e}")),
+            cause: Cause::Connect {
+                shown: shown.to_owned(),
+                source: e.clone(),
+            },
         }
     }
     pub(crate) fn redis(e: redis::RedisError) -> Self {
@@ -63,11 +74,45 @@ impl fmt::Display for StoreError {
         match &self.cause {
             Cause::Timeout => f.write_str("store call timed out"),
             Cause::Config(e) => write!(f, "invalid store configuration: {e}"),
-            Cause::Connect(e) => f.write_str(e),
+            Cause::Connect { shown, source } => {
+                write!(f, "cannot connect to Redis at {shown}: {source}")
+            }
+            Cause::Unreachable(why) => f.write_str(why),
             Cause::Redis(e) => write!(f, "Redis error: {e}"),
             Cause::Reply(e) => write!(f, "bad reply from Redis: {e}"),
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.cause {
+            Cause::Config(e) | Cause::Connect { source: e, .. } | Cause::Redis(e) => Some(e),
+            Cause::Timeout | Cause::Unreachable(_) | Cause::Reply(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[test]
+    fn the_redis_error_behind_a_failure_is_its_source() {
+        let io = || redis::RedisError::from((redis::ErrorKind::Io, "connection refused"));
+        let connect = StoreError::connect("redis://127.0.0.1:1", &io());
+        assert!(
+            connect
+                .to_string()
+                .starts_with("cannot connect to Redis at redis://127.0.0.1:1: connection refused"),
+            "{connect}"
+        );
+        let source = connect.source().expect("a source");
+        assert!(source.to_string().contains("connection refused"));
+        assert!(StoreError::redis(io()).source().is_some());
+        assert!(StoreError::timeout().source().is_none());
+        assert!(StoreError::timeout().is_timeout());
+    }
+}
