@@ -127,7 +127,7 @@ fn validate_warns_of_unknown_catalog_fields_and_refuses_missing_ones() {
         String::from_utf8_lossy(&out.stdout),
         format!(
             "{path}: valid catalog (1 endpoint, 1 API key)\n\
-             {path}: warning: unknown field `endpoints.0.defualt_rl` (ignored)\n\
+             {path}: warning: unknown field `endpoints[0].defualt_rl` (ignored)\n\
              {path}: warning: unknown field `owner` (ignored)\n"
         )
     );

@@ -108,37 +108,61 @@ impl CatalogDoc {
     }
 
     /// Parses a document and lists the fields it has that quotagate does not know (their paths,
-    /// such as `apilimit` or `endpoints.0.default_r`, at most [`MAX_UNKNOWN_REPORTED`] of them,
+    /// such as `apilimit` or `endpoints[0].default_r`, at most [`MAX_UNKNOWN_REPORTED`] of them,
     /// then a count of the rest).
+    ///
+    /// A document that does not parse is one problem located at the JSON path of the value at
+    /// fault (`apilimits[0].limits[0].w: invalid type: string "abc", expected a number at line 1
+    /// column 80`), followed by the unknown fields met before it: a misspelt required field
+    /// (`limit` for `limits`) is then named as unknown beside the missing one.
     pub fn parse_reporting(
         source: &str,
         json: &[u8],
     ) -> Result<(CatalogDoc, Vec<String>), CatalogError> {
-        let invalid = |e: serde_json::Error| CatalogError {
-            source: source.to_owned(),
-            problems: vec![Problem {
-                at: String::new(),
-                reason: format!("not a valid catalog document: {e}"),
-            }],
-        };
         let (mut unknown, mut more) = (Vec::new(), 0usize);
+        let mut track = serde_path_to_error::Track::new();
         let mut de = serde_json::Deserializer::from_slice(json);
-        let doc = serde_ignored::deserialize(&mut de, |path| {
-            if unknown.len() < MAX_UNKNOWN_REPORTED {
-                unknown.push(path.to_string());
-            } else {
-                more += 1;
+        let parsed = serde_ignored::deserialize(
+            serde_path_to_error::Deserializer::new(&mut de, &mut track),
+            |path| {
+                if unknown.len() < MAX_UNKNOWN_REPORTED {
+                    unknown.push(json_path(&path));
+                } else {
+                    more += 1;
+                }
+            },
+        )
+        .and_then(|doc| de.end().map(|()| doc));
+        let doc = match parsed {
+            Ok(doc) => doc,
+            Err(e) => {
+                // `?` stands for a segment the parser could not name (a syntax error in a key).
+                let at = track.path().to_string();
+                let at = at.trim_end_matches(".?").trim_end_matches('?');
+                let mut problems = vec![Problem {
+                    at: if at == "." {
+                        String::new()
+                    } else {
+                        at.to_owned()
+                    },
+                    reason: format!("not a valid catalog document: {e}"),
+                }];
+                problems.extend(unknown.into_iter().map(|at| Problem {
+                    at,
+                    reason: "unknown field (a misspelling?)".to_owned(),
+                }));
+                return Err(CatalogError {
+                    source: source.to_owned(),
+                    problems,
+                });
             }
-        })
-        .map_err(invalid)?;
-        de.end().map_err(invalid)?;
+        };
         if more > 0 {
             unknown.push(format!("and {more} more"));
         }
         Ok((doc, unknown))
     }
 
-    /// The version's hash, empty when the document has none.
     pub fn hash(&self) -> &str {
         self.version.as_ref().map_or("", |v| v.hash.as_str())
     }
@@ -207,5 +231,22 @@ impl CatalogDoc {
             apilimits,
             anonymous: self.anonymous.clone(),
         }
+    }
+}
+
+/// A path as serde_ignored reports it, written the way problems are located:
+/// `endpoints[0].default_r`.
+fn json_path(path: &serde_ignored::Path) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", json_path(parent)),
+        Path::Map { parent, key } => match json_path(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => json_path(parent),
     }
 }

@@ -549,6 +549,36 @@ mod tests {
     }
 
     #[test]
+    fn a_parse_error_names_the_json_path_of_the_value_at_fault() {
+        let got = problems(
+            r#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0}],
+                "apilimits": [{"key": "k", "limits": [{"ep": 0, "rl": 5, "w": "abc"}]}]}"#,
+        );
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].starts_with(
+                "apilimits[0].limits[0].w: not a valid catalog document: invalid type: string \"abc\", expected"
+            ),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_misspelt_field_is_named_beside_the_missing_one() {
+        let got = problems(
+            r#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0}],
+                "apilimits": [{"key": "k", "limit": [{"ep": 0, "rl": 5}]}]}"#,
+        );
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got[0]
+                .starts_with("apilimits[0]: not a valid catalog document: missing field `limits`"),
+            "{got:?}"
+        );
+        assert_eq!(got[1], "apilimits[0].limit: unknown field (a misspelling?)");
+    }
+
+    #[test]
     fn diffs_carry_key_changes_and_apply_back() {
         let a = CatalogDoc::parse("a", GOOD.as_bytes()).unwrap();
         let mut b = a.clone();
@@ -622,7 +652,7 @@ mod tests {
         let s = Snapshot::from_json("t", extra).unwrap();
         assert_eq!(
             s.unknown_fields(),
-            ["endpoints.0.defualt_rl", "apilimits.0.note", "owner"]
+            ["endpoints[0].defualt_rl", "apilimits[0].note", "owner"]
         );
     }
 
