@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate_engine::limiter::{Counter, Limit, Outcome, Quota, Window};
+use quotagate_engine::limiter::{Limit, Outcome, Quota, Window, WindowSet};
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
     CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
@@ -87,14 +87,14 @@ const ACL_ARGS: [&str; 10] = [
 
 impl Subject {
     async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
-        match self.store.check(key, limit, now).await {
+        match self.store.hit_per_minute(key, limit, now).await {
             Verdict::Decided(d) => d,
             other => panic!("store did not decide: {other:?}"),
         }
     }
 
     async fn hit_all(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
-        match self.store.check_all(key, limits, cost, now_ms).await {
+        match self.store.hit(key, limits, cost, now_ms).await {
             Verdict::Decided(o) => o,
             other => panic!("store did not decide: {other:?}"),
         }
@@ -531,7 +531,7 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
         &[shadow(3, 2), shadow(9, 60)],
     ];
     let keys = [key("a"), key("b")];
-    let mut reference = vec![Counter::default(); keys.len()];
+    let mut reference = vec![WindowSet::default(); keys.len()];
     let mut now = T0 * 1000 + 17;
     for step in 0..1200 {
         match next(100) {
@@ -556,7 +556,7 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
 async fn peeking_several_windows_agrees_with_the_reference(s: Subject) {
     let k = key("a");
     let limits = [lim(3, 1), lim(5, 60), lim(9, 3600)];
-    let mut reference = Counter::default();
+    let mut reference = WindowSet::default();
     let t = T0 * 1000;
     for (i, dt) in [0u64, 150, 420, 1_300, 61_000, 62_500]
         .into_iter()
@@ -627,7 +627,7 @@ async fn failover_under_load(
                         .unwrap()
                         .as_millis() as u64;
                     let start = Instant::now();
-                    let v = store.check_all(&k, &[lim(1_000_000, 60)], 1, now).await;
+                    let v = store.hit(&k, &[lim(1_000_000, 60)], 1, now).await;
                     let took = start.elapsed();
                     let decided = match v {
                         Verdict::Decided(o) => {
@@ -811,7 +811,7 @@ async fn two_instances_share_one_limit_exactly(target: RedisTarget, name: &str) 
             } else {
                 (b.clone(), now_b, k.clone())
             };
-            tokio::spawn(async move { store.check(&k, 50, now).await })
+            tokio::spawn(async move { store.hit_per_minute(&k, 50, now).await })
         })
         .collect();
     let mut remaining = Vec::new();
@@ -887,10 +887,13 @@ async fn a_hung_redis_costs_at_most_the_timeout_then_the_policy_applies() {
     ] {
         let store = store_on(&server, policy);
         let k = key(want);
-        assert!(matches!(store.check(&k, 2, T0).await, Verdict::Decided(_)));
+        assert!(matches!(
+            store.hit_per_minute(&k, 2, T0).await,
+            Verdict::Decided(_)
+        ));
         server.pause();
         // The store timeout (250 ms) ends the call; the deadline only catches a hang.
-        let v = tokio::time::timeout(Duration::from_secs(2), store.check(&k, 2, T0))
+        let v = tokio::time::timeout(Duration::from_secs(2), store.hit_per_minute(&k, 2, T0))
             .await
             .expect("the store timeout ends the call");
         let got = match v {
@@ -909,7 +912,7 @@ async fn a_hung_redis_costs_at_most_the_timeout_then_the_policy_applies() {
         eventually(Duration::from_secs(5), || async { !store.is_degraded() }).await;
         // The call that timed out was already written to the socket, so the resumed server counts it.
         assert!(
-            matches!(store.check(&k, 10, T0).await, Verdict::Decided(d) if d.allowed && d.remaining == 7)
+            matches!(store.hit_per_minute(&k, 10, T0).await, Verdict::Decided(d) if d.allowed && d.remaining == 7)
         );
     }
 }
@@ -919,11 +922,14 @@ async fn local_policy_enforces_the_limit_while_redis_is_gone_and_recovery_is_aut
     let mut server = RedisServer::start();
     let store = store_on(&server, FailurePolicy::Local);
     let k = key("a");
-    assert!(matches!(store.check(&k, 3, T0).await, Verdict::Decided(_)));
+    assert!(matches!(
+        store.hit_per_minute(&k, 3, T0).await,
+        Verdict::Decided(_)
+    ));
     server.kill();
     let mut allowed = 0;
     for _ in 0..10 {
-        match store.check(&k, 3, T0).await {
+        match store.hit_per_minute(&k, 3, T0).await {
             Verdict::Local(d) => allowed += u32::from(d.allowed),
             other => panic!("{other:?}"),
         }
@@ -931,7 +937,7 @@ async fn local_policy_enforces_the_limit_while_redis_is_gone_and_recovery_is_aut
     assert_eq!(allowed, 3, "the limit still holds, per instance");
     server.restart();
     eventually(Duration::from_secs(5), || async { !store.is_degraded() }).await;
-    match store.check(&k, 3, T0).await {
+    match store.hit_per_minute(&k, 3, T0).await {
         Verdict::Decided(d) => assert_eq!(d.remaining, 2, "a restarted Redis is empty"),
         other => panic!("{other:?}"),
     }
@@ -950,7 +956,7 @@ async fn over_limit_counters_mostly_skip_the_round_trip_with_redis_clock() {
         .as_secs();
     let k = key("hog");
     for _ in 0..2 {
-        assert!(matches!(store.check(&k, 2, now).await, Verdict::Decided(d) if d.allowed));
+        assert!(matches!(store.hit_per_minute(&k, 2, now).await, Verdict::Decided(d) if d.allowed));
     }
     let calls = || -> u64 {
         let stats = server.cli(&["INFO", "commandstats"]);
@@ -966,7 +972,7 @@ async fn over_limit_counters_mostly_skip_the_round_trip_with_redis_clock() {
     let mut retries = Vec::new();
     // Spread over about a second so that the share near second boundaries is what it is on average.
     for _ in 0..100 {
-        match store.check(&k, 2, now).await {
+        match store.hit_per_minute(&k, 2, now).await {
             Verdict::Decided(d) => {
                 assert!(!d.allowed);
                 retries.push(d.retry_after.unwrap());
@@ -999,7 +1005,7 @@ async fn two_instances_survive_dropped_connections(drop_connections: impl FnOnce
     let mut allowed = 0;
     for i in 0..30 {
         let store = if i % 2 == 0 { &a } else { &b };
-        match store.check(&k, 50, T0).await {
+        match store.hit_per_minute(&k, 50, T0).await {
             Verdict::Decided(d) => allowed += u32::from(d.allowed),
             other => panic!("request {i}: {other:?}"),
         }
@@ -1007,7 +1013,7 @@ async fn two_instances_survive_dropped_connections(drop_connections: impl FnOnce
     drop_connections(&server);
     for i in 30..120 {
         let store = if i % 2 == 0 { &a } else { &b };
-        match store.check(&k, 50, T0).await {
+        match store.hit_per_minute(&k, 50, T0).await {
             Verdict::Decided(d) => allowed += u32::from(d.allowed),
             other => panic!("request {i} after the drop: {other:?}"),
         }
@@ -1088,7 +1094,7 @@ async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() 
     let calls: Vec<_> = (0..120)
         .map(|i| {
             let (store, k) = (if i % 2 == 0 { a.clone() } else { b.clone() }, k.clone());
-            tokio::spawn(async move { store.check(&k, 50, T0).await })
+            tokio::spawn(async move { store.hit_per_minute(&k, 50, T0).await })
         })
         .collect();
     let mut allowed = 0;
@@ -1101,9 +1107,12 @@ async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() 
     assert_eq!(allowed, 50, "exactly the limit across both instances");
 
     delay.store(3_000, std::sync::atomic::Ordering::Relaxed);
-    let v = tokio::time::timeout(Duration::from_secs(2), a.check(&key("other"), 5, T0))
-        .await
-        .expect("the 1 s store timeout ends the call, not the 6 s round trip");
+    let v = tokio::time::timeout(
+        Duration::from_secs(2),
+        a.hit_per_minute(&key("other"), 5, T0),
+    )
+    .await
+    .expect("the 1 s store timeout ends the call, not the 6 s round trip");
     assert_eq!(v, Verdict::Closed);
     assert!(a.is_degraded());
 }

@@ -117,7 +117,7 @@ impl PollError {
 
 /// What a successful poll did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum PollOutcome {
     Unchanged,
     /// A new version was applied, from a diff or from the whole catalog.
     Applied {
@@ -286,7 +286,7 @@ impl<F: Fetch> Poller<F> {
     }
 
     /// One poll: brings the live catalog up to date with the server, or says why it could not.
-    pub async fn poll_once(&self) -> Result<Outcome, PollError> {
+    pub async fn poll_once(&self) -> Result<PollOutcome, PollError> {
         let current = self.live.snapshot();
         let ready = self.live.is_ready();
         let current_hash = if ready {
@@ -302,12 +302,12 @@ impl<F: Fetch> Poller<F> {
                 .get(self.endpoint("/latest"), quoted.as_deref())
                 .await?;
             match status {
-                StatusCode::NOT_MODIFIED => return Ok(Outcome::Unchanged),
+                StatusCode::NOT_MODIFIED => return Ok(PollOutcome::Unchanged),
                 StatusCode::OK => {
                     let offered: CatalogVersion = serde_json::from_slice(&body)
                         .map_err(|e| PollError::Invalid(format!("/latest: {e}")))?;
                     if !offered.hash.is_empty() && offered.hash == current_hash {
-                        return Ok(Outcome::Unchanged);
+                        return Ok(PollOutcome::Unchanged);
                     }
                     if ready && offered.is_older_than(&current.version) {
                         return Err(PollError::Older {
@@ -341,7 +341,7 @@ impl<F: Fetch> Poller<F> {
             .get(self.endpoint("/indexed_limits"), etag.as_deref())
             .await?;
         match status {
-            StatusCode::NOT_MODIFIED => Ok(Outcome::Unchanged),
+            StatusCode::NOT_MODIFIED => Ok(PollOutcome::Unchanged),
             StatusCode::OK => {
                 let (mut doc, unknown) = CatalogDoc::parse_reporting("/indexed_limits", &body)
                     .map_err(|e| PollError::Invalid(e.to_string()))?;
@@ -353,7 +353,7 @@ impl<F: Fetch> Poller<F> {
                 }
                 *self.etag.lock().unwrap_or_else(|e| e.into_inner()) = etag;
                 if ready && doc.hash() == current_hash {
-                    return Ok(Outcome::Unchanged);
+                    return Ok(PollOutcome::Unchanged);
                 }
                 let offered = doc.version.clone().unwrap_or_default();
                 if ready && offered.is_older_than(&current.version) {
@@ -373,12 +373,12 @@ impl<F: Fetch> Poller<F> {
         &self,
         current: &Snapshot,
         current_hash: &str,
-    ) -> Result<Option<Outcome>, PollError> {
+    ) -> Result<Option<PollOutcome>, PollError> {
         let mut url = self.endpoint("/catalog_diff");
         url.query_pairs_mut().append_pair("from", current_hash);
         let (status, _, body) = self.fetch.get(url, None).await?;
         match status {
-            StatusCode::NOT_MODIFIED => Ok(Some(Outcome::Unchanged)),
+            StatusCode::NOT_MODIFIED => Ok(Some(PollOutcome::Unchanged)),
             StatusCode::OK => {
                 let diff: CatalogDiff = serde_json::from_slice(&body)
                     .map_err(|e| PollError::Invalid(format!("/catalog_diff: {e}")))?;
@@ -399,7 +399,7 @@ impl<F: Fetch> Poller<F> {
         doc: CatalogDoc,
         unknown: Vec<String>,
         from_diff: bool,
-    ) -> Result<Outcome, PollError> {
+    ) -> Result<PollOutcome, PollError> {
         let snapshot = Snapshot::build(self.opts.url.as_str(), doc)
             .map_err(|e| PollError::Invalid(e.to_string()))?
             .with_unknown_fields(unknown);
@@ -416,7 +416,7 @@ impl<F: Fetch> Poller<F> {
         if let Some(a) = &self.announce {
             a.announce(&version.hash);
         }
-        Ok(Outcome::Applied { version, from_diff })
+        Ok(PollOutcome::Applied { version, from_diff })
     }
 
     /// Polls until `shutdown`: at start, every interval (with jitter), and at once when woken.
@@ -467,10 +467,10 @@ impl<F: Fetch> Poller<F> {
         }
     }
 
-    fn record(&self, result: &Result<Outcome, PollError>, failures: &mut u32) {
+    fn record(&self, result: &Result<PollOutcome, PollError>, failures: &mut u32) {
         let outcome = match result {
-            Ok(Outcome::Unchanged) => "unchanged",
-            Ok(Outcome::Applied { .. }) => "applied",
+            Ok(PollOutcome::Unchanged) => "unchanged",
+            Ok(PollOutcome::Applied { .. }) => "applied",
             Err(e) => e.kind(),
         };
         self.polls.get_or_create(&OutcomeLabels { outcome }).inc();
@@ -484,8 +484,8 @@ impl<F: Fetch> Poller<F> {
                 }
                 *failures = 0;
                 status.last_outcome = match outcome {
-                    Outcome::Unchanged => "unchanged".into(),
-                    Outcome::Applied { .. } => "applied".into(),
+                    PollOutcome::Unchanged => "unchanged".into(),
+                    PollOutcome::Applied { .. } => "applied".into(),
                 };
             }
             Err(e) => {

@@ -171,7 +171,7 @@ impl Proxy {
                 let asked = Instant::now();
                 let verdict = self
                     .store
-                    .check_all(
+                    .hit(
                         &pending.counter(),
                         &pending.limits,
                         pending.cost,

@@ -67,13 +67,7 @@ impl<B: CounterStore> Failover<B> {
 
     /// Checks one request of `cost` units against `limits` at `now_ms` and counts it where it
     /// belongs ([`CounterStore::hit`]).
-    pub async fn check_all(
-        &self,
-        key: &CounterKey,
-        limits: &[Limit],
-        cost: u64,
-        now_ms: u64,
-    ) -> Verdict {
+    pub async fn hit(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Verdict {
         // One enforced limit the request can never pass (a zero limit, a cost above it): the
         // answer needs no store.
         if let [l] = limits
@@ -95,15 +89,15 @@ impl<B: CounterStore> Failover<B> {
                 Err(e) => self.mark_down(&e),
             }
         }
-        self.degraded(|| self.fallback.window(key, limits, cost, now_ms))
+        self.degraded(|| self.fallback.hit_now(key, limits, cost, now_ms))
     }
 
     /// One request against one enforced limit of `limit` per 60 s at second `now`: the DynLimits
-    /// case, [`Failover::check_all`] with one limit.
-    pub async fn check(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict<Quota> {
+    /// case, [`Failover::hit`] with one limit.
+    pub async fn hit_per_minute(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict<Quota> {
         let one = |o: Outcome| o.quotas()[0];
         match self
-            .check_all(key, &[Limit::per_minute(limit)], 1, now * 1000)
+            .hit(key, &[Limit::per_minute(limit)], 1, now * 1000)
             .await
         {
             Verdict::Decided(o) => Verdict::Decided(one(o)),
@@ -115,7 +109,7 @@ impl<B: CounterStore> Failover<B> {
 
     /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
     /// the window starting at its first hit.
-    pub async fn check_fixed(
+    pub async fn hit_fixed(
         &self,
         key: &str,
         limit: u64,
@@ -128,7 +122,7 @@ impl<B: CounterStore> Failover<B> {
                 Err(e) => self.mark_down(&e),
             }
         }
-        self.degraded(|| self.fallback.fixed(key, limit, reset, now))
+        self.degraded(|| self.fallback.hit_fixed_now(key, limit, reset, now))
     }
 
     /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
@@ -278,31 +272,33 @@ mod tests {
     async fn each_policy_answers_for_a_failing_backend() {
         let local = failing(FailurePolicy::Local);
         for remaining in [1, 0] {
-            let Verdict::Local(q) = local.check(&KEY(), 2, 100).await else {
+            let Verdict::Local(q) = local.hit_per_minute(&KEY(), 2, 100).await else {
                 panic!("local")
             };
             assert_eq!((q.allowed, q.remaining), (true, remaining));
         }
-        assert!(matches!(local.check(&KEY(), 2, 100).await, Verdict::Local(q) if !q.allowed));
+        assert!(
+            matches!(local.hit_per_minute(&KEY(), 2, 100).await, Verdict::Local(q) if !q.allowed)
+        );
         assert!(matches!(
-            local.check_fixed("d", 1, 60, 100).await,
+            local.hit_fixed("d", 1, 60, 100).await,
             Verdict::Local(d) if d.allowed
         ));
         let open = failing(FailurePolicy::Open);
-        assert_eq!(open.check(&KEY(), 2, 100).await, Verdict::Open);
+        assert_eq!(open.hit_per_minute(&KEY(), 2, 100).await, Verdict::Open);
         let closed = failing(FailurePolicy::Closed);
-        assert_eq!(closed.check(&KEY(), 2, 100).await, Verdict::Closed);
-        assert_eq!(closed.check_fixed("d", 1, 60, 100).await, Verdict::Closed);
+        assert_eq!(closed.hit_per_minute(&KEY(), 2, 100).await, Verdict::Closed);
+        assert_eq!(closed.hit_fixed("d", 1, 60, 100).await, Verdict::Closed);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_down_backend_is_not_asked_until_the_probe_sees_it_answer() {
         let store = failing(FailurePolicy::Closed);
-        store.check(&KEY(), 5, 100).await;
+        store.hit_per_minute(&KEY(), 5, 100).await;
         assert!(store.is_degraded());
         assert_eq!(store.errors.get(), 1);
         for _ in 0..20 {
-            assert_eq!(store.check(&KEY(), 5, 100).await, Verdict::Closed);
+            assert_eq!(store.hit_per_minute(&KEY(), 5, 100).await, Verdict::Closed);
         }
         // One failing call, then none while down.
         assert_eq!(store.backend.calls.load(Ordering::SeqCst), 1);
@@ -313,7 +309,9 @@ mod tests {
         store.backend.failing.store(false, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!store.is_degraded());
-        assert!(matches!(store.check(&KEY(), 5, 100).await, Verdict::Decided(q) if q.allowed));
+        assert!(
+            matches!(store.hit_per_minute(&KEY(), 5, 100).await, Verdict::Decided(q) if q.allowed)
+        );
         assert_eq!(store.backend.calls.load(Ordering::SeqCst), 2);
         assert_eq!(store.errors.get(), 1);
     }
@@ -326,7 +324,7 @@ mod tests {
             Duration::from_secs(1),
         );
         assert_eq!(
-            store.check(&KEY(), 0, 100).await,
+            store.hit_per_minute(&KEY(), 0, 100).await,
             Verdict::Decided(Quota::zero_limit())
         );
         assert_eq!(store.backend.calls.load(Ordering::SeqCst), 0);

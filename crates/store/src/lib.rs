@@ -44,7 +44,7 @@ use quotagate_engine::limiter::{Limit, Outcome};
 pub trait CounterStore: Send + Sync + 'static {
     /// Checks one request of `cost` units against every sliding window of `key` (`limits`: distinct
     /// window lengths, at most [`quotagate_engine::limiter::MAX_LIMITS`]) at `now_ms` (Unix milliseconds) and
-    /// counts it where it belongs, atomically ([`quotagate_engine::limiter::Counter::hit`]).
+    /// counts it where it belongs, atomically ([`quotagate_engine::limiter::WindowSet::hit`]).
     fn hit(
         &self,
         key: &CounterKey,
@@ -67,7 +67,7 @@ pub trait CounterStore: Send + Sync + 'static {
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The state of `key`'s windows against `limits` at `now_ms` for one more request of `cost`,
-    /// counting nothing ([`quotagate_engine::limiter::Counter::peek`]). For the admin's "why was I limited".
+    /// counting nothing ([`quotagate_engine::limiter::WindowSet::peek`]). For the admin's "why was I limited".
     fn peek(
         &self,
         key: &CounterKey,
@@ -156,7 +156,7 @@ impl CounterStore for Backend {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         match self {
-            Backend::Memory(m) => Ok(m.window(key, limits, cost, now_ms)),
+            Backend::Memory(m) => Ok(m.hit_now(key, limits, cost, now_ms)),
             Backend::Redis(r) => r.hit(key, limits, cost, now_ms).await,
         }
     }
@@ -169,7 +169,7 @@ impl CounterStore for Backend {
         now: u64,
     ) -> Result<FixedDecision, StoreError> {
         match self {
-            Backend::Memory(m) => Ok(m.fixed(key, limit, reset, now)),
+            Backend::Memory(m) => Ok(m.hit_fixed_now(key, limit, reset, now)),
             Backend::Redis(r) => r.hit_fixed(key, limit, reset, now).await,
         }
     }

@@ -1,6 +1,6 @@
 //! memory: the embedded store. One process, no setup, bounded.
 //!
-//! Counters live in sharded maps of [`Counter`]s. A shard sweeps out idle counters (nothing left in
+//! Counters live in sharded maps of [`WindowSet`]s. A shard sweeps out idle counters (nothing left in
 //! any of their windows) whenever it has doubled since its last sweep, so memory follows the number of counters
 //! used in the last minute, never the number ever seen, at amortised O(1) per request.
 
@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use super::keys::CounterKey;
 use super::{CounterStore, StoreError};
-use quotagate_engine::limiter::{Counter, Limit, Outcome};
+use quotagate_engine::limiter::{Limit, Outcome, WindowSet};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -21,7 +21,7 @@ struct Shard {
     /// foldhash rather than SipHash: this runs on every counted request, and only catalog keys
     /// get a window, so clients cannot choose colliding keys. (Divvy's fixed windows, whose keys
     /// clients do choose, keep SipHash.)
-    windows: HashMap<CounterKey, Counter, foldhash::fast::RandomState>,
+    windows: HashMap<CounterKey, WindowSet, foldhash::fast::RandomState>,
     sweep_at: usize,
 }
 
@@ -62,7 +62,7 @@ impl SlidingWindows {
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`Counter::hit`] on `key`'s counter: checks one request of `cost` at `now_ms` against
+    /// [`WindowSet::hit`] on `key`'s counter: checks one request of `cost` at `now_ms` against
     /// `limits` and counts it where it belongs, under one lock.
     pub fn hit(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         let mut shard = self.shard(key);
@@ -73,7 +73,7 @@ impl SlidingWindows {
             shard.windows.retain(|_, c| !c.is_idle(now_ms));
             shard.sweep_at = (shard.windows.len() * 2).max(MIN_SWEEP_AT);
         }
-        let mut counter = Counter::default();
+        let mut counter = WindowSet::default();
         let outcome = counter.hit(limits, cost, now_ms);
         // A request that counted nothing leaves nothing behind.
         if !counter.is_idle(now_ms) {
@@ -82,11 +82,11 @@ impl SlidingWindows {
         outcome
     }
 
-    /// [`Counter::peek`] of `key`'s counter (an empty one when it has none).
+    /// [`WindowSet::peek`] of `key`'s counter (an empty one when it has none).
     pub fn peek(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         match self.shard(key).windows.get(key) {
             Some(c) => c.peek(limits, cost, now_ms),
-            None => Counter::default().peek(limits, cost, now_ms),
+            None => WindowSet::default().peek(limits, cost, now_ms),
         }
     }
 
@@ -255,13 +255,13 @@ impl MemoryStore {
         }
     }
 
-    /// [`SlidingWindows::hit`].
-    pub fn window(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
+    /// [`SlidingWindows::hit`], without a future (the failover's local fallback and the store's own `hit`).
+    pub fn hit_now(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         self.windows.hit(key, limits, cost, now_ms)
     }
 
-    /// [`FixedWindows::hit`].
-    pub fn fixed(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
+    /// [`FixedWindows::hit`], without a future.
+    pub fn hit_fixed_now(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
         self.fixed.hit(key, limit, reset, now)
     }
 }
@@ -274,7 +274,7 @@ impl CounterStore for MemoryStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        Ok(self.window(key, limits, cost, now_ms))
+        Ok(self.hit_now(key, limits, cost, now_ms))
     }
 
     async fn hit_fixed(
@@ -284,7 +284,7 @@ impl CounterStore for MemoryStore {
         reset: u64,
         now: u64,
     ) -> Result<FixedDecision, StoreError> {
-        Ok(self.fixed(key, limit, reset, now))
+        Ok(self.hit_fixed_now(key, limit, reset, now))
     }
 
     async fn probe(&self) -> Result<(), StoreError> {

@@ -24,7 +24,7 @@ use super::keys::{CounterKey, api_key_pattern, minute_hash, window_hash};
 use super::memory::FixedDecision;
 use super::{CounterStore, StoreError};
 use quotagate_engine::limiter::{
-    Counter, Limit, MAX_LIMITS, Outcome, Quota, Window, buckets, ceil_seconds,
+    Limit, MAX_LIMITS, Outcome, Quota, Window, WindowSet, buckets, ceil_seconds,
 };
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
@@ -265,7 +265,7 @@ impl RedisStore {
 
     /// Checks one request of `cost` against `limits` and counts it where it belongs. `now_ms` is
     /// the caller's clock; with [`TimeSource::Redis`] it only helps name the keys.
-    async fn window(
+    async fn hit_sliding(
         &self,
         key: &CounterKey,
         limits: &[Limit],
@@ -391,7 +391,12 @@ impl RedisStore {
     }
 
     /// One hit on Divvy's fixed window `key` (`limit` and `reset` both above 0).
-    async fn fixed(&self, key: &str, limit: u64, reset: u64) -> Result<FixedDecision, StoreError> {
+    async fn hit_fixed_script(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+    ) -> Result<FixedDecision, StoreError> {
         let fut = async {
             let mut call = DIVVY.call(1, 3, key.len() + 40);
             call.arg(key).arg(limit).arg(reset);
@@ -482,7 +487,7 @@ impl CounterStore for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        self.window(key, limits, cost, now_ms).await
+        self.hit_sliding(key, limits, cost, now_ms).await
     }
 
     /// Divvy's keys carry no time: Redis' own expiry times the window, whatever `now` says.
@@ -493,7 +498,7 @@ impl CounterStore for RedisStore {
         reset: u64,
         _now: u64,
     ) -> Result<FixedDecision, StoreError> {
-        self.fixed(key, limit, reset).await
+        self.hit_fixed_script(key, limit, reset).await
     }
 
     /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster
@@ -506,7 +511,7 @@ impl CounterStore for RedisStore {
     }
 
     /// Reads the hashes that hold the windows at `now_ms` and asks the Rust arithmetic
-    /// ([`Counter::peek`]) about them: a read, no script, nothing counted.
+    /// ([`WindowSet::peek`]) about them: a read, no script, nothing counted.
     async fn peek(
         &self,
         key: &CounterKey,
@@ -577,7 +582,7 @@ impl CounterStore for RedisStore {
                 windows.push(Window::from_counts(l.w, at, counts));
             }
         }
-        Ok(Counter::from_windows(windows).peek(limits, cost, now_ms))
+        Ok(WindowSet::from_windows(windows).peek(limits, cost, now_ms))
     }
 
     /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a

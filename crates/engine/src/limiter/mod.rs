@@ -3,7 +3,7 @@
 //! A request on an endpoint is checked against every [`Limit`] its key has there (one per window
 //! length: 10 per second *and* 1000 per minute), each a [`Window`] of its own. It passes only if
 //! every enforced limit has room for its cost, and it is counted in all of them or in none
-//! ([`Counter::hit`]). Shadow limits are computed and counted as if enforced but never refuse.
+//! ([`WindowSet::hit`]). Shadow limits are computed and counted as if enforced but never refuse.
 //! No I/O and no clock here: `now` is always an argument. The memory store runs this code
 //! directly; the Redis script (`store/window.lua`) computes the same answers, and the store
 //! behaviour suite holds them equal.
@@ -189,14 +189,14 @@ pub struct Rate<'s> {
 
 /// The windows of one (API key, endpoint) counter, one per window length.
 #[derive(Debug, Clone, Default)]
-pub struct Counter {
+pub struct WindowSet {
     windows: Vec<Window>,
 }
 
-impl Counter {
+impl WindowSet {
     /// A counter holding `windows` (one per window length; later duplicates are ignored).
-    pub fn from_windows(windows: Vec<Window>) -> Counter {
-        let mut c = Counter::default();
+    pub fn from_windows(windows: Vec<Window>) -> WindowSet {
+        let mut c = WindowSet::default();
         for w in windows {
             if c.get(w.seconds()).is_none() {
                 c.windows.push(w);
@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn a_request_refused_by_one_window_uses_up_none() {
         let limits = [lim(2, 1), lim(3, 60)];
-        let mut c = Counter::default();
+        let mut c = WindowSet::default();
         assert!(c.hit(&limits, 1, T0).allowed);
         assert!(c.hit(&limits, 1, T0 + 10).allowed);
         let o = c.hit(&limits, 1, T0 + 20);
@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn retry_after_waits_for_every_window() {
         let limits = [lim(1, 1), lim(1, 10)];
-        let mut c = Counter::default();
+        let mut c = WindowSet::default();
         assert!(c.hit(&limits, 1, T0).allowed);
         let o = c.hit(&limits, 1, T0 + 500);
         assert_eq!(o.retry_after(&limits), Some(10));
@@ -382,7 +382,7 @@ mod tests {
     #[test]
     fn cost_counts_units_in_every_window() {
         let limits = [lim(10, 1), lim(25, 60)];
-        let mut c = Counter::default();
+        let mut c = WindowSet::default();
         let o = c.hit(&limits, 4, T0);
         assert_eq!((o.quotas()[0].remaining, o.quotas()[1].remaining), (6, 21));
         let o = c.hit(&limits, 11, T0 + 5_000);
@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn shadow_limits_count_but_never_refuse() {
         let limits = [lim(10, 60), shadow(2, 60 * 60)];
-        let mut c = Counter::default();
+        let mut c = WindowSet::default();
         for _ in 0..2 {
             let o = c.hit(&limits, 1, T0);
             assert!(o.allowed && !o.shadow_limited);
@@ -417,7 +417,7 @@ mod tests {
     fn a_catalog_all_in_shadow_counts_what_enforcing_it_would() {
         let enforced = [lim(3, 1), lim(5, 60)];
         let dry = [shadow(3, 1), shadow(5, 60)];
-        let (mut a, mut b) = (Counter::default(), Counter::default());
+        let (mut a, mut b) = (WindowSet::default(), WindowSet::default());
         for i in 0..200u64 {
             let now = T0 + i * 137;
             let x = a.hit(&enforced, 1 + i % 2, now);
@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn peek_counts_nothing() {
         let limits = [lim(2, 1), lim(3, 60)];
-        let mut c = Counter::default();
+        let mut c = WindowSet::default();
         c.hit(&limits, 1, T0);
         let p = c.peek(&limits, 1, T0 + 10);
         assert!(p.allowed);
