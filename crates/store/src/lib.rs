@@ -8,7 +8,8 @@
 //!   both, on every Redis topology.
 //! - [`Failover`] wraps any backend with the failure policy; [`Store`] is the failover around the
 //!   configured backend, what the doors hold.
-//! - [`keys`]: every Redis key name; `window.lua` and `divvy.lua`: the scripts.
+//! - [`keys`]: every Redis key name; [`script`]: what the scripts (`window.lua`, `divvy.lua`) are
+//!   given and answer, and how the windows lie in Redis' hashes, pure.
 //! - [`Announcer`]: messages between instances over Redis pub/sub (catalog versions), on
 //!   connections of its own.
 //!
@@ -25,6 +26,7 @@ mod failover;
 pub mod keys;
 pub mod memory;
 pub mod redis;
+pub mod script;
 
 use std::future::Future;
 use std::sync::Arc;

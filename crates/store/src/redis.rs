@@ -20,12 +20,13 @@ use redis::Script;
 
 use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
-use super::keys::{CounterKey, api_key_pattern, minute_hash, window_hash};
+use super::keys::{CounterKey, api_key_pattern};
 use super::memory::FixedDecision;
-use super::{CounterStore, StoreError};
-use quotagate_engine::limiter::{
-    Limit, MAX_LIMITS, Outcome, Quota, Window, WindowSet, buckets, ceil_seconds,
+use super::script::{
+    Fields, WindowCall, WindowReply, minute_of, peek_keys, peek_windows, read_divvy_reply,
 };
+use super::{CounterStore, StoreError};
+use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome};
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
@@ -77,10 +78,6 @@ impl Lua {
         }
     }
 }
-
-/// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
-/// during which the hash is still read as the previous minute.
-pub const MINUTE_HASH_TTL: u64 = 180;
 
 /// Whose clock decides which second a request falls in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -283,11 +280,11 @@ impl RedisStore {
                 return Ok(Outcome::new(false, false, &[q]));
             }
         }
-        self.bounded(self.hit_inner(key, limits, cost, now_ms))
+        self.bounded(self.run_window_script(key, limits, cost, now_ms))
             .await
     }
 
-    async fn hit_inner(
+    async fn run_window_script(
         &self,
         key: &CounterKey,
         limits: &[Limit],
@@ -296,89 +293,44 @@ impl RedisStore {
     ) -> Result<Outcome, StoreError> {
         let limits = &limits[..limits.len().min(MAX_LIMITS)];
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
-        let has_minute_window = limits.iter().any(|l| l.w == 60);
-        // Other window lengths have a hash each; most requests have none.
-        let others: Vec<String> = limits
-            .iter()
-            .filter(|l| l.w != 60)
-            .map(|l| window_hash(&self.prefix, key, l.w))
-            .collect();
+        let window = WindowCall::new(&self.prefix, key, limits);
         // Two tries: the second uses the minute Redis told us about in the first.
         for _ in 0..2 {
-            let (estimate, now_arg) = match self.time_source {
-                TimeSource::Redis => (now + self.offset.load(Ordering::Relaxed), String::new()),
-                TimeSource::Local => (now, now.to_string()),
+            let (estimate, caller_ms) = match self.time_source {
+                TimeSource::Redis => (now + self.offset.load(Ordering::Relaxed), None),
+                TimeSource::Local => (now, Some(now)),
             };
-            let minute = estimate.div_euclid(60_000);
-            let minutes: [String; 4] = if has_minute_window {
-                std::array::from_fn(|i| minute_hash(&self.prefix, key, minute - 2 + i as i64))
-            } else {
-                Default::default()
-            };
-            let keys = if has_minute_window { 4 } else { 0 } + others.len();
-            let key_bytes: usize = minutes.iter().chain(&others).map(String::len).sum();
-            // Keys, 5 arguments, 3 per limit; numbers of at most 20 digits.
-            let mut call = WINDOW.call(
-                keys,
-                keys + 5 + 3 * limits.len(),
-                key_bytes + 20 * (5 + 3 * limits.len()),
-            );
-            if has_minute_window {
-                call.arg(&minutes[..]);
-            }
-            call.arg(&others[..])
-                .arg(minute)
-                .arg(&now_arg)
-                .arg(MINUTE_HASH_TTL)
-                .arg(cost)
-                .arg(limits.len());
-            for l in limits {
-                call.arg(l.rl).arg(l.w).arg(u8::from(l.shadow));
-            }
+            let minute = minute_of(estimate);
+            let call = window.command(cost, minute, caller_ms, |k, a, b| WINDOW.call(k, a, b));
             let call = &call;
             let reply: String = self
                 .on_connection(|mut conn| async move { WINDOW.run(&mut conn, call).await })
                 .await?;
-            let mut fields = [0i64; 4 + 4 * MAX_LIMITS];
-            match integers(&reply, &mut fields) {
-                [-1, redis_now] => {
-                    self.offset.store(redis_now - now, Ordering::Relaxed);
+            match WindowReply::read(&reply, limits) {
+                Some(WindowReply::WrongMinute { redis_now_ms }) => {
+                    self.offset.store(redis_now_ms - now, Ordering::Relaxed);
                 }
-                [allowed, shadow_limited, redis_now, micros, per_limit @ ..]
-                    if per_limit.len() == 4 * limits.len() =>
-                {
-                    if *micros >= 0 {
-                        self.offset.store(redis_now - now, Ordering::Relaxed);
+                Some(WindowReply::Decided {
+                    outcome,
+                    redis_now_ms,
+                    micros,
+                    retry_ms,
+                }) => {
+                    if let Some(micros) = micros {
+                        self.offset.store(redis_now_ms - now, Ordering::Relaxed);
                         self.blocked
-                            .observe_redis_time(redis_now.div_euclid(1000), *micros);
-                    }
-                    let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
-                    let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
-                    for (i, (l, f)) in limits.iter().zip(per_limit.chunks(4)).enumerate() {
-                        let [fits, remaining, reset_ms, retry_ms] = [f[0], f[1], f[2], f[3]];
-                        quotas[i] = Quota {
-                            allowed: fits == 1,
-                            limit: l.rl,
-                            remaining: nonneg(remaining),
-                            reset: ceil_seconds(nonneg(reset_ms)),
-                            retry_after: (retry_ms >= 0).then(|| ceil_seconds(nonneg(retry_ms))),
-                        };
+                            .observe_redis_time(redis_now_ms.div_euclid(1000), micros);
                     }
                     if let [l] = limits
                         && !l.shadow
-                        && *allowed != 1
-                        && per_limit[3] > 0
+                        && !outcome.allowed
+                        && retry_ms > 0
                     {
-                        self.blocked
-                            .remember(key, l, cost, *redis_now, per_limit[3]);
+                        self.blocked.remember(key, l, cost, redis_now_ms, retry_ms);
                     }
-                    return Ok(Outcome::new(
-                        *allowed == 1,
-                        *shadow_limited == 1,
-                        &quotas[..limits.len()],
-                    ));
+                    return Ok(outcome);
                 }
-                _ => {
+                None => {
                     return Err(StoreError::reply(format!(
                         "unexpected script reply {reply:?}"
                     )));
@@ -404,17 +356,8 @@ impl RedisStore {
             let reply: String = self
                 .on_connection(|mut conn| async move { DIVVY.run(&mut conn, call).await })
                 .await?;
-            let mut fields = [0i64; 3];
-            match integers(&reply, &mut fields) {
-                [allowed, credit, ttl] => Ok(FixedDecision {
-                    allowed: *allowed == 1,
-                    credit: u64::try_from(*credit).unwrap_or(0),
-                    reset: *ttl,
-                }),
-                _ => Err(StoreError::reply(format!(
-                    "unexpected script reply {reply:?}"
-                ))),
-            }
+            read_divvy_reply(&reply)
+                .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))
         };
         self.bounded(fut).await
     }
@@ -442,41 +385,6 @@ impl RedisStore {
         tokio::time::timeout(self.timeout, call)
             .map(|r| r.unwrap_or_else(|_| Err(StoreError::timeout())))
     }
-}
-
-/// The space-separated integers of a script's reply, in `out`; the slice of `out` they filled.
-/// Anything else (too many, not a number) is an empty slice, which no caller accepts.
-fn integers<'a>(reply: &str, out: &'a mut [i64]) -> &'a [i64] {
-    let mut n = 0;
-    // Bytes, not `str::split` and `parse`: that pair cost about 1.8k instructions per decision.
-    for word in reply.as_bytes().split(|&b| b == b' ') {
-        match (out.get_mut(n), integer(word)) {
-            (Some(slot), Some(v)) => *slot = v,
-            _ => return &[],
-        }
-        n += 1;
-    }
-    &out[..n]
-}
-
-/// A decimal integer with an optional `-`, and nothing else; `None` if it does not fit an `i64`.
-fn integer(word: &[u8]) -> Option<i64> {
-    let (negative, digits) = match word {
-        [b'-', rest @ ..] => (true, rest),
-        _ => (false, word),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    // Summed as a negative number, so that i64::MIN fits too.
-    let mut v: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
-    }
-    if negative { Some(v) } else { v.checked_neg() }
 }
 
 impl CounterStore for RedisStore {
@@ -510,8 +418,9 @@ impl CounterStore for RedisStore {
             .await
     }
 
-    /// Reads the hashes that hold the windows at `now_ms` and asks the Rust arithmetic
-    /// ([`WindowSet::peek`]) about them: a read, no script, nothing counted.
+    /// Reads the hashes that hold the windows at `now_ms` ([`peek_keys`], [`peek_windows`]) and
+    /// asks the Rust arithmetic ([`WindowSet::peek`]) about them: a read, no script, nothing
+    /// counted.
     async fn peek(
         &self,
         key: &CounterKey,
@@ -526,63 +435,18 @@ impl CounterStore for RedisStore {
                 seconds * 1000 + micros / 1000
             }
         };
-        let now = now_ms / 1000;
-        let minute = i64::try_from(now / 60).unwrap_or(i64::MAX / 2);
+        let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
         let mut pipe = redis::pipe();
-        for l in limits {
-            if l.w == 60 {
-                pipe.cmd("HGETALL")
-                    .arg(minute_hash(&self.prefix, key, minute - 1))
-                    .cmd("HGETALL")
-                    .arg(minute_hash(&self.prefix, key, minute));
-            } else {
-                pipe.cmd("HGETALL").arg(window_hash(&self.prefix, key, l.w));
-            }
+        for hash in peek_keys(&self.prefix, key, limits, minute) {
+            pipe.cmd("HGETALL").arg(hash);
         }
-        type Fields = Vec<(String, String)>;
-        let mut replies: std::vec::IntoIter<Fields> = self
+        let replies: Vec<Fields> = self
             .bounded(self.on_connection(|mut conn| {
                 let pipe = pipe.clone();
                 async move { pipe.query_async::<Vec<Fields>>(&mut conn).await }
             }))
-            .await?
-            .into_iter();
-        let base = |m: i64| u64::try_from(m * 60).unwrap_or(0);
-        let number = |v: &str| v.parse::<u64>().ok();
-        let mut windows = Vec::with_capacity(limits.len());
-        for l in limits {
-            if l.w == 60 {
-                let prev = replies.next().unwrap_or_default();
-                let cur = replies.next().unwrap_or_default();
-                // Fields that are not a second of the minute are the script's state.
-                let counts = [(base(minute - 1), prev), (base(minute), cur)]
-                    .into_iter()
-                    .flat_map(|(base, fields)| {
-                        fields.into_iter().filter_map(move |(f, v)| {
-                            let second: u64 = f.parse().ok().filter(|s| *s < 60)?;
-                            Some((base + second, v.parse().ok()?))
-                        })
-                    });
-                windows.push(Window::from_counts(60, now, counts));
-            } else {
-                let fields = replies.next().unwrap_or_default();
-                let n = buckets(l.w);
-                let latest = fields
-                    .iter()
-                    .find(|(f, _)| f == "c")
-                    .and_then(|(_, v)| number(v))
-                    .unwrap_or(0);
-                // Field `i` holds the bucket b <= latest with b mod n = i.
-                let counts = fields.iter().filter_map(|(f, v)| {
-                    let slot = number(f).filter(|i| *i < n)?;
-                    let b = latest.checked_sub((latest + n - slot) % n)?;
-                    Some((b, u32::try_from(number(v)?).ok()?))
-                });
-                let at = quotagate_engine::limiter::bucket_of(l.w, now_ms).max(latest);
-                windows.push(Window::from_counts(l.w, at, counts));
-            }
-        }
-        Ok(WindowSet::from_windows(windows).peek(limits, cost, now_ms))
+            .await?;
+        Ok(peek_windows(limits, now_ms, replies).peek(limits, cost, now_ms))
     }
 
     /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a
@@ -659,31 +523,5 @@ impl CounterStore for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn script_replies_are_read_strictly() {
-        let mut out = [0i64; 3];
-        assert_eq!(super::integers("1 41 -1", &mut out), [1, 41, -1]);
-        assert_eq!(
-            super::integers("-9223372036854775808 0 9223372036854775807", &mut out),
-            [i64::MIN, 0, i64::MAX]
-        );
-        for bad in [
-            "",
-            "1  2",
-            "1 2 3 4",
-            "1 x 2",
-            "1.5 2 3",
-            "+1 2 3",
-            "- 2 3",
-            "1 2 9223372036854775808",
-            "1 2 3 ",
-        ] {
-            assert_eq!(super::integers(bad, &mut out), [] as [i64; 0], "{bad:?}");
-        }
     }
 }

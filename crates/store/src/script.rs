@@ -1,0 +1,362 @@
+//! script: what the Redis scripts are given and what they answer, and how the sliding windows lie in
+//! Redis' hashes, in one place and without I/O. [`crate::redis`] only sends what this builds and
+//! hands back what it received; `window.lua` and `divvy.lua` are the other side of this contract.
+//!
+//! The layout (`docs/stores.md`): a limit of [`WINDOW_SECONDS`] keeps DynLimits' hash per (counter,
+//! minute), field `"<second of the minute>"` = units counted in that second; any other window length
+//! `w` has one hash, `<counter>:s<w>`, whose field `"<b mod n>"` holds bucket `b` of its `n`
+//! ([`buckets`]). Other fields of both (`c`, `w`, `s`, `o`, `b`, `bl`, `e`) are the script's own
+//! bookkeeping and never counts.
+
+use quotagate_engine::limiter::{
+    Limit, MAX_LIMITS, Outcome, Quota, WINDOW_SECONDS, Window, WindowSet, bucket_of, buckets,
+    ceil_seconds,
+};
+
+use crate::keys::{CounterKey, minute_hash, window_hash};
+use crate::memory::FixedDecision;
+
+/// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
+/// during which the hash is still read as the previous minute.
+pub const MINUTE_HASH_TTL: u64 = 180;
+
+/// The DynLimits window, as the script's argument and as a limit's `w`.
+const MINUTE: u32 = WINDOW_SECONDS as u32;
+
+/// The minute (the number in a minute hash's name) of Unix milliseconds `ms`.
+pub fn minute_of(ms: i64) -> i64 {
+    ms.div_euclid(WINDOW_SECONDS as i64 * 1000)
+}
+
+/// The hashes one decision on `key` reads and writes: the minute hashes m-2 .. m+1 when a limit is
+/// a minute long (which one is "now" is the script's to say, by Redis' clock), then one hash per
+/// limit of any other length, in the limits' order.
+pub struct WindowCall<'a> {
+    prefix: &'a str,
+    key: &'a CounterKey,
+    limits: &'a [Limit],
+    minute_window: bool,
+    others: Vec<String>,
+}
+
+impl<'a> WindowCall<'a> {
+    /// The call for `key`'s `limits`, whose hashes are named under `prefix`.
+    pub fn new(prefix: &'a str, key: &'a CounterKey, limits: &'a [Limit]) -> WindowCall<'a> {
+        WindowCall {
+            prefix,
+            key,
+            limits,
+            minute_window: limits.iter().any(|l| l.w == MINUTE),
+            // Most requests have none: no allocation then.
+            others: limits
+                .iter()
+                .filter(|l| l.w != MINUTE)
+                .map(|l| window_hash(prefix, key, l.w))
+                .collect(),
+        }
+    }
+
+    /// The command that runs `window.lua` for one request of `cost`, with the caller's estimate
+    /// of the `minute` and, for [`crate::TimeSource::Local`], its own time (`now_ms`; `None`:
+    /// Redis' `TIME`). `evalsha(keys, args, bytes)` starts the command: the script's hash and
+    /// the number of keys, with room for `args` arguments of `bytes` bytes.
+    pub fn command(
+        &self,
+        cost: u64,
+        minute: i64,
+        now_ms: Option<i64>,
+        evalsha: impl FnOnce(usize, usize, usize) -> redis::Cmd,
+    ) -> redis::Cmd {
+        let (prefix, key, limits) = (self.prefix, self.key, self.limits);
+        let minutes: [String; 4] = match self.minute_window {
+            true => std::array::from_fn(|i| minute_hash(prefix, key, minute - 2 + i as i64)),
+            false => Default::default(),
+        };
+        let keys = if self.minute_window { 4 } else { 0 } + self.others.len();
+        let key_bytes: usize = minutes.iter().chain(&self.others).map(String::len).sum();
+        // Keys, 5 arguments, 3 per limit; numbers of at most 20 digits.
+        let mut cmd = evalsha(
+            keys,
+            keys + 5 + 3 * limits.len(),
+            key_bytes + 20 * (5 + 3 * limits.len()),
+        );
+        if self.minute_window {
+            cmd.arg(&minutes[..]);
+        }
+        cmd.arg(&self.others[..]).arg(minute);
+        match now_ms {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        cmd.arg(MINUTE_HASH_TTL).arg(cost).arg(limits.len());
+        for l in limits {
+            cmd.arg(l.rl).arg(l.w).arg(u8::from(l.shadow));
+        }
+        cmd
+    }
+}
+
+/// What `window.lua` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowReply {
+    /// Now's minute was not among the keys: ask again with the minute of `redis_now_ms`.
+    WrongMinute { redis_now_ms: i64 },
+    /// Decided and counted.
+    Decided {
+        outcome: Outcome,
+        /// The time the script decided at, Unix milliseconds.
+        redis_now_ms: i64,
+        /// The microseconds of Redis' `TIME`; `None` when the caller gave the time.
+        micros: Option<i64>,
+        /// For one refused limit: milliseconds until it passes (0 or less: not known).
+        retry_ms: i64,
+    },
+}
+
+impl WindowReply {
+    /// Reads the script's reply for `limits` (as sent): `"-1 now_ms"`, or `"allowed
+    /// shadow_limited now_ms usec"` then `"fits remaining reset_ms retry_ms"` per limit. `None` for
+    /// anything else.
+    pub fn read(reply: &str, limits: &[Limit]) -> Option<WindowReply> {
+        let mut fields = [0i64; 4 + 4 * MAX_LIMITS];
+        match integers(reply, &mut fields) {
+            [-1, redis_now_ms] => Some(WindowReply::WrongMinute {
+                redis_now_ms: *redis_now_ms,
+            }),
+            [
+                allowed,
+                shadow_limited,
+                redis_now_ms,
+                micros,
+                per_limit @ ..,
+            ] if per_limit.len() == 4 * limits.len() => {
+                let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
+                let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+                for (q, (l, f)) in quotas
+                    .iter_mut()
+                    .zip(limits.iter().zip(per_limit.chunks(4)))
+                {
+                    let [fits, remaining, reset_ms, retry_ms] = [f[0], f[1], f[2], f[3]];
+                    *q = Quota {
+                        allowed: fits == 1,
+                        limit: l.rl,
+                        remaining: nonneg(remaining),
+                        reset: ceil_seconds(nonneg(reset_ms)),
+                        retry_after: (retry_ms >= 0).then(|| ceil_seconds(nonneg(retry_ms))),
+                    };
+                }
+                Some(WindowReply::Decided {
+                    outcome: Outcome::new(
+                        *allowed == 1,
+                        *shadow_limited == 1,
+                        &quotas[..limits.len()],
+                    ),
+                    redis_now_ms: *redis_now_ms,
+                    micros: (*micros >= 0).then_some(*micros),
+                    retry_ms: if limits.len() == 1 { per_limit[3] } else { -1 },
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The hashes that hold `limits`' windows of `key` at `minute` (now's), in the order
+/// [`peek_windows`] reads their `HGETALL`s: the previous and the current minute's hash for a
+/// minute-long limit, the limit's own hash for the others.
+pub fn peek_keys(prefix: &str, key: &CounterKey, limits: &[Limit], minute: i64) -> Vec<String> {
+    let mut keys = Vec::with_capacity(limits.len() + 1);
+    for l in limits {
+        if l.w == MINUTE {
+            keys.push(minute_hash(prefix, key, minute - 1));
+            keys.push(minute_hash(prefix, key, minute));
+        } else {
+            keys.push(window_hash(prefix, key, l.w));
+        }
+    }
+    keys
+}
+
+/// A hash's fields and values, as `HGETALL` gives them.
+pub type Fields = Vec<(String, String)>;
+
+/// The windows `limits` have at `now_ms`, from the `HGETALL`s of [`peek_keys`] (a missing reply
+/// reads as an empty hash).
+pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> WindowSet {
+    let now = now_ms / 1000;
+    let minute = u64::try_from(minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX))).unwrap_or(0);
+    let number = |v: &str| v.parse::<u64>().ok();
+    let mut replies = replies.into_iter();
+    let mut windows = Vec::with_capacity(limits.len());
+    for l in limits {
+        if l.w == MINUTE {
+            let prev = replies.next().unwrap_or_default();
+            let cur = replies.next().unwrap_or_default();
+            let base = |m: u64| m * WINDOW_SECONDS;
+            // Fields that are not a second of the minute are the script's state.
+            let counts = [(base(minute.saturating_sub(1)), prev), (base(minute), cur)]
+                .into_iter()
+                .flat_map(|(base, fields)| {
+                    fields.into_iter().filter_map(move |(f, v)| {
+                        let second = number(&f).filter(|s| *s < WINDOW_SECONDS)?;
+                        Some((base + second, v.parse().ok()?))
+                    })
+                });
+            windows.push(Window::from_counts(MINUTE, now, counts));
+        } else {
+            let fields = replies.next().unwrap_or_default();
+            let n = buckets(l.w);
+            // `c`: the latest bucket the script has seen.
+            let latest = fields
+                .iter()
+                .find(|(f, _)| f == "c")
+                .and_then(|(_, v)| number(v))
+                .unwrap_or(0);
+            // Field `i` holds the bucket b <= latest with b mod n = i.
+            let counts = fields.iter().filter_map(|(f, v)| {
+                let slot = number(f).filter(|i| *i < n)?;
+                let b = latest.checked_sub((latest + n - slot) % n)?;
+                Some((b, u32::try_from(number(v)?).ok()?))
+            });
+            let at = bucket_of(l.w, now_ms).max(latest);
+            windows.push(Window::from_counts(l.w, at, counts));
+        }
+    }
+    WindowSet::from_windows(windows)
+}
+
+/// Reads `divvy.lua`'s reply, `"allowed credit ttl"`.
+pub fn read_divvy_reply(reply: &str) -> Option<FixedDecision> {
+    let mut fields = [0i64; 3];
+    match integers(reply, &mut fields) {
+        [allowed, credit, ttl] => Some(FixedDecision {
+            allowed: *allowed == 1,
+            credit: u64::try_from(*credit).unwrap_or(0),
+            reset: *ttl,
+        }),
+        _ => None,
+    }
+}
+
+/// The space-separated integers of a script's reply, in `out`; the slice of `out` they filled.
+/// Anything else (too many, not a number) is an empty slice, which no caller accepts.
+fn integers<'a>(reply: &str, out: &'a mut [i64]) -> &'a [i64] {
+    let mut n = 0;
+    // Bytes, not `str::split` and `parse`: that pair cost about 1.8k instructions per decision.
+    for word in reply.as_bytes().split(|&b| b == b' ') {
+        match (out.get_mut(n), integer(word)) {
+            (Some(slot), Some(v)) => *slot = v,
+            _ => return &[],
+        }
+        n += 1;
+    }
+    &out[..n]
+}
+
+/// A decimal integer with an optional `-`, and nothing else; `None` if it does not fit an `i64`.
+fn integer(word: &[u8]) -> Option<i64> {
+    let (negative, digits) = match word {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, word),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    // Summed as a negative number, so that i64::MIN fits too.
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
+    }
+    if negative { Some(v) } else { v.checked_neg() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_replies_are_read_strictly() {
+        let mut out = [0i64; 3];
+        assert_eq!(integers("1 41 -1", &mut out), [1, 41, -1]);
+        assert_eq!(
+            integers("-9223372036854775808 0 9223372036854775807", &mut out),
+            [i64::MIN, 0, i64::MAX]
+        );
+        for bad in [
+            "",
+            "1  2",
+            "1 2 3 4",
+            "1 x 2",
+            "1.5 2 3",
+            "+1 2 3",
+            "- 2 3",
+            "1 2 9223372036854775808",
+            "1 2 3 ",
+        ] {
+            assert_eq!(integers(bad, &mut out), [] as [i64; 0], "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn window_replies_carry_one_quota_per_limit() {
+        let limits = [Limit::per_minute(10)];
+        assert_eq!(
+            WindowReply::read("-1 1700000000123", &limits),
+            Some(WindowReply::WrongMinute {
+                redis_now_ms: 1_700_000_000_123
+            })
+        );
+        let Some(WindowReply::Decided {
+            outcome,
+            micros,
+            retry_ms,
+            ..
+        }) = WindowReply::read("0 0 1700000000123 123456 0 0 1500 1500", &limits)
+        else {
+            panic!("not read");
+        };
+        assert!(!outcome.allowed);
+        assert_eq!(outcome.quotas()[0].retry_after, Some(2));
+        assert_eq!((micros, retry_ms), (Some(123_456), 1500));
+        // A reply for another number of limits is not this call's.
+        assert_eq!(
+            WindowReply::read("1 0 1700000000123 -1 1 9 100 -1", &[limits[0]; 2]),
+            None
+        );
+    }
+
+    #[test]
+    fn peeking_reads_counts_and_skips_the_scripts_fields() {
+        let minute_start = 1_700_000_040u64; // a multiple of 60
+        let now_ms = (minute_start + 40) * 1000;
+        let limits = [Limit::per_minute(10)];
+        let fields = |pairs: &[(&str, &str)]| -> Fields {
+            pairs
+                .iter()
+                .map(|(f, v)| (f.to_string(), v.to_string()))
+                .collect()
+        };
+        // 3 units in the previous minute's second 50 (still in the window), 2 in this one's 10th.
+        let replies = vec![
+            fields(&[
+                ("50", "3"),
+                ("c", "1700000030"),
+                ("w", "3"),
+                ("o", "1700000030"),
+            ]),
+            fields(&[("10", "2"), ("c", "1700000050"), ("w", "5"), ("b", "0")]),
+        ];
+        let read = peek_windows(&limits, now_ms, replies);
+        let mut counted = WindowSet::default();
+        counted.hit(&limits, 3, (minute_start - 10) * 1000);
+        counted.hit(&limits, 2, (minute_start + 10) * 1000);
+        assert_eq!(
+            read.peek(&limits, 1, now_ms),
+            counted.peek(&limits, 1, now_ms)
+        );
+        assert_eq!(read.peek(&limits, 1, now_ms).quotas()[0].remaining, 5);
+    }
+}
