@@ -5,6 +5,7 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 # The quick start's catalog is built into the binary.
 COPY catalogs ./catalogs
 RUN cargo build --release --locked

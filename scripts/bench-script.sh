@@ -21,7 +21,7 @@ for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep
 PID=$(cat "$DIR/pid")
 cli() { redis-cli -p "$PORT" "$@"; }
 
-SHA=$(cli SCRIPT LOAD "$(cat src/store/window.lua)")
+SHA=$(cli SCRIPT LOAD "$(cat crates/store/src/window.lua)")
 EMPTY=$(cli SCRIPT LOAD 'return 1')
 NOW=1700000040; M=$((NOW / 60)); BASE=$((M * 60)); BIG=1000000000000
 NOW_MS=$((NOW * 1000 + 7))
@@ -58,7 +58,9 @@ row "empty script (EVALSHA baseline)" EVALSHA "$EMPTY" 0
 # The scripts measured: the current one, and the one at BENCH_BASE.
 SCRIPTS=("$SHA|")
 if [ -n "${BENCH_BASE:-}" ]; then
-  git show "$BENCH_BASE:src/store/window.lua" > "$DIR/base.lua"
+  # (The script moved into the store crate with the workspace; older revisions have it in src/.)
+  git show "$BENCH_BASE:crates/store/src/window.lua" > "$DIR/base.lua" 2>/dev/null ||
+    git show "$BENCH_BASE:src/store/window.lua" > "$DIR/base.lua"
   SCRIPTS+=("$(cli SCRIPT LOAD "$(cat "$DIR/base.lua")")| (at $BENCH_BASE)")
 fi
 # each CASE: runs the function CASE for every script measured ($sha and $at set), one right after
