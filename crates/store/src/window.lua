@@ -1,6 +1,7 @@
 -- window.lua: check one request against every sliding window of its (API key, endpoint) counter
--- and count it in all of them or in none, atomically. The Rust twin is limiter::Counter; the store
--- behaviour suite keeps them equal.
+-- and count it in all of them or in none, atomically. The Rust twin is limiter::WindowSet (and
+-- store::script the other side of this file's arguments and reply); the store behaviour suite keeps
+-- them equal.
 --
 -- A request passes iff every enforced limit has room for its cost (sum + cost <= rl). It is then
 -- counted in every enforced window, and in the shadow windows too if all of them have room (else
@@ -45,19 +46,20 @@
 -- now_ms usec" (usec: microseconds of TIME, -1 when ARGV[2] gave the time), then per limit
 -- "fits remaining reset_ms retry_ms" (retry_ms -1 when none); or "-1 now_ms" when now's minute is
 -- not among KEYS: the caller then retries with the minute it learned.
+--
+-- The file reads top to bottom as its two paths: (1) one enforced 60 s limit, the common cases in
+-- one straight line, returning when it decides; (2) every other case, each limit's state read by a
+-- check function that returns it, handed to the function that writes it. Nothing but constants
+-- lives at file level, and the general path's functions are defined after the straight line, so
+-- that a call the straight line decides never pays for making them.
 
 local call, tonumber, fmt = redis.call, tonumber, string.format
 
 local m = tonumber(ARGV[1])
-local now_ms
-local usec = -1
-if ARGV[2] == '' then
-  local now = call('TIME')
-  usec = tonumber(now[2])
-  now_ms = tonumber(now[1]) * 1000 + (usec - usec % 1000) / 1000
-else
-  now_ms = tonumber(ARGV[2])
-end
+-- Redis' clock unless the caller gave its own (ARGV[2]).
+local time = ARGV[2] == '' and call('TIME') or nil
+local usec = time and tonumber(time[2]) or -1
+local now_ms = time and tonumber(time[1]) * 1000 + (usec - usec % 1000) / 1000 or tonumber(ARGV[2])
 
 -- Seconds c-59 .. t-60 (c < t; all in the previous minute, whose hash is `prev` and starts at
 -- second pbase) leave the 60 s window of sum w and oldest count o. Reads them together with t-59,
@@ -83,13 +85,13 @@ local function leave(prev, pbase, c, t, w, o)
   return w, o, vals
 end
 
--- The common cases in one straight line, for one enforced 60 s limit: a counter with room (counted
--- in this minute already, or its first call of the minute), and a counter refused until a known
--- second. They cost 30-40% less than the general path below (no tables of limits, no closures,
--- fewer conversions). Anything else falls through to the general path, which gives the same answer
--- and reuses this read of the minute's hash (the store behaviour suite and its random walks run
--- both).
-local pre_idx, pre_st
+-- (1) The common cases in one straight line, for one enforced 60 s limit: a counter with room
+-- (counted in this minute already, or its first call of the minute), and a counter refused until a
+-- known second. They cost 30-40% less than the general path below (no tables of limits, no
+-- closures, fewer conversions). Anything else (over the limit without a known block, the oldest
+-- count to be searched, a block that ended) falls through, having written nothing, to the general
+-- path, which reads again and gives the same answer (the store behaviour suite and its random walks
+-- run both).
 if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
   local t = (now_ms - now_ms % 1000) / 1000
   local minute = (t - t % 60) / 60
@@ -100,7 +102,6 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
     local st = call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', sec)
     local c, w, o, b = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
     local rl, cost = tonumber(ARGV[6]), tonumber(ARGV[4])
-    pre_idx, pre_st = idx, st
     local o0, found = o, false -- found: w and o are the window's at t
     if c and w and o and c <= t and b == 0 then
       found = true
@@ -152,6 +153,8 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
     end
   end
 end
+-- (2) The general path. ------------------------------------------------------------------------
+
 local ttl = ARGV[3] -- handed to EXPIRE as it came
 local cost = tonumber(ARGV[4])
 local k = tonumber(ARGV[5])
@@ -162,7 +165,7 @@ for i = 1, k do
   local rl = tonumber(ARGV[3 + 3 * i])
   -- Every field a limit will get, at once: a table that grows is rebuilt.
   local l = {rl = rl, w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1',
-    never = rl < cost, fits = false, remaining = 0, reset = 0, retry = -1, G = false}
+    never = rl < cost, fits = false, remaining = 0, reset = 0, retry = -1}
   if l.w == 60 then has60 = true end
   limits[i] = l
 end
@@ -174,10 +177,9 @@ end
 
 -- The 60 s window (DynLimits layout). ------------------------------------------------------------
 
--- The state dyn_check leaves for dyn_count (locals: cheaper than a table's fields).
-local d_cur, d_t, d_c, d_b, d_here, d_sec, d_nowx, d_w, d_o, d_o0
-
--- Reads the state of the 60 s window at now; returns false when now's minute is not among KEYS.
+-- Reads the state of the 60 s window at now and checks limit l against it (l.fits, l.remaining,
+-- l.reset, l.retry). Returns what dyn_count needs to count the request there, or false when now's
+-- minute is not among KEYS.
 local function dyn_check(l)
   local t = div(now_ms, 1000)
   local minute = div(t, 60)
@@ -190,7 +192,7 @@ local function dyn_check(l)
   local room = l.rl - cost
 
   local sec = fmt('%d', t - base) -- a field name used twice: formatted once
-  local st = pre_idx == idx and pre_st or call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', sec)
+  local st = call('HMGET', cur, 'c', 'w', 'o', 'b', 'bl', sec)
   local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
   local b, bl = tonumber(st[4]), tonumber(st[5])
   local here = tonumber(st[6]) or 0 -- the count of second t
@@ -200,12 +202,12 @@ local function dyn_check(l)
     here = tonumber(call('HGET', cur, sec)) or 0
   end
   local nowx = math.max(now_ms, t * 1000)
-  d_cur, d_t, d_c, d_b, d_here, d_sec, d_nowx, d_o0 = cur, t, c, b, here, sec, nowx, o
+  local o0 = o
 
   if b and bl == room and t < b then
     l.fits, l.remaining, l.retry = false, 0, b * 1000 - nowx
     l.reset = l.retry
-    return true
+    return {} -- refused until b: nothing will be counted
   end
 
   -- Counts read so far, by absolute second: every field is read at most once per call.
@@ -311,8 +313,6 @@ local function dyn_check(l)
       o = first_count(t - 59)
     end
   end
-  d_w, d_o = w, o
-
   if w + cost > l.rl then
     -- Walk the oldest seconds out of the window until the cost fits.
     local retry = 60
@@ -335,44 +335,47 @@ local function dyn_check(l)
     end
     l.fits, l.remaining, l.retry = false, 0, (t + retry) * 1000 - nowx
     l.reset = l.retry
-    return true
+    return {} -- refused: nothing will be counted
   end
   l.fits, l.remaining, l.retry = true, l.rl - w, -1
   l.reset = o >= 0 and (o + 60) * 1000 - nowx or 0
-  return true
+  -- o0: the oldest count as the hash has it, so that only a changed one is written.
+  return {cur = cur, sec = sec, here = here, t = t, c = c, b = b, w = w, o = o, o0 = o0,
+    nowx = nowx}
 end
 
-local function dyn_count(l)
-  local t, o = d_t, d_o
-  local w = d_w + cost
+-- Counts the request in the 60 s window whose state dyn_check returned (d), with one write: the
+-- count of second t (read above) and the state fields that changed.
+local function dyn_count(l, d)
+  local t, o = d.t, d.o
+  local w = d.w + cost
   if o < 0 then
     o = t
   end
-  -- One write: the count of second t (read above) and the state fields that changed.
-  local args = {d_cur, d_sec, d_here + cost, 'w', w}
-  if d_c ~= t then
+  local args = {d.cur, d.sec, d.here + cost, 'w', w}
+  if d.c ~= t then
     args[#args + 1] = 'c'
     args[#args + 1] = t
   end
-  if o ~= d_o0 then
+  if o ~= d.o0 then
     args[#args + 1] = 'o'
     args[#args + 1] = o
   end
-  if d_b ~= 0 then
+  if d.b ~= 0 then
     -- Absent (the first count) or a block that ended.
     args[#args + 1] = 'b'
     args[#args + 1] = '0'
-    if not d_b then
+    if not d.b then
       args[#args + 1] = 'bl'
       args[#args + 1] = '0'
     end
   end
   call('HSET', unpack(args))
-  if not d_c then
-    call('EXPIRE', d_cur, ttl)
+  if not d.c then
+    call('EXPIRE', d.cur, ttl)
   end
   l.remaining = l.rl - w
-  l.reset = (o + 60) * 1000 - d_nowx
+  l.reset = (o + 60) * 1000 - d.nowx
 end
 
 -- Any other window length. -----------------------------------------------------------------------
@@ -458,7 +461,7 @@ local function gen_check(l, key)
     end
   end
   local nowx = math.max(now_ms, start(t))
-  l.G = {key = key, t = t, s = s, o = o, o0 = o0, e = e, n = n, slot = slot, here = here,
+  local g = {key = key, t = t, s = s, o = o, o0 = o0, e = e, n = n, slot = slot, here = here,
     clear = clear, start = start, nowx = nowx, moved = moved}
   if s + cost > l.rl then
     local left, at, b, batch = s, t, o, 1
@@ -481,10 +484,12 @@ local function gen_check(l, key)
     l.fits, l.remaining, l.retry = true, l.rl - s, -1
     l.reset = o >= 0 and start(o + n) - nowx or 0
   end
+  return g
 end
 
-local function gen_write(l, counted)
-  local g = l.G
+-- Writes what gen_check found (g) back to the window's hash: the request's count when `counted`,
+-- and the moved window either way.
+local function gen_write(l, g, counted)
   -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
   -- Set once per n buckets (about w seconds): counts written before the next refresh are at most
   -- w old when it comes due, and the TTL left then is still more than w.
@@ -523,42 +528,42 @@ end
 
 -- Decide, then count. ----------------------------------------------------------------------------
 
-local enforced_ok, shadow_ok = true, true
-local function judge(l)
-  if not l.fits then
-    if l.shadow then shadow_ok = false else enforced_ok = false end
-  end
-end
+-- What each limit's check read, for its write (none for a limit that can never pass).
+local state = {}
 -- The 60 s window first: it is the one that may find the minute guessed wrong, and nothing may be
 -- written before that is known.
-for _, l in ipairs(limits) do
+for i, l in ipairs(limits) do
   if l.w == 60 and not l.never then
-    if not dyn_check(l) then
-      return string.format('%d %d', -1, now_ms)
+    state[i] = dyn_check(l)
+    if not state[i] then
+      return fmt('%d %d', -1, now_ms)
     end
   end
 end
+local enforced_ok, shadow_ok = true, true
 local next_key = has60 and 5 or 1
-for _, l in ipairs(limits) do
+for i, l in ipairs(limits) do
   if l.never then
     l.fits, l.remaining, l.reset, l.retry = false, 0, l.w * 1000, -1
   elseif l.w ~= 60 then
-    gen_check(l, KEYS[next_key])
+    state[i] = gen_check(l, KEYS[next_key])
   end
   if l.w ~= 60 then
     next_key = next_key + 1
   end
-  judge(l)
+  if not l.fits then
+    if l.shadow then shadow_ok = false else enforced_ok = false end
+  end
 end
 
-for _, l in ipairs(limits) do
+for i, l in ipairs(limits) do
   local counted = enforced_ok and (shadow_ok or not l.shadow) and l.fits
   if l.never then
     -- nothing to write
   elseif l.w == 60 then
-    if counted then dyn_count(l) end
+    if counted then dyn_count(l, state[i]) end
   else
-    gen_write(l, counted)
+    gen_write(l, state[i], counted)
   end
 end
 local head = fmt('%d %d %d %d', enforced_ok and 1 or 0, (enforced_ok and not shadow_ok) and 1 or 0,
