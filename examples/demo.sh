@@ -10,9 +10,34 @@
 #           $DEMO_DIR/catalogs/v0001.json (or add v0002.json) to change limits live.
 # DEMO_REDIS=cluster: a 3-master Redis Cluster on 6390-6392 (bus ports 16390-16392) instead of one
 #           Redis on 6390; the gateways use store.redis_mode = "cluster" with all three as seeds.
+# DEMO_REDIS_PORT: the first Redis port (default 6390), for when another Redis holds 6390.
+# Every port the demo needs is checked first; a taken one is named, and nothing is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "the demo needs redis-server (apt-get install redis-server)" >&2; exit 1; }
+RP=${DEMO_REDIS_PORT:-6390}
+case "$RP" in ''|*[!0-9]*) echo "DEMO_REDIS_PORT must be a port number, not '$RP'" >&2; exit 1 ;; esac
+if [ "${DEMO_REDIS:-single}" = cluster ]; then
+  REDIS_PORTS=("$RP" $((RP + 1)) $((RP + 2)))
+  NEEDED=("$RP:Redis" $((RP + 1)):Redis $((RP + 2)):Redis $((RP + 10000)):"Redis cluster bus" \
+    $((RP + 10001)):"Redis cluster bus" $((RP + 10002)):"Redis cluster bus")
+else
+  REDIS_PORTS=("$RP")
+  NEEDED=("$RP:Redis")
+fi
+NEEDED+=("9000:example upstream" "9100:catalog server" "8080:gateway A" "8081:gateway A admin"
+  "8321:gateway A Divvy port" "8090:gateway B" "8091:gateway B admin")
+for need in "${NEEDED[@]}"; do
+  port=${need%%:*}
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    case "${need#*:}" in
+      Redis*) hint="; choose other Redis ports with DEMO_REDIS_PORT=..." ;;
+      *) hint="; stop what listens there (the README's commands use this port)" ;;
+    esac
+    echo "port $port (${need#*:}) is taken by another process$hint" >&2
+    exit 1
+  fi
+done
 BIN=${QUOTAGATE_BIN:-}
 if [ -z "$BIN" ]; then
   cargo build --release --quiet
@@ -49,31 +74,33 @@ wait_ready() {
 }
 
 if [ "${DEMO_REDIS:-single}" = cluster ]; then
-  for port in 6390 6391 6392; do
+  for port in "${REDIS_PORTS[@]}"; do
     mkdir -p "$DEMO_DIR/redis/$port"
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --cluster-enabled yes \
       --dir "$DEMO_DIR/redis/$port" >"$DEMO_DIR/redis-$port.log" 2>&1 &
     PIDS+=($!)
   done
-  for port in 6390 6391 6392; do wait_port "$port"; done
-  redis-cli --cluster create 127.0.0.1:6390 127.0.0.1:6391 127.0.0.1:6392 --cluster-yes >"$DEMO_DIR/cluster-create.log" 2>&1
+  for port in "${REDIS_PORTS[@]}"; do wait_port "$port"; done
+  redis-cli --cluster create "${REDIS_PORTS[@]/#/127.0.0.1:}" --cluster-yes >"$DEMO_DIR/cluster-create.log" 2>&1
   for _ in $(seq 200); do
-    redis-cli -p 6392 cluster info 2>/dev/null | grep -q cluster_state:ok && break
+    redis-cli -p $((RP + 2)) cluster info 2>/dev/null | grep -q cluster_state:ok && break
     sleep 0.05
   done
   export QUOTAGATE_STORE_REDIS_MODE=cluster
-  export QUOTAGATE_STORE_REDIS_URL=redis://127.0.0.1:6390,redis://127.0.0.1:6391,redis://127.0.0.1:6392
-  REDIS_SAID="Redis Cluster 127.0.0.1:6390-6392"
+  export QUOTAGATE_STORE_REDIS_URL=redis://127.0.0.1:$RP,redis://127.0.0.1:$((RP + 1)),redis://127.0.0.1:$((RP + 2))
+  REDIS_SAID="Redis Cluster 127.0.0.1:$RP-$((RP + 2))"
 else
-  redis-server --port 6390 --bind 127.0.0.1 --save "" --appendonly no --dir "$DEMO_DIR/redis" >"$DEMO_DIR/redis.log" 2>&1 &
+  redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$DEMO_DIR/redis" >"$DEMO_DIR/redis.log" 2>&1 &
   PIDS+=($!)
-  REDIS_SAID="Redis 127.0.0.1:6390"
+  # The gateways' config files name 6390; this follows DEMO_REDIS_PORT.
+  export QUOTAGATE_STORE_REDIS_URL=redis://127.0.0.1:$RP
+  REDIS_SAID="Redis 127.0.0.1:$RP"
 fi
 "$BIN" example-upstream --listen 127.0.0.1:9000 2>"$DEMO_DIR/upstream.log" &
 PIDS+=($!)
 "$BIN" catalog-server --catalog "$DEMO_DIR/catalogs" --listen 127.0.0.1:9100 --config examples/demo/catalog-server.toml 2>"$DEMO_DIR/catalog-server.log" &
 PIDS+=($!)
-wait_port 6390
+wait_port "$RP"
 wait_port 9000
 wait_port 9100
 "$BIN" --config examples/demo/gateway-a.toml 2>"$DEMO_DIR/gateway-a.log" &

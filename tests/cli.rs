@@ -763,6 +763,29 @@ async fn the_demo_tells_the_whole_story() {
     demo_story("cluster").await;
 }
 
+/// A port the demo needs that another process holds is named, with what to do, before anything
+/// starts (a stray Redis on 6390 used to make the demo's own Redis fail quietly).
+#[test]
+fn the_demo_names_a_port_that_is_taken() {
+    let stray = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stray.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg("examples/demo.sh")
+        .env("QUOTAGATE_BIN", BIN)
+        .env("DEMO_DIR", dir.path())
+        .env("DEMO_REDIS_PORT", port.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "port {port} (Redis) is taken by another process; choose other Redis ports with DEMO_REDIS_PORT=...\n"
+        )
+    );
+}
+
 async fn demo_story(redis: &str) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
