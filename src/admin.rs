@@ -25,6 +25,7 @@ use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
 use crate::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
+use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
 
 /// The admin listener's settings (`[admin]`).
@@ -202,7 +203,12 @@ impl Admin {
                 };
                 match proxy.explain(&method, &path, key).await {
                     Ok(v) => json(StatusCode::OK, v),
-                    Err(e) => refusal(StatusCode::BAD_REQUEST, &e),
+                    Err(e @ ExplainError::NotARequest { .. }) => {
+                        refusal(StatusCode::BAD_REQUEST, &e.to_string())
+                    }
+                    Err(e @ ExplainError::Store(_)) => {
+                        refusal(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+                    }
                 }
             }
             (&Method::POST, "/limits/reset") => {
@@ -217,7 +223,10 @@ impl Admin {
                             "removed": n,
                         }),
                     ),
-                    Err(e) => refusal(StatusCode::SERVICE_UNAVAILABLE, &e),
+                    Err(e) => refusal(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("the store could not reset the counters: {e}"),
+                    ),
                 }
             }
             _ => refusal(

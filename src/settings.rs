@@ -87,7 +87,7 @@ impl Settings {
 /// `connections` is 1 here; [`Settings::new`] sets one per worker.
 fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
     quotagate_store::keys::check_prefix(&c.key_prefix)
-        .map_err(|m| ConfigError::option("store.key_prefix", m))?;
+        .map_err(|e| ConfigError::option(e.option(), e.reason()))?;
     let tls = quotagate_store::connect::TlsFiles {
         ca: &c.tls_ca_file,
         cert: &c.tls_cert_file,
@@ -101,7 +101,7 @@ fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
         &c.redis_password_file,
         &tls,
     )
-    .map_err(|e| ConfigError::option("store.redis_url", e))?;
+    .map_err(|e| ConfigError::option(e.option(), e.reason()))?;
     let redis = RedisOptions {
         target,
         timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,

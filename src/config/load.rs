@@ -47,7 +47,7 @@ impl Config {
                     key.to_uppercase()
                 );
                 if let Some(raw) = env(&var) {
-                    let value = coerce(default, &raw).map_err(|e| ConfigError::option(&var, e))?;
+                    let value = coerce(&var, default, &raw)?;
                     set(&mut table, section, key, value);
                 }
             }
@@ -62,8 +62,7 @@ impl Config {
             let default = known.get(section).and_then(|s| s.get(key)).ok_or_else(|| {
                 ConfigError::option(format!("--set {o:?}"), format!("there is no option {name}"))
             })?;
-            let value = coerce(default, raw)
-                .map_err(|e| ConfigError::option(format!("--set {name}"), e))?;
+            let value = coerce(&format!("--set {name}"), default, raw)?;
             set(&mut table, section, key, value);
         }
         let config: Config =
@@ -76,25 +75,27 @@ impl Config {
     }
 }
 
-/// Turns a raw override into a value of the same type as the option's default.
-fn coerce(default: &toml::Value, raw: &str) -> Result<toml::Value, String> {
+/// Turns a raw override of `option` (as the user named it) into a value of the same type as the
+/// option's default.
+fn coerce(option: &str, default: &toml::Value, raw: &str) -> Result<toml::Value, ConfigError> {
+    let bad = |reason: String| ConfigError::option(option, reason);
     Ok(match default {
         toml::Value::String(_) => toml::Value::String(raw.to_owned()),
         toml::Value::Integer(_) => toml::Value::Integer(
             raw.trim()
                 .parse()
-                .map_err(|_| format!("{raw:?} is not a whole number"))?,
+                .map_err(|_| bad(format!("{raw:?} is not a whole number")))?,
         ),
         toml::Value::Boolean(_) => toml::Value::Boolean(
             raw.trim()
                 .parse()
-                .map_err(|_| format!("{raw:?} is not true or false"))?,
+                .map_err(|_| bad(format!("{raw:?} is not true or false")))?,
         ),
         other => {
-            return Err(format!(
+            return Err(bad(format!(
                 "cannot be set from text (it is a {})",
                 other.type_str()
-            ));
+            )));
         }
     })
 }

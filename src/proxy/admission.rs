@@ -444,10 +444,14 @@ fn counted<'s, 'r>(
 ) -> Step<'s, 'r> {
     let cost = match request_cost(head, policy, endpoint) {
         Ok(c) => c,
-        Err(detail) => {
+        Err(bad) => {
             return Step::Done(Admission {
                 endpoint: Some(endpoint),
-                ..Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, detail)
+                ..Admission::reject(
+                    Decision::BadRequest,
+                    StatusCode::BAD_REQUEST,
+                    bad.to_string(),
+                )
             });
         }
     };
@@ -462,25 +466,30 @@ fn counted<'s, 'r>(
 }
 
 /// The cost of a request: the endpoint's, or the cost header's when one is configured and sent.
-fn request_cost(head: &Parts, policy: &Policy, endpoint: &Endpoint) -> Result<u64, String> {
+/// `Err`: why the cost header cannot be used, for the 400's detail.
+fn request_cost(head: &Parts, policy: &Policy, endpoint: &Endpoint) -> Result<u64, BadCost> {
     let Some(name) = &policy.cost_header else {
         return Ok(endpoint.cost);
     };
     let mut values = head.headers.get_all(name).iter();
     match (values.next(), values.next()) {
         (None, _) => Ok(endpoint.cost),
-        (Some(_), Some(_)) => Err(format!("send the {name} header once")),
+        (Some(_), Some(_)) => Err(BadCost::Repeated(name.clone())),
         (Some(v), None) => std::str::from_utf8(v.as_bytes())
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|c| (1..=crate::catalog::MAX_COST).contains(c))
-            .ok_or_else(|| {
-                format!(
-                    "the {name} header must be a whole number from 1 to {}",
-                    crate::catalog::MAX_COST
-                )
-            }),
+            .ok_or_else(|| BadCost::NotANumber(name.clone())),
     }
+}
+
+/// A cost header that cannot be used.
+#[derive(Debug, thiserror::Error)]
+enum BadCost {
+    #[error("send the {0} header once")]
+    Repeated(http::HeaderName),
+    #[error("the {0} header must be a whole number from 1 to {max}", max = crate::catalog::MAX_COST)]
+    NotANumber(http::HeaderName),
 }
 
 /// The answer when forwarding failed, and the decision it is counted as.

@@ -14,16 +14,22 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use super::headers::X_FORWARDED_FOR;
+use crate::config::ConfigError;
 
 /// The trusted proxies, as configured: comma-separated CIDRs or single addresses.
-pub fn parse_trusted(list: &str) -> Result<Vec<IpNet>, String> {
+pub fn parse_trusted(list: &str) -> Result<Vec<IpNet>, ConfigError> {
     list.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<IpNet>()
                 .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("{s:?} is not an address or a CIDR (such as 10.0.0.0/8)"))
+                .map_err(|_| {
+                    ConfigError::option(
+                        "limits.trusted_proxies",
+                        format!("{s:?} is not an address or a CIDR (such as 10.0.0.0/8)"),
+                    )
+                })
         })
         .collect()
 }
@@ -172,8 +178,10 @@ mod tests {
         assert!(parse_trusted("").unwrap().is_empty());
         assert_eq!(parse_trusted("10.0.0.0/8,::1/128").unwrap().len(), 2);
         let e = parse_trusted("10.0.0.0/33").unwrap_err();
+        assert_eq!(e.option_name(), Some("limits.trusted_proxies"));
         assert!(
-            e.contains("\"10.0.0.0/33\" is not an address or a CIDR"),
+            e.reason()
+                .starts_with("\"10.0.0.0/33\" is not an address or a CIDR"),
             "{e}"
         );
     }

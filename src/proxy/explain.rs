@@ -5,20 +5,45 @@
 use http::header::HOST;
 use serde_json::{Value, json};
 
+use quotagate_store::StoreError;
+
 use super::Proxy;
 use super::admission::{self, Action, Step};
 
+/// Why "why was I limited?" could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The method or path cannot be a request's (the asker's mistake).
+    #[error("{method} {path} is not a request: {source}")]
+    NotARequest {
+        method: String,
+        path: String,
+        source: http::Error,
+    },
+    /// The store could not be read.
+    #[error("the store cannot tell: {0}")]
+    Store(#[from] StoreError),
+}
+
 impl Proxy {
-    /// What a request `method path` with `api_key` would get now, without counting it. `Err`: the
-    /// method or path cannot be a request's.
-    pub async fn explain(&self, method: &str, path: &str, api_key: &[u8]) -> Result<Value, String> {
+    /// What a request `method path` with `api_key` would get now, without counting it.
+    pub async fn explain(
+        &self,
+        method: &str,
+        path: &str,
+        api_key: &[u8],
+    ) -> Result<Value, ExplainError> {
         let head = http::Request::builder()
             .method(method)
             .uri(path)
             .header(HOST, "admin")
             .header(&self.policy.api_key_header, api_key)
             .body(())
-            .map_err(|e| format!("{method} {path} is not a request: {e}"))?
+            .map_err(|source| ExplainError::NotARequest {
+                method: method.to_owned(),
+                path: path.to_owned(),
+                source,
+            })?
             .into_parts()
             .0;
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
@@ -51,8 +76,7 @@ impl Proxy {
                         pending.cost,
                         self.clock.now_ms(),
                     )
-                    .await
-                    .map_err(|e| format!("the store cannot tell: {e}"))?;
+                    .await?;
                 let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
                 out["endpoint"] = pending.endpoint.name.clone().into();
@@ -80,10 +104,7 @@ impl Proxy {
     }
 
     /// Forgets every counter of `api_key`; how many counters (memory) or minute hashes (Redis).
-    pub async fn reset_key(&self, api_key: &[u8]) -> Result<u64, String> {
-        self.store
-            .reset(api_key)
-            .await
-            .map_err(|e| format!("the store could not reset the counters: {e}"))
+    pub async fn reset_key(&self, api_key: &[u8]) -> Result<u64, StoreError> {
+        self.store.reset(api_key).await
     }
 }

@@ -6,7 +6,7 @@
 
 pub mod admission;
 pub mod client;
-mod explain;
+pub mod explain;
 pub mod headers;
 pub mod pool;
 pub mod settings;

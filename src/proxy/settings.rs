@@ -56,8 +56,7 @@ impl TryFrom<&Config> for Policy {
                 h => Some(header_name("limits.cost_header", h)?),
             },
             anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
-            trusted_proxies: client::parse_trusted(&limits.trusted_proxies)
-                .map_err(|e| ConfigError::option("limits.trusted_proxies", e))?,
+            trusted_proxies: client::parse_trusted(&limits.trusted_proxies)?,
             ipv6_prefix: match limits.ipv6_prefix {
                 p @ 1..=128 => p,
                 p => {

@@ -37,19 +37,21 @@ pub struct Template {
 #[error("{0}")]
 pub struct TemplateError(String);
 
+impl From<String> for TemplateError {
+    fn from(s: String) -> TemplateError {
+        TemplateError(s)
+    }
+}
+
 impl Template {
     /// Parses a catalog template; the error says what is wrong with it.
     pub fn parse(method: &str, path: &str) -> Result<Template, TemplateError> {
-        Template::parse_reason(method, path).map_err(TemplateError)
-    }
-
-    fn parse_reason(method: &str, path: &str) -> Result<Template, String> {
         let method = method.to_ascii_uppercase();
         if method.is_empty() || http::Method::from_bytes(method.as_bytes()).is_err() {
-            return Err(format!("{method:?} is not a valid HTTP method"));
+            return Err(format!("{method:?} is not a valid HTTP method").into());
         }
         let Some(rest) = path.strip_prefix('/') else {
-            return Err(format!("path {path:?} must start with '/'"));
+            return Err(format!("path {path:?} must start with '/'").into());
         };
         if let Some(c) = path
             .chars()
@@ -57,7 +59,8 @@ impl Template {
         {
             return Err(format!(
                 "path {path:?} contains {c:?}; templates are printable ASCII without '?' or '#'"
-            ));
+            )
+            .into());
         }
         let mut segments = Vec::new();
         let mut trailing_slash = false;
@@ -72,7 +75,7 @@ impl Template {
                     trailing_slash = true;
                     continue;
                 }
-                return Err(format!("path {path:?} has an empty segment"));
+                return Err(format!("path {path:?} has an empty segment").into());
             }
             let open = seg.find('{');
             let close = seg.rfind('}');
@@ -82,11 +85,11 @@ impl Template {
                     let norm = normalize_segment(seg, EscapedSlashes::Keep)
                         .map_err(|e| format!("path {path:?}: {e}"))?;
                     if norm == "." || norm == ".." {
-                        return Err(format!("path {path:?} has a dot segment"));
+                        return Err(format!("path {path:?} has a dot segment").into());
                     }
                     segments.push(Segment::Static(norm));
                 }
-                _ => return Err(format!("path {path:?} has unbalanced braces in {seg:?}")),
+                _ => return Err(format!("path {path:?} has unbalanced braces in {seg:?}").into()),
             }
         }
         let mut route_key = String::new();

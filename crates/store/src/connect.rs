@@ -82,13 +82,47 @@ pub struct TlsFiles<'a> {
     pub insecure: bool,
 }
 
-fn read(what: &str, path: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(Path::new(path)).map_err(|e| format!("{what} {path}: {e}"))
+/// A Redis setting that cannot be used: which option, and why. Messages never hold a password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    option: &'static str,
+    reason: String,
+}
+
+impl OptionError {
+    pub(crate) fn new(option: &'static str, reason: impl Into<String>) -> OptionError {
+        OptionError {
+            option,
+            reason: reason.into(),
+        }
+    }
+
+    /// The option at fault (`store.redis_url`, `store.tls_ca_file`...).
+    pub fn option(&self) -> &'static str {
+        self.option
+    }
+
+    /// Why, without the option's name.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl std::fmt::Display for OptionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.option, self.reason)
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+fn read(option: &'static str, path: &str) -> Result<Vec<u8>, OptionError> {
+    std::fs::read(Path::new(path)).map_err(|e| OptionError::new(option, format!("{path}: {e}")))
 }
 
 impl RedisTarget {
     /// One server at `url`, nothing else set (tests, the Divvy drop-in).
-    pub fn single(url: &str) -> Result<RedisTarget, String> {
+    pub fn single(url: &str) -> Result<RedisTarget, OptionError> {
         RedisTarget::new(url, RedisMode::Single, "", "", &TlsFiles::default())
     }
 
@@ -100,7 +134,7 @@ impl RedisTarget {
         master: &str,
         password_file: &str,
         tls: &TlsFiles,
-    ) -> Result<RedisTarget, String> {
+    ) -> Result<RedisTarget, OptionError> {
         let shown = urls
             .split(',')
             .map(|u| redact_url(u.trim()))
@@ -112,21 +146,30 @@ impl RedisTarget {
             .filter(|u| !u.is_empty())
             .collect();
         if list.is_empty() {
-            return Err("store.redis_url is empty".into());
+            return Err(OptionError::new("store.redis_url", "is empty"));
         }
         if mode == RedisMode::Single && list.len() > 1 {
-            return Err(format!(
-                "store.redis_url lists {} servers; set store.redis_mode to \"cluster\" or \"sentinel\" to use several",
-                list.len()
+            return Err(OptionError::new(
+                "store.redis_url",
+                format!(
+                    "lists {} servers; set store.redis_mode to \"cluster\" or \"sentinel\" to use several",
+                    list.len()
+                ),
             ));
         }
         if mode == RedisMode::Sentinel && master.is_empty() {
-            return Err("store.redis_mode = \"sentinel\" needs store.sentinel_master".into());
+            return Err(OptionError::new(
+                "store.sentinel_master",
+                "is needed with store.redis_mode = \"sentinel\"",
+            ));
         }
         let mut nodes = Vec::with_capacity(list.len());
         for u in &list {
             let info = u.into_connection_info().map_err(|e| {
-                format!("store.redis_url: {} is not a Redis URL: {e}", redact_url(u))
+                OptionError::new(
+                    "store.redis_url",
+                    format!("{} is not a Redis URL: {e}", redact_url(u)),
+                )
             })?;
             nodes.push(info);
         }
@@ -134,8 +177,9 @@ impl RedisTarget {
             "" => None,
             path => {
                 let bytes = read("store.redis_password_file", path)?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| format!("store.redis_password_file {path} is not UTF-8"))?;
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    OptionError::new("store.redis_password_file", format!("{path} is not UTF-8"))
+                })?;
                 // One line; a trailing newline is the editor's, not the password's.
                 Some(text.trim_end_matches(['\n', '\r']).to_owned())
             }
@@ -147,10 +191,16 @@ impl RedisTarget {
             .iter()
             .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }));
         if !uses_tls && (!tls.ca.is_empty() || !tls.cert.is_empty() || tls.insecure) {
-            return Err("store.tls_* settings need rediss:// URLs".into());
+            return Err(OptionError::new(
+                "store.redis_url",
+                "must be rediss:// URLs when store.tls_* are set",
+            ));
         }
         if tls.cert.is_empty() != tls.key.is_empty() {
-            return Err("store.tls_cert_file and store.tls_key_file go together".into());
+            return Err(OptionError::new(
+                "store.tls_key_file",
+                "and store.tls_cert_file go together",
+            ));
         }
         let certs = if tls.ca.is_empty() && tls.cert.is_empty() {
             None
@@ -521,7 +571,9 @@ mod tests {
     }
 
     fn target(urls: &str, mode: RedisMode) -> Result<RedisTarget, String> {
+        // Messages as the operator reads them.
         RedisTarget::new(urls, mode, "mymaster", "", &TlsFiles::default())
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -547,18 +599,16 @@ mod tests {
             &TlsFiles::default(),
         )
         .unwrap_err();
-        assert!(e.contains("store.sentinel_master"), "{e}");
+        assert_eq!(e.option(), "store.sentinel_master", "{e}");
         let tls = TlsFiles {
             ca: "/nonexistent/ca.pem",
             ..Default::default()
         };
         let e = RedisTarget::new("redis://a:1", RedisMode::Single, "", "", &tls).unwrap_err();
-        assert!(e.contains("rediss://"), "{e}");
+        assert!(e.reason().contains("rediss://"), "{e}");
         let e = RedisTarget::new("rediss://a:1", RedisMode::Single, "", "", &tls).unwrap_err();
-        assert!(
-            e.starts_with("store.tls_ca_file /nonexistent/ca.pem: "),
-            "{e}"
-        );
+        assert_eq!(e.option(), "store.tls_ca_file");
+        assert!(e.reason().starts_with("/nonexistent/ca.pem: "), "{e}");
     }
 
     #[test]

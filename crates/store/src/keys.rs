@@ -113,10 +113,11 @@ pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
 }
 
 /// Checks a configured prefix: a brace would steal the cluster hash tag from the API key.
-pub fn check_prefix(prefix: &str) -> Result<(), String> {
+pub fn check_prefix(prefix: &str) -> Result<(), crate::connect::OptionError> {
     if prefix.is_empty() || prefix.contains(['{', '}']) {
-        return Err(format!(
-            "Redis key prefix {prefix:?} must be non-empty and contain no braces"
+        return Err(crate::connect::OptionError::new(
+            "store.key_prefix",
+            format!("{prefix:?} must be non-empty and contain no braces"),
         ));
     }
     Ok(())

@@ -5,7 +5,7 @@
 //! is itself the rule's `key=value` operation, `null` as no value), so a file means here what it
 //! meant to Divvy; a general INI crate differs in exactly those corners.
 
-use super::raw::RawRule;
+use super::raw::{Problem, RawRule};
 
 fn unquote(v: &str) -> &str {
     let b = v.as_bytes();
@@ -37,7 +37,7 @@ fn strip_comment(v: &str) -> String {
     out.trim().to_owned()
 }
 
-pub(super) fn parse_ini(text: &str) -> Result<Vec<RawRule>, String> {
+pub(super) fn parse_ini(text: &str) -> Result<Vec<RawRule>, Problem> {
     let mut rules: Vec<RawRule> = Vec::new();
     for (n, raw_line) in text.lines().enumerate() {
         let line = raw_line.trim();
@@ -54,7 +54,8 @@ pub(super) fn parse_ini(text: &str) -> Result<Vec<RawRule>, String> {
                     if operation.iter().any(|(ok, _)| ok == k) {
                         return Err(format!(
                             "line {at}: section [{name}] names the key {k:?} twice"
-                        ));
+                        )
+                        .into());
                     }
                     operation.push((k.to_owned(), v.to_owned()));
                 }
@@ -67,13 +68,11 @@ pub(super) fn parse_ini(text: &str) -> Result<Vec<RawRule>, String> {
             continue;
         }
         let Some(rule) = rules.last_mut() else {
-            return Err(format!(
-                "line {at}: {line:?} comes before the first [section]"
-            ));
+            return Err(format!("line {at}: {line:?} comes before the first [section]").into());
         };
         let (key, value) = match line.split_once('=') {
             Some((k, v)) => (k.trim(), v.trim()),
-            None => return Err(format!("line {at}: {line:?} is not `key = value`")),
+            None => return Err(format!("line {at}: {line:?} is not `key = value`").into()),
         };
         let value = if value.len() >= 2 && unquote(value).len() + 2 == value.len() {
             unquote(value).to_owned()

@@ -1,8 +1,8 @@
 //! json: the JSON form of Divvy rule files (`overrides` then `default`).
 
-use super::raw::RawRule;
+use super::raw::{Problem, RawRule};
 
-pub(super) fn parse_json(text: &str) -> Result<Vec<RawRule>, String> {
+pub(super) fn parse_json(text: &str) -> Result<Vec<RawRule>, Problem> {
     let doc: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let as_text = |v: &serde_json::Value| match v {
@@ -10,7 +10,7 @@ pub(super) fn parse_json(text: &str) -> Result<Vec<RawRule>, String> {
         serde_json::Value::Null => None,
         other => Some(other.to_string()),
     };
-    let rule = |v: &serde_json::Value, name: String| -> Result<RawRule, String> {
+    let rule = |v: &serde_json::Value, name: String| -> Result<RawRule, Problem> {
         let obj = v
             .as_object()
             .ok_or_else(|| format!("{name} is not an object"))?;

@@ -20,7 +20,7 @@ mod raw;
 use glob::Pattern;
 use ini::parse_ini;
 use json::parse_json;
-use raw::RawRule;
+use raw::{Problem, RawRule};
 
 /// Largest rule file accepted. Default: 16 MiB.
 pub const MAX_RULE_FILE_BYTES: u64 = 16 * 1024 * 1024;
@@ -99,7 +99,7 @@ pub struct RuleError {
     pub reason: String,
 }
 
-fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
+fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, Problem> {
     let label_ok = |l: &str| {
         (1..=255).contains(&l.len())
             && l.bytes()
@@ -109,11 +109,13 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
     let mut labels = HashSet::new();
     for r in raw {
         let name = &r.name;
-        let number = |what: &str, v: &Option<String>| -> Result<Option<u64>, String> {
+        let number = |what: &str, v: &Option<String>| -> Result<Option<u64>, Problem> {
             match v {
                 None => Ok(None),
                 Some(s) => s.trim().parse::<u64>().map(Some).map_err(|_| {
-                    format!("rule {name}: {what} {s:?} is not a whole number of 0 or more")
+                    Problem(format!(
+                        "rule {name}: {what} {s:?} is not a whole number of 0 or more"
+                    ))
                 }),
             }
         };
@@ -123,30 +125,31 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
             Some(s) => s,
             None if credit_limit == 0 => 0,
             None => {
-                return Err(format!(
-                    "rule {name}: resetSeconds is missing (0 means always allow)"
-                ));
+                return Err(
+                    format!("rule {name}: resetSeconds is missing (0 means always allow)").into(),
+                );
             }
         };
         let match_policy = match r.match_policy.as_deref() {
             None | Some("stop") => MatchPolicy::Stop,
             Some("canary") => MatchPolicy::Canary,
             Some(p) => {
-                return Err(format!(
-                    "rule {name}: matchPolicy {p:?} is neither stop nor canary"
-                ));
+                return Err(
+                    format!("rule {name}: matchPolicy {p:?} is neither stop nor canary").into(),
+                );
             }
         };
         if let Some(l) = &r.label {
             if !label_ok(l) {
                 return Err(format!(
                     "rule {name}: label {l:?} must be 1 to 255 of A-Z a-z 0-9 _ -"
-                ));
+                )
+                .into());
             }
             if !labels.insert(l.clone()) {
-                return Err(format!(
-                    "rule {name}: another rule already has the label {l:?}"
-                ));
+                return Err(
+                    format!("rule {name}: another rule already has the label {l:?}").into(),
+                );
             }
         }
         let mut operation = r.operation;
@@ -174,7 +177,7 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
         {
             return Err(format!(
                 "rule {name} is unreachable: every request it matches is taken by the earlier rule {mask}"
-            ));
+            ).into());
         }
         rules.push(rule);
     }
@@ -182,7 +185,8 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
         None => Err("no rules are defined".into()),
         Some(last) if !last.operation.is_empty() => Err(format!(
             "the last rule must be the default rule [default] (empty operation), but it is {last}"
-        )),
+        )
+        .into()),
         Some(_) => Ok(rules),
     }
 }
@@ -190,9 +194,9 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
 impl RuleSet {
     /// Parses and validates rules; `name` says which file in errors, and its extension the format.
     pub fn parse(name: &str, text: &str) -> Result<RuleSet, RuleError> {
-        let fail = |reason: String| RuleError {
+        let fail = |p: Problem| RuleError {
             file: name.to_owned(),
-            reason,
+            reason: p.0,
         };
         let raw = if name.ends_with(".json") {
             parse_json(text)

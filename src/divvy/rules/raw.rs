@@ -1,4 +1,20 @@
-//! raw: a rule as the INI and JSON readers give it, before validation.
+//! raw: a rule as the INI and JSON readers give it, before validation, and what they say is wrong.
+
+/// What is wrong with a rule file, in one line (the file's name is added by [`super::RuleError`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Problem(pub(super) String);
+
+impl From<String> for Problem {
+    fn from(s: String) -> Problem {
+        Problem(s)
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(s: &str) -> Problem {
+        Problem(s.to_owned())
+    }
+}
 
 /// A rule as read from a file, before validation.
 #[derive(Debug, Default)]

@@ -128,20 +128,23 @@ impl Snapshot {
     }
 }
 
-fn index(i: i64, len: usize, what: &str) -> Result<usize, String> {
+/// Why one value of a catalog cannot be used; the caller adds where it is.
+struct Reason(String);
+
+fn index(i: i64, len: usize, what: &str) -> Result<usize, Reason> {
     match usize::try_from(i) {
         Ok(u) if u < len => Ok(u),
-        _ => Err(format!(
+        _ => Err(Reason(format!(
             "index {i} is out of range ({what} has {len} entries)"
-        )),
+        ))),
     }
 }
 
-fn limit_value(rl: i64) -> Result<u64, String> {
-    u64::try_from(rl).map_err(|_| format!("limit {rl} is negative"))
+fn limit_value(rl: i64) -> Result<u64, Reason> {
+    u64::try_from(rl).map_err(|_| Reason(format!("limit {rl} is negative")))
 }
 
-fn window_value(w: Option<&serde_json::Number>) -> Result<u32, String> {
+fn window_value(w: Option<&serde_json::Number>) -> Result<u32, Reason> {
     let Some(w) = w else {
         return Ok(WINDOW_SECONDS as u32);
     };
@@ -149,15 +152,21 @@ fn window_value(w: Option<&serde_json::Number>) -> Result<u32, String> {
         .and_then(|w| u32::try_from(w).ok())
         .filter(|w| (1..=MAX_WINDOW_SECONDS).contains(w))
         .ok_or_else(|| {
-            format!("window {w} must be a whole number of seconds from 1 to {MAX_WINDOW_SECONDS}")
+            Reason(format!(
+                "window {w} must be a whole number of seconds from 1 to {MAX_WINDOW_SECONDS}"
+            ))
         })
 }
 
-fn cost_value(c: Option<&serde_json::Number>) -> Result<u64, String> {
+fn cost_value(c: Option<&serde_json::Number>) -> Result<u64, Reason> {
     let Some(c) = c else { return Ok(1) };
     c.as_u64()
         .filter(|c| (1..=MAX_COST).contains(c))
-        .ok_or_else(|| format!("cost {c} must be a whole number from 1 to {MAX_COST}"))
+        .ok_or_else(|| {
+            Reason(format!(
+                "cost {c} must be a whole number from 1 to {MAX_COST}"
+            ))
+        })
 }
 
 /// Largest cost of one request (an endpoint's `cost`, or the cost header).
@@ -189,8 +198,8 @@ impl LimitList {
         shadow: Option<bool>,
         what: &str,
     ) -> Result<(), (&'static str, String)> {
-        let rl = limit_value(rl).map_err(|r| ("rl", r))?;
-        let w = window_value(w).map_err(|r| ("w", r))?;
+        let rl = limit_value(rl).map_err(|r| ("rl", r.0))?;
+        let w = window_value(w).map_err(|r| ("w", r.0))?;
         if self.limits.iter().any(|l| l.w == w) {
             return Err((
                 "w",
@@ -220,9 +229,9 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
     let mut endpoints = Vec::with_capacity(raw.endpoints.len());
     for (i, ep) in raw.endpoints.iter().enumerate() {
         let m = index(ep.m, raw.methods.len(), "methods")
-            .map_err(|r| problem(format!("endpoints[{i}].m"), r));
+            .map_err(|r| problem(format!("endpoints[{i}].m"), r.0));
         let p = index(ep.p, raw.paths.len(), "paths")
-            .map_err(|r| problem(format!("endpoints[{i}].p"), r));
+            .map_err(|r| problem(format!("endpoints[{i}].p"), r.0));
         let mut defaults = LimitList::new();
         if let Some(rl) = ep.default_rl
             && let Err((_, r)) = defaults.add(rl, None, None, "this endpoint")
@@ -235,7 +244,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             }
         }
         let cost = cost_value(ep.cost.as_ref()).unwrap_or_else(|r| {
-            problem(format!("endpoints[{i}].cost"), r);
+            problem(format!("endpoints[{i}].cost"), r.0);
             1
         });
         if let (Ok(m), Ok(p)) = (m, p) {
@@ -275,7 +284,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
                     problem(format!("{at}.{field}"), r);
                 }
             }
-            Err(r) => problem(format!("{at}.ep"), r),
+            Err(r) => problem(format!("{at}.ep"), r.0),
         }
     }
     if endpoints.len() == raw.endpoints.len() {
@@ -306,7 +315,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             let ep = match index(*ep, raw.endpoints.len(), "endpoints") {
                 Ok(ep) => ep as u32,
                 Err(r) => {
-                    problem(format!("{at}.ep"), r);
+                    problem(format!("{at}.ep"), r.0);
                     continue;
                 }
             };
