@@ -49,17 +49,24 @@
 --
 -- The file reads top to bottom as its two paths: (1) one enforced 60 s limit, the common cases in
 -- one straight line, returning when it decides; (2) every other case, each limit's state read by a
--- check function that returns it, handed to the function that writes it. Nothing but constants
--- lives at file level, and the general path's functions are defined after the straight line, so
--- that a call the straight line decides never pays for making them.
+-- check function that returns it, handed to the function that writes it. Nothing at file level
+-- changes after the time is read (no function leaves state there for another), and the general
+-- path's functions are defined after the straight line, so that a call the straight line decides
+-- never pays for making them.
 
 local call, tonumber, fmt = redis.call, tonumber, string.format
 
 local m = tonumber(ARGV[1])
--- Redis' clock unless the caller gave its own (ARGV[2]).
-local time = ARGV[2] == '' and call('TIME') or nil
-local usec = time and tonumber(time[2]) or -1
-local now_ms = time and tonumber(time[1]) * 1000 + (usec - usec % 1000) / 1000 or tonumber(ARGV[2])
+-- Redis' clock unless the caller gave its own (ARGV[2]); set here once, read everywhere below.
+local now_ms
+local usec = -1
+if ARGV[2] == '' then
+  local now = call('TIME')
+  usec = tonumber(now[2])
+  now_ms = tonumber(now[1]) * 1000 + (usec - usec % 1000) / 1000
+else
+  now_ms = tonumber(ARGV[2])
+end
 
 -- Seconds c-59 .. t-60 (c < t; all in the previous minute, whose hash is `prev` and starts at
 -- second pbase) leave the 60 s window of sum w and oldest count o. Reads them together with t-59,
