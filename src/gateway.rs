@@ -10,38 +10,18 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::catalog::Snapshot;
 use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
-use crate::catalog::{CatalogError, Snapshot};
 use crate::config::{Config, ConfigError, address};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{Upstream, UpstreamSettings};
 use crate::proxy::{Policy, Proxy, ProxySettings, Refresh};
 use crate::runtime::Runtime;
 use crate::server::{self, Executor, HttpSettings};
-use quotagate_store::{Announcer, Store, StoreError};
-
-/// Why quotagate could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Catalog(#[from] CatalogError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("cannot start {what}: {source}")]
-    Runtime {
-        what: &'static str,
-        source: std::io::Error,
-    },
-}
+use crate::start::StartError;
+use quotagate_store::{Announcer, Store};
 
 /// The gateway's settings, checked.
 #[derive(Debug, Clone)]
@@ -205,15 +185,4 @@ impl Gateway {
         )
         .await
     }
-}
-
-/// Binds a listener, turning the OS error into a start-up error that names the address.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Listen { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| StartError::Listen { addr, source })?;
-    Ok((listener, local))
 }

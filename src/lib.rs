@@ -29,6 +29,7 @@ pub mod runtime;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod start;
 pub mod status;
 pub mod telemetry;
 pub mod workers;

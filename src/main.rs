@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use quotagate::divvy::load::LoadOptions;
-use quotagate::gateway::StartError;
 use quotagate::settings::Settings;
+use quotagate::start::StartError;
 use quotagate::{commands, shutdown, telemetry};
 
 /// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,

@@ -1,0 +1,42 @@
+//! start: what every command that starts a server shares: the one error it may fail with, and
+//! binding a listener so that the error names the address.
+
+use std::net::SocketAddr;
+
+use quotagate_engine::catalog::CatalogError;
+use quotagate_store::StoreError;
+use tokio::net::TcpListener;
+
+use crate::config::ConfigError;
+
+/// Why quotagate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start {what}: {source}")]
+    Runtime {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+/// Binds a listener, turning the OS error into a start-up error that names the address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Listen { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
+    Ok((listener, local))
+}
