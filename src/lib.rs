@@ -1,16 +1,18 @@
-//! quotagate: a rate-limiting reverse proxy.
+//! quotagate: a rate-limiting reverse proxy. This crate is the application: the configuration,
+//! the runtime the doors share, and the doors themselves (HTTP proxy, Divvy port, admin).
 //!
 //! # Layout (one page: `docs/architecture.md`)
-//! - [`settings`]: the configuration ([`config`]) turned into typed, checked values, once.
-//! - [`app`]: builds and serves every part from the settings, for every command.
+//! - [`settings`]: the configuration ([`config`]) turned into plain, checked values, once.
+//! - [`app`]: builds the [`runtime::Runtime`] and serves every part, for every command.
 //! - [`gateway`]: the HTTP side: [`proxy`] (the request path; [`proxy::admission`] decides, pure),
 //!   its [`catalog`] and its listener ([`server`]).
-//! - [`path`] and [`router`]: the normal form of request paths and the per-method route tables.
-//! - [`limiter`]: the sliding-window arithmetic (pure, `now` injected by a [`clock::Clock`]).
-//! - [`store`]: the counter-store trait, its memory and Redis backends, and the failure policy.
 //! - [`divvy`]: the Divvy-compatible quota port (`HIT` line protocol, Divvy rule files).
 //! - [`admin`] and [`metrics`]: the operator's listener and what it reports.
 //! - [`demo`]: the example upstream API.
+//!
+//! Owns what touches sockets, files and the configuration. Depends on `quotagate-engine` (the
+//! catalog, routes, paths and the window arithmetic) and `quotagate-store` (the counters); neither
+//! may depend on it.
 
 pub mod admin;
 pub mod alloc;

@@ -46,14 +46,10 @@ pub struct Executor {
     pub open_connections: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
+/// The defaults are `[server]`'s, written once in `config/mod.rs`.
 impl Default for HttpSettings {
     fn default() -> Self {
-        HttpSettings {
-            header_read_timeout: Duration::from_secs(10),
-            max_header_bytes: 64 * 1024,
-            max_connections: 10_000,
-            drain_timeout: Duration::from_secs(10),
-        }
+        HttpSettings::try_from(&ServerConfig::default()).expect("the [server] defaults are valid")
     }
 }
 

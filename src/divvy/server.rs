@@ -36,13 +36,10 @@ pub struct ConnectionLimits {
     pub max_in_flight: usize,
 }
 
+/// The defaults are `[divvy]`'s, written once in `config/mod.rs`.
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        ConnectionLimits {
-            max_line_bytes: 1024 * 1024,
-            max_connections: 10_000,
-            max_in_flight: 1024,
-        }
+        ConnectionLimits::try_from(&DivvyConfig::default()).expect("the [divvy] defaults are valid")
     }
 }
 
