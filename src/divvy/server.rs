@@ -24,6 +24,7 @@ use super::Divvy;
 use super::protocol::{self, ProtoError, Reply, Request};
 use crate::config::{ConfigError, DivvyConfig};
 use crate::workers::{self, Workers};
+use quotagate_store::Sequence;
 
 /// Limits of the Divvy port's connections.
 #[derive(Debug, Clone)]
@@ -134,8 +135,8 @@ async fn serve_connection(
     let (mut rd, wr) = stream.into_split();
     let mut out = BufWriter::new(wr);
     let mut pending: FuturesOrdered<Pending> = FuturesOrdered::new();
-    let serial = (!divvy.store.keeps_order()).then(|| Arc::new(tokio::sync::Mutex::new(())));
-    let request = |divvy: &Arc<Divvy>, text: &str| request(divvy, text, serial.as_ref());
+    let sequence = divvy.store.sequence();
+    let request = |divvy: &Arc<Divvy>, text: &str| request(divvy, text, &sequence);
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut scanned = 0; // bytes at the start of `buf` known to hold no '\n'
     let mut reading = true; // false after EOF, an error, or shutdown: only replies are left to send
@@ -209,24 +210,17 @@ enum Kind {
     Error,
 }
 
-/// The future answering one line, or `None` for an empty line. With `serial`, the hit waits for
-/// the connection's earlier hits first.
-fn request(
-    divvy: &Arc<Divvy>,
-    text: &str,
-    serial: Option<&Arc<tokio::sync::Mutex<()>>>,
-) -> Option<(Pending, Kind)> {
+/// The future answering one line, or `None` for an empty line. The hit applies after the
+/// connection's earlier hits (`sequence`).
+fn request(divvy: &Arc<Divvy>, text: &str, sequence: &Sequence) -> Option<(Pending, Kind)> {
     match protocol::parse_line(text) {
         Ok(Request::Empty) => None,
         Ok(Request::Hit(op)) => {
             let divvy = divvy.clone();
-            let turn = serial.map(|m| m.clone().lock_owned());
+            let turn = sequence.turn();
             Some((
                 Box::pin(async move {
-                    let _turn = match turn {
-                        Some(t) => Some(t.await),
-                        None => None,
-                    };
+                    let _turn = turn.await;
                     divvy.hit(&op).await
                 }),
                 Kind::Hit,

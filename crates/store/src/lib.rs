@@ -258,12 +258,36 @@ impl Store {
         self.backend().kind()
     }
 
-    /// Do calls reach the store in the order they are first polled? Not on a Redis Cluster, whose
-    /// connection sends each command on its own (the Divvy port then serialises a connection's hits).
-    pub fn keeps_order(&self) -> bool {
-        match &**self.backend() {
-            Backend::Memory(_) => true,
-            Backend::Redis(r) => r.target().mode != RedisMode::Cluster,
+    /// A sequence for a caller whose calls must apply in the order it issues them (a Divvy
+    /// connection's hits), whatever the backend.
+    pub fn sequence(&self) -> Sequence {
+        // Calls reach memory, and one Redis connection, in the order they are first polled; a
+        // Redis Cluster's connection sends each command on its own, so there they wait in line.
+        let in_line = match &**self.backend() {
+            Backend::Memory(_) => false,
+            Backend::Redis(r) => r.target().mode == RedisMode::Cluster,
+        };
+        Sequence(in_line.then(|| Arc::new(tokio::sync::Mutex::new(()))))
+    }
+}
+
+/// One caller's calls, applied in the order it issues them ([`Store::sequence`]). Free where the
+/// backend keeps order by itself; elsewhere each call waits for the one before it to finish.
+#[derive(Debug, Clone)]
+pub struct Sequence(Option<Arc<tokio::sync::Mutex<()>>>);
+
+impl Sequence {
+    /// A place in line for the next call: await it first (the place is taken when it is first
+    /// polled, so poll the turns in issue order) and keep what it gives until the call returns.
+    pub fn turn(
+        &self,
+    ) -> impl Future<Output = Option<tokio::sync::OwnedMutexGuard<()>>> + Send + 'static {
+        let line = self.0.clone();
+        async move {
+            match line {
+                Some(m) => Some(m.lock_owned().await),
+                None => None,
+            }
         }
     }
 }
