@@ -27,6 +27,7 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 pub mod script;
+pub mod target;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,11 +35,11 @@ use std::time::Duration;
 
 pub use self::redis::{RedisOptions, RedisStore, TimeSource};
 pub use announce::Announcer;
-pub use connect::{RedisMode, RedisTarget};
 pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
 pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
+pub use target::{RedisMode, RedisTarget};
 
 use quotagate_engine::limiter::{Limit, Outcome};
 
