@@ -13,9 +13,17 @@ use super::Quota;
 /// The DynLimits window: 60 seconds of one-second buckets.
 pub const WINDOW_SECONDS: u64 = 60;
 
-/// Buckets per window of `w` seconds: 60 for `w >= 60`, else one per 100 ms.
+/// Buckets of a window of a minute or longer: the DynLimits window's one-second buckets, and as
+/// many for longer windows, so that no window costs more to keep than a minute's.
+pub const LONG_WINDOW_BUCKETS: u64 = 60;
+
+/// Buckets per window of `w` seconds: [`LONG_WINDOW_BUCKETS`] for `w >= 60`, else one per 100 ms.
 pub fn buckets(w: u32) -> u64 {
-    if w >= 60 { 60 } else { 10 * u64::from(w) }
+    if u64::from(w) >= WINDOW_SECONDS {
+        LONG_WINDOW_BUCKETS
+    } else {
+        10 * u64::from(w)
+    }
 }
 
 /// The bucket that holds millisecond `now_ms` in a window of `w` seconds.
