@@ -221,58 +221,101 @@ impl LimitList {
     }
 }
 
-fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
-    let mut problems = Vec::new();
-    let mut problem = |at: String, reason: String| problems.push(Problem { at, reason });
+/// Everything wrong found so far, each with its location.
+#[derive(Default)]
+struct Problems(Vec<Problem>);
 
+impl Problems {
+    fn add(&mut self, at: String, reason: String) {
+        self.0.push(Problem { at, reason });
+    }
+}
+
+/// Checks every part of `raw` (all problems, not the first) and builds the snapshot from it.
+fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
+    let mut problems = Problems::default();
+    let (mut endpoints, templates) = build_endpoints(&raw, &mut problems);
+    // Anonymous limits go to their endpoints only when every endpoint parsed, so that indices
+    // into `endpoints` are the catalog's.
+    let anonymous = anonymous_limits(&raw, &mut problems);
+    if endpoints.len() == raw.endpoints.len() {
+        for (e, a) in endpoints.iter_mut().zip(anonymous) {
+            e.anonymous = a.sorted();
+        }
+    }
+    let keys = key_limits(&raw, &mut problems);
+    // Route conflicts are only meaningful once every endpoint parsed.
+    let routes = match templates.len() == raw.endpoints.len() {
+        true => build_routes(templates, &mut problems),
+        false => RouteTable::default(),
+    };
+    if !problems.0.is_empty() {
+        return Err(problems.0);
+    }
+    Ok(Snapshot {
+        version: raw.version.clone().unwrap_or_default(),
+        doc: std::sync::Arc::new(raw),
+        routes,
+        endpoints,
+        keys,
+        unknown_fields: Vec::new(),
+    })
+}
+
+/// The endpoints that check out, and their templates with their index in the catalog.
+fn build_endpoints(
+    raw: &CatalogDoc,
+    problems: &mut Problems,
+) -> (Vec<Endpoint>, Vec<(usize, Template)>) {
     let mut templates = Vec::with_capacity(raw.endpoints.len());
     let mut endpoints = Vec::with_capacity(raw.endpoints.len());
     for (i, ep) in raw.endpoints.iter().enumerate() {
         let m = index(ep.m, raw.methods.len(), "methods")
-            .map_err(|r| problem(format!("endpoints[{i}].m"), r.0));
+            .map_err(|r| problems.add(format!("endpoints[{i}].m"), r.0));
         let p = index(ep.p, raw.paths.len(), "paths")
-            .map_err(|r| problem(format!("endpoints[{i}].p"), r.0));
+            .map_err(|r| problems.add(format!("endpoints[{i}].p"), r.0));
         let mut defaults = LimitList::new();
         if let Some(rl) = ep.default_rl
             && let Err((_, r)) = defaults.add(rl, None, None, "this endpoint")
         {
-            problem(format!("endpoints[{i}].default_rl"), r);
+            problems.add(format!("endpoints[{i}].default_rl"), r);
         }
         for (j, d) in ep.default_limits.iter().enumerate() {
             if let Err((field, r)) = defaults.add(d.rl, d.w.as_ref(), d.shadow, "this endpoint") {
-                problem(format!("endpoints[{i}].default_limits[{j}].{field}"), r);
+                problems.add(format!("endpoints[{i}].default_limits[{j}].{field}"), r);
             }
         }
         let cost = cost_value(ep.cost.as_ref()).unwrap_or_else(|r| {
-            problem(format!("endpoints[{i}].cost"), r.0);
+            problems.add(format!("endpoints[{i}].cost"), r.0);
             1
         });
-        if let (Ok(m), Ok(p)) = (m, p) {
-            let parsed = Template::parse(&raw.methods[m], &raw.paths[p])
-                .map_err(|e| e.to_string())
-                .and_then(|t| {
-                    http::Method::from_bytes(t.method.as_bytes())
-                        .map(|m| (t, m))
-                        .map_err(|e| e.to_string())
+        let (Ok(m), Ok(p)) = (m, p) else { continue };
+        let parsed = Template::parse(&raw.methods[m], &raw.paths[p])
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                http::Method::from_bytes(t.method.as_bytes())
+                    .map(|m| (t, m))
+                    .map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok((t, method)) => {
+                endpoints.push(Endpoint {
+                    name: format!("{} {}", t.method, t.path),
+                    method,
+                    default_limits: defaults.sorted(),
+                    anonymous: Box::default(),
+                    cost,
                 });
-            match parsed {
-                Ok((t, method)) => {
-                    endpoints.push(Endpoint {
-                        name: format!("{} {}", t.method, t.path),
-                        method,
-                        default_limits: defaults.sorted(),
-                        anonymous: Box::default(),
-                        cost,
-                    });
-                    templates.push((i, t));
-                }
-                Err(r) => problem(format!("endpoints[{i}]"), r),
+                templates.push((i, t));
             }
+            Err(r) => problems.add(format!("endpoints[{i}]"), r),
         }
     }
+    (endpoints, templates)
+}
 
-    // Anonymous limits, grouped by endpoint (only when every endpoint parsed, so that indices
-    // into `endpoints` are the catalog's).
+/// The anonymous limits of each endpoint, by the catalog's endpoint index.
+fn anonymous_limits(raw: &CatalogDoc, problems: &mut Problems) -> Vec<LimitList> {
     let mut anonymous: Vec<LimitList> =
         (0..raw.endpoints.len()).map(|_| LimitList::new()).collect();
     for (j, l) in raw.anonymous.iter().enumerate() {
@@ -281,28 +324,27 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             Ok(ep) => {
                 let what = format!("endpoint {ep}");
                 if let Err((field, r)) = anonymous[ep].add(l.rl, l.w.as_ref(), l.shadow, &what) {
-                    problem(format!("{at}.{field}"), r);
+                    problems.add(format!("{at}.{field}"), r);
                 }
             }
-            Err(r) => problem(format!("{at}.ep"), r.0),
+            Err(r) => problems.add(format!("{at}.ep"), r.0),
         }
     }
-    if endpoints.len() == raw.endpoints.len() {
-        for (e, a) in endpoints.iter_mut().zip(anonymous) {
-            e.anonymous = a.sorted();
-        }
-    }
+    anonymous
+}
 
+/// Every API key's limits, by endpoint.
+fn key_limits(raw: &CatalogDoc, problems: &mut Problems) -> KeyLimits {
     let mut keys: KeyLimits =
         HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
     for (k, entry) in raw.apilimits.iter().enumerate() {
         if entry.key.is_empty() {
-            problem(format!("apilimits[{k}].key"), "the API key is empty".into());
+            problems.add(format!("apilimits[{k}].key"), "the API key is empty".into());
             continue;
         }
         if let Some(first) = first_seen.insert(&entry.key, k) {
-            problem(
+            problems.add(
                 format!("apilimits[{k}].key"),
                 format!("duplicate API key (also apilimits[{first}])"),
             );
@@ -315,7 +357,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             let ep = match index(*ep, raw.endpoints.len(), "endpoints") {
                 Ok(ep) => ep as u32,
                 Err(r) => {
-                    problem(format!("{at}.ep"), r.0);
+                    problems.add(format!("{at}.ep"), r.0);
                     continue;
                 }
             };
@@ -327,7 +369,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
                 }
             };
             if let Err((field, r)) = list.add(*rl, w.as_ref(), *shadow, &format!("endpoint {ep}")) {
-                problem(format!("{at}.{field}"), r);
+                problems.add(format!("{at}.{field}"), r);
             }
         }
         per_ep.sort_unstable_by_key(|(ep, _)| *ep);
@@ -346,32 +388,21 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             },
         );
     }
+    keys
+}
 
-    // Route conflicts are only meaningful once every endpoint parsed.
-    let mut routes = RouteTable::default();
-    if templates.len() == raw.endpoints.len() {
-        let raw_index: Vec<usize> = templates.iter().map(|(i, _)| *i).collect();
-        match RouteTable::build(templates.into_iter().map(|(_, t)| t).collect()) {
-            Ok(t) => routes = t,
-            Err(conflicts) => {
-                for (i, reason) in conflicts {
-                    problem(format!("endpoints[{}]", raw_index[i]), reason);
-                }
+/// The route table of every endpoint's template; conflicts are located at the catalog's index.
+fn build_routes(templates: Vec<(usize, Template)>, problems: &mut Problems) -> RouteTable {
+    let raw_index: Vec<usize> = templates.iter().map(|(i, _)| *i).collect();
+    match RouteTable::build(templates.into_iter().map(|(_, t)| t).collect()) {
+        Ok(t) => t,
+        Err(conflicts) => {
+            for (i, reason) in conflicts {
+                problems.add(format!("endpoints[{}]", raw_index[i]), reason);
             }
+            RouteTable::default()
         }
     }
-
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    Ok(Snapshot {
-        version: raw.version.clone().unwrap_or_default(),
-        doc: std::sync::Arc::new(raw),
-        routes,
-        endpoints,
-        keys,
-        unknown_fields: Vec::new(),
-    })
 }
 
 #[cfg(test)]
