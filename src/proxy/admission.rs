@@ -11,19 +11,14 @@
 //!    neither creates a counter;
 //! 6. the sliding window (the store's verdict): 429 with `Retry-After`, or forward.
 
-use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, HOST};
 use http::request::Parts;
-use http::{Method, Response, StatusCode, Version};
-use http_body_util::Full;
+use http::{Method, StatusCode, Version};
 
 use super::client;
-use super::headers;
 use super::settings::Policy;
-use super::upstream::UpstreamError;
 use crate::catalog::{Endpoint, LimitLookup, Snapshot};
-use crate::config::{HeaderSet, Uncovered};
-use crate::problem::{QUOTA_EXCEEDED, problem};
+use crate::config::Uncovered;
 use quotagate_engine::limiter::{Limits, Rate};
 use quotagate_engine::path;
 use quotagate_store::{CounterKey, Verdict};
@@ -108,27 +103,12 @@ pub struct Rejection<'s> {
 }
 
 impl Rejection<'_> {
-    fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         Rejection {
             status,
             detail: detail.into(),
             limit: None,
         }
-    }
-
-    /// The response, with the rate-limit fields of `fields` on a 429.
-    pub fn response(&self, fields: HeaderSet) -> Response<Full<Bytes>> {
-        let Some(rate) = &self.limit else {
-            return problem(self.status, None, &self.detail, None);
-        };
-        let mut resp = problem(
-            self.status,
-            Some(QUOTA_EXCEEDED),
-            &self.detail,
-            Some(rate.name),
-        );
-        headers::set_rate_limit(resp.headers_mut(), fields, rate);
-        resp
     }
 }
 
@@ -282,35 +262,81 @@ fn refusal_detail(rate: &Rate) -> String {
     }
 }
 
-enum ApiKey<'a> {
-    Present(&'a [u8]),
-    Missing,
-    Repeated,
-}
-
-fn api_key<'a>(head: &'a Parts, policy: &Policy) -> ApiKey<'a> {
-    let mut values = head.headers.get_all(&policy.api_key_header).iter();
-    match (values.next(), values.next()) {
-        (Some(_), Some(_)) => ApiKey::Repeated,
-        (Some(v), None) if !v.as_bytes().is_empty() => ApiKey::Present(v.as_bytes()),
-        _ => ApiKey::Missing,
-    }
-}
-
 /// Decides what it can from the request head, the catalog (`None`: none loaded yet) and the
-/// peer's address (for anonymous limits).
+/// peer's address (for anonymous limits): the checks of the module comment, in their order.
 pub fn admit<'s, 'r>(
     head: &'r Parts,
     policy: &Policy,
     catalog: Option<&'s Snapshot>,
     peer: std::net::IpAddr,
 ) -> Step<'s, 'r> {
-    use Step::Done;
+    match checks(head, policy, catalog, peer) {
+        Ok(step) => step,
+        Err(decided) => Step::Done(decided),
+    }
+}
+
+/// The checks one after another; `Err` is an admission decided before the store (a refusal, or a
+/// request forwarded without limits).
+// The `Err` of these steps is an admission decided early: it goes straight back to `admit`, never
+// up a deep stack, and boxing it would allocate per request when limits are off.
+#[allow(clippy::result_large_err)]
+fn checks<'s, 'r>(
+    head: &'r Parts,
+    policy: &Policy,
+    catalog: Option<&'s Snapshot>,
+    peer: std::net::IpAddr,
+) -> Result<Step<'s, 'r>, Admission<'s>> {
+    check_head(head, policy)?;
+    if !policy.enabled {
+        let target = Target::plain(head.uri.path().to_owned());
+        return Err(Admission::forward(Decision::Unlimited, None, target));
+    }
+    let key = api_key(head, policy)?;
+    let path = path::normalize(head.uri.path(), policy.escaped_slashes).map_err(|e| {
+        Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
+    })?;
+    let catalog = catalog.ok_or_else(|| {
+        Admission::reject(
+            Decision::NotReady,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no catalog is loaded yet; try again shortly",
+        )
+    })?;
+    let route = catalog
+        .route(head.method.as_str(), &path)
+        .ok_or_else(|| unknown_endpoint(head, policy, &path))?;
+    let endpoint = &catalog.endpoints()[route.endpoint];
+    let Some(key) = key else {
+        // Anonymous limits depend on the endpoint: decided now that it is known.
+        if endpoint.anonymous.is_empty() {
+            return Err(Admission {
+                endpoint: Some(endpoint),
+                ..missing_key(policy)
+            });
+        }
+        let client = client::client_address(peer, &head.headers, &policy.trusted_proxies);
+        let group = client::group(client, policy.ipv6_prefix);
+        let limits = &endpoint.anonymous;
+        return counted(head, policy, endpoint, b"", limits, Some(group), route.path);
+    };
+    let limits = match catalog.limit(key, route.endpoint) {
+        LimitLookup::Limits(l) => l,
+        LimitLookup::UnknownKey | LimitLookup::NoLimit => {
+            return Err(no_limit(policy, endpoint, route.path));
+        }
+    };
+    counted(head, policy, endpoint, key, limits, None, route.path)
+}
+
+/// Step 0 and 1: exactly one `Host` on HTTP/1.1, and a declared body within the limit.
+#[allow(clippy::result_large_err)]
+fn check_head<'s>(head: &Parts, policy: &Policy) -> Result<(), Admission<'s>> {
     // RFC 9112 §3.2: an HTTP/1.1 request with no Host, or more than one, is answered 400 (the
     // upstream would otherwise get a Host of our choosing, or X-Forwarded-Host the first of two).
     // HTTP/1.0 may omit it; HTTP/2 carries the authority in the request target.
     if head.version == Version::HTTP_11 && head.headers.get_all(HOST).iter().count() != 1 {
-        return Done(Admission::reject(
+        return Err(Admission::reject(
             Decision::BadRequest,
             StatusCode::BAD_REQUEST,
             "an HTTP/1.1 request needs exactly one Host header",
@@ -322,7 +348,7 @@ pub fn admit<'s, 'r>(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > policy.max_body_bytes) {
-        return Done(Admission::reject(
+        return Err(Admission::reject(
             Decision::TooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
@@ -331,108 +357,74 @@ pub fn admit<'s, 'r>(
             ),
         ));
     }
-    if !policy.enabled {
-        let target = Target::plain(head.uri.path().to_owned());
-        return Done(Admission::forward(Decision::Unlimited, None, target));
+    Ok(())
+}
+
+/// Step 2: the API key, `None` when it is missing and anonymous limits may apply.
+#[allow(clippy::result_large_err)]
+fn api_key<'s, 'a>(head: &'a Parts, policy: &Policy) -> Result<Option<&'a [u8]>, Admission<'s>> {
+    let mut values = head.headers.get_all(&policy.api_key_header).iter();
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => Err(Admission::reject(
+            Decision::BadRequest,
+            StatusCode::BAD_REQUEST,
+            format!("send the {} header once", policy.api_key_label),
+        )),
+        (Some(v), None) if !v.as_bytes().is_empty() => Ok(Some(v.as_bytes())),
+        _ if policy.anonymous => Ok(None),
+        _ => Err(missing_key(policy)),
     }
-    let missing_key = || {
-        Admission::reject(
-            Decision::MissingKey,
-            StatusCode::UNAUTHORIZED,
-            format!("send your API key in the {} header", policy.api_key_label),
-        )
-    };
-    let key = match api_key(head, policy) {
-        ApiKey::Present(k) => Some(k),
-        // Anonymous limits depend on the endpoint: decided once it is known.
-        ApiKey::Missing if policy.anonymous => None,
-        ApiKey::Missing => return Done(missing_key()),
-        ApiKey::Repeated => {
-            return Done(Admission::reject(
-                Decision::BadRequest,
-                StatusCode::BAD_REQUEST,
-                format!("send the {} header once", policy.api_key_label),
-            ));
-        }
-    };
-    let path = match path::normalize(head.uri.path(), policy.escaped_slashes) {
-        Ok(p) => p,
-        Err(e) => {
-            return Done(Admission::reject(
-                Decision::BadRequest,
-                StatusCode::BAD_REQUEST,
-                e.to_string(),
-            ));
-        }
-    };
-    let Some(catalog) = catalog else {
-        return Done(Admission::reject(
-            Decision::NotReady,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no catalog is loaded yet; try again shortly",
-        ));
-    };
-    let Some(route) = catalog.route(head.method.as_str(), &path) else {
-        return Done(match policy.unknown_endpoint {
-            Uncovered::Reject => Admission::reject(
-                Decision::UnknownEndpoint,
-                StatusCode::NOT_FOUND,
-                format!("no endpoint matches {} {}", head.method, path.to_path()),
-            ),
-            Uncovered::Forward => Admission::forward(
-                Decision::UnknownEndpoint,
-                None,
-                Target::plain(path.to_path()),
-            ),
-        });
-    };
-    let endpoint = &catalog.endpoints()[route.endpoint];
-    let Some(key) = key else {
-        if endpoint.anonymous.is_empty() {
-            return Done(Admission {
-                endpoint: Some(endpoint),
-                ..missing_key()
-            });
-        }
-        let client = client::client_address(peer, &head.headers, &policy.trusted_proxies);
-        return counted(
-            head,
-            policy,
-            endpoint,
-            b"",
-            &endpoint.anonymous,
-            Some(client::group(client, policy.ipv6_prefix)),
-            route.path,
-        );
-    };
-    let limits = match catalog.limit(key, route.endpoint) {
-        LimitLookup::Limits(l) => l,
-        LimitLookup::UnknownKey | LimitLookup::NoLimit => {
-            return Done(match policy.no_limit {
-                Uncovered::Reject => Admission {
-                    endpoint: Some(endpoint),
-                    ..Admission::reject(
-                        Decision::NoLimit,
-                        StatusCode::FORBIDDEN,
-                        format!("this API key has no limit for {}", endpoint.name),
-                    )
-                },
-                Uncovered::Forward => Admission::forward(
-                    Decision::NoLimit,
-                    Some(endpoint),
-                    Target {
-                        path: route.path,
-                        method: Some(endpoint.method.clone()),
-                        limit: None,
-                    },
-                ),
-            });
-        }
-    };
-    counted(head, policy, endpoint, key, limits, None, route.path)
+}
+
+fn missing_key<'s>(policy: &Policy) -> Admission<'s> {
+    Admission::reject(
+        Decision::MissingKey,
+        StatusCode::UNAUTHORIZED,
+        format!("send your API key in the {} header", policy.api_key_label),
+    )
+}
+
+/// Step 4: no endpoint of the catalog matches (`limits.unknown_endpoint`).
+fn unknown_endpoint<'s>(head: &Parts, policy: &Policy, path: &path::NormalPath) -> Admission<'s> {
+    match policy.unknown_endpoint {
+        Uncovered::Reject => Admission::reject(
+            Decision::UnknownEndpoint,
+            StatusCode::NOT_FOUND,
+            format!("no endpoint matches {} {}", head.method, path.to_path()),
+        ),
+        Uncovered::Forward => Admission::forward(
+            Decision::UnknownEndpoint,
+            None,
+            Target::plain(path.to_path()),
+        ),
+    }
+}
+
+/// Step 5: the key has no limit on this endpoint (`limits.no_limit`); no counter either way.
+fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admission<'s> {
+    match policy.no_limit {
+        Uncovered::Reject => Admission {
+            endpoint: Some(endpoint),
+            ..Admission::reject(
+                Decision::NoLimit,
+                StatusCode::FORBIDDEN,
+                format!("this API key has no limit for {}", endpoint.name),
+            )
+        },
+        Uncovered::Forward => Admission::forward(
+            Decision::NoLimit,
+            Some(endpoint),
+            Target {
+                path,
+                method: Some(endpoint.method.clone()),
+                limit: None,
+            },
+        ),
+    }
 }
 
 /// A request with limits: its cost, then the store decides.
+#[allow(clippy::result_large_err)]
 fn counted<'s, 'r>(
     head: &'r Parts,
     policy: &Policy,
@@ -441,28 +433,23 @@ fn counted<'s, 'r>(
     limits: &'s [quotagate_engine::limiter::Limit],
     anonymous: Option<ipnet::IpNet>,
     path: String,
-) -> Step<'s, 'r> {
-    let cost = match request_cost(head, policy, endpoint) {
-        Ok(c) => c,
-        Err(bad) => {
-            return Step::Done(Admission {
-                endpoint: Some(endpoint),
-                ..Admission::reject(
-                    Decision::BadRequest,
-                    StatusCode::BAD_REQUEST,
-                    bad.to_string(),
-                )
-            });
-        }
-    };
-    Step::Count(Pending {
+) -> Result<Step<'s, 'r>, Admission<'s>> {
+    let cost = request_cost(head, policy, endpoint).map_err(|bad| Admission {
+        endpoint: Some(endpoint),
+        ..Admission::reject(
+            Decision::BadRequest,
+            StatusCode::BAD_REQUEST,
+            bad.to_string(),
+        )
+    })?;
+    Ok(Step::Count(Pending {
         key,
         anonymous,
         endpoint,
         limits: Limits::new(limits, policy.shadow),
         cost,
         path,
-    })
+    }))
 }
 
 /// The cost of a request: the endpoint's, or the cost header's when one is configured and sent.
@@ -492,43 +479,10 @@ enum BadCost {
     NotANumber(http::HeaderName),
 }
 
-/// The answer when forwarding failed, and the decision it is counted as.
-pub fn upstream_failure(e: UpstreamError) -> (Decision, Rejection<'static>) {
-    let (decision, status, detail) = match e {
-        UpstreamError::Unreachable => (
-            Decision::UpstreamError,
-            StatusCode::BAD_GATEWAY,
-            "the upstream cannot be reached",
-        ),
-        UpstreamError::Broken => (
-            Decision::UpstreamError,
-            StatusCode::BAD_GATEWAY,
-            "the upstream connection failed",
-        ),
-        UpstreamError::Timeout => (
-            Decision::UpstreamError,
-            StatusCode::GATEWAY_TIMEOUT,
-            "the upstream did not answer in time",
-        ),
-        UpstreamError::BodyTooLarge => (
-            Decision::TooLarge,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the request body is too large",
-        ),
-        // The client's fault: not an upstream failure.
-        UpstreamError::BadRequestBody => (
-            Decision::BadRequest,
-            StatusCode::BAD_REQUEST,
-            "the request body could not be read (malformed or cut short)",
-        ),
-    };
-    (decision, Rejection::new(status, detail))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, HeaderSet};
     use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
     const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));

@@ -5,6 +5,7 @@
 //! receives exactly the endpoint that was counted.
 
 pub mod admission;
+pub mod answer;
 pub mod client;
 pub mod explain;
 pub mod headers;
@@ -294,7 +295,7 @@ impl Proxy {
                 Response::from_parts(head, Either::Left(body))
             }
             Err(e) => {
-                let (decision, rejection) = admission::upstream_failure(e);
+                let (decision, rejection) = answer::upstream_failure(e);
                 record.decision = decision;
                 if decision == Decision::UpstreamError
                     && !self.upstream_failing.swap(true, Ordering::Relaxed)
