@@ -262,55 +262,52 @@ fn refusal_detail(rate: &Rate) -> String {
     }
 }
 
+/// The value of a check that passed; a check's early admission (`Err`) ends [`admit`] there.
+macro_rules! passed {
+    ($check:expr) => {
+        match $check {
+            Ok(v) => v,
+            Err(decided) => return Step::Done(decided),
+        }
+    };
+}
+
 /// Decides what it can from the request head, the catalog (`None`: none loaded yet) and the
-/// peer's address (for anonymous limits): the checks of the module comment, in their order.
+/// peer's address (for anonymous limits): the checks of the module comment, in their order. Each
+/// check's `Err` is an admission decided before the store (a refusal, or a request forwarded
+/// without limits).
 pub fn admit<'s, 'r>(
     head: &'r Parts,
     policy: &Policy,
     catalog: Option<&'s Snapshot>,
     peer: std::net::IpAddr,
 ) -> Step<'s, 'r> {
-    match checks(head, policy, catalog, peer) {
-        Ok(step) => step,
-        Err(decided) => Step::Done(decided),
-    }
-}
-
-/// The checks one after another; `Err` is an admission decided before the store (a refusal, or a
-/// request forwarded without limits).
-// The `Err` of these steps is an admission decided early: it goes straight back to `admit`, never
-// up a deep stack, and boxing it would allocate per request when limits are off.
-#[allow(clippy::result_large_err)]
-fn checks<'s, 'r>(
-    head: &'r Parts,
-    policy: &Policy,
-    catalog: Option<&'s Snapshot>,
-    peer: std::net::IpAddr,
-) -> Result<Step<'s, 'r>, Admission<'s>> {
-    check_head(head, policy)?;
+    passed!(check_head(head, policy));
     if !policy.enabled {
         let target = Target::plain(head.uri.path().to_owned());
-        return Err(Admission::forward(Decision::Unlimited, None, target));
+        return Step::Done(Admission::forward(Decision::Unlimited, None, target));
     }
-    let key = api_key(head, policy)?;
-    let path = path::normalize(head.uri.path(), policy.escaped_slashes).map_err(|e| {
-        Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
-    })?;
-    let catalog = catalog.ok_or_else(|| {
-        Admission::reject(
+    let key = passed!(api_key(head, policy));
+    let path = passed!(
+        path::normalize(head.uri.path(), policy.escaped_slashes).map_err(|e| {
+            Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
+        })
+    );
+    let Some(catalog) = catalog else {
+        return Step::Done(Admission::reject(
             Decision::NotReady,
             StatusCode::SERVICE_UNAVAILABLE,
             "no catalog is loaded yet; try again shortly",
-        )
-    })?;
-    let route = catalog
-        .route(head.method.as_str(), &path)
-        .ok_or_else(|| unknown_endpoint(head, policy, &path))?;
+        ));
+    };
+    let Some(route) = catalog.route(head.method.as_str(), &path) else {
+        return Step::Done(unknown_endpoint(head, policy, &path));
+    };
     let endpoint = &catalog.endpoints()[route.endpoint];
     let Some(key) = key else {
         // Anonymous limits depend on the endpoint: decided now that it is known.
         if endpoint.anonymous.is_empty() {
-            return Err(Admission {
+            return Step::Done(Admission {
                 endpoint: Some(endpoint),
                 ..missing_key(policy)
             });
@@ -323,13 +320,15 @@ fn checks<'s, 'r>(
     let limits = match catalog.limit(key, route.endpoint) {
         LimitLookup::Limits(l) => l,
         LimitLookup::UnknownKey | LimitLookup::NoLimit => {
-            return Err(no_limit(policy, endpoint, route.path));
+            return Step::Done(no_limit(policy, endpoint, route.path));
         }
     };
     counted(head, policy, endpoint, key, limits, None, route.path)
 }
 
 /// Step 0 and 1: exactly one `Host` on HTTP/1.1, and a declared body within the limit.
+// The `Err` of a check is an admission decided early: it goes straight back to `admit` (no deep
+// stack to climb), where boxing it would cost an allocation per refused request.
 #[allow(clippy::result_large_err)]
 fn check_head<'s>(head: &Parts, policy: &Policy) -> Result<(), Admission<'s>> {
     // RFC 9112 §3.2: an HTTP/1.1 request with no Host, or more than one, is answered 400 (the
@@ -424,7 +423,6 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
 }
 
 /// A request with limits: its cost, then the store decides.
-#[allow(clippy::result_large_err)]
 fn counted<'s, 'r>(
     head: &'r Parts,
     policy: &Policy,
@@ -433,23 +431,25 @@ fn counted<'s, 'r>(
     limits: &'s [quotagate_engine::limiter::Limit],
     anonymous: Option<ipnet::IpNet>,
     path: String,
-) -> Result<Step<'s, 'r>, Admission<'s>> {
-    let cost = request_cost(head, policy, endpoint).map_err(|bad| Admission {
-        endpoint: Some(endpoint),
-        ..Admission::reject(
-            Decision::BadRequest,
-            StatusCode::BAD_REQUEST,
-            bad.to_string(),
-        )
-    })?;
-    Ok(Step::Count(Pending {
+) -> Step<'s, 'r> {
+    let cost = passed!(
+        request_cost(head, policy, endpoint).map_err(|bad| Admission {
+            endpoint: Some(endpoint),
+            ..Admission::reject(
+                Decision::BadRequest,
+                StatusCode::BAD_REQUEST,
+                bad.to_string(),
+            )
+        })
+    );
+    Step::Count(Pending {
         key,
         anonymous,
         endpoint,
         limits: Limits::new(limits, policy.shadow),
         cost,
         path,
-    }))
+    })
 }
 
 /// The cost of a request: the endpoint's, or the cost header's when one is configured and sent.
