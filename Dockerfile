@@ -3,7 +3,7 @@
 #   docker run --rm -p 8080:8080 quotagate quickstart --listen 0.0.0.0:8080
 FROM rust:1-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY crates ./crates
 # The quick start's catalog is built into the binary.

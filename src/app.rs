@@ -18,7 +18,9 @@ use crate::divvy::rules::RuleSet;
 use crate::divvy::server::ConnectionLimits;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
+use crate::rls::Rls;
 use crate::runtime::Runtime;
+use crate::server::Executor;
 use crate::settings::Settings;
 use crate::shutdown::Token;
 use crate::start::{StartError, bind};
@@ -33,6 +35,10 @@ pub struct App {
     pub gateway: Option<Arc<Gateway>>,
     pub divvy: Option<Arc<Divvy>>,
     pub admin: Option<Arc<Admin>>,
+    /// The Envoy rate-limit service.
+    pub rls: Option<Arc<Rls>>,
+    /// Its rule files, as they were when loaded (the watcher starts from there).
+    rls_files: Option<(std::path::PathBuf, crate::rls::load::Fingerprint)>,
     divvy_limits: ConnectionLimits,
     workers: Arc<Workers>,
     addrs: Addrs,
@@ -43,6 +49,7 @@ pub struct App {
 struct Addrs {
     gateway: Option<SocketAddr>,
     divvy: Option<SocketAddr>,
+    rls: Option<SocketAddr>,
     admin: Option<SocketAddr>,
 }
 
@@ -50,6 +57,7 @@ struct Addrs {
 pub struct Listeners {
     gateway: Option<(TcpListener, SocketAddr)>,
     divvy: Option<(TcpListener, SocketAddr)>,
+    rls: Option<(TcpListener, SocketAddr)>,
     admin: Option<(TcpListener, SocketAddr)>,
 }
 
@@ -59,6 +67,9 @@ impl Listeners {
     }
     pub fn divvy(&self) -> Option<SocketAddr> {
         self.divvy.as_ref().map(|(_, a)| *a)
+    }
+    pub fn rls(&self) -> Option<SocketAddr> {
+        self.rls.as_ref().map(|(_, a)| *a)
     }
     pub fn admin(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(|(_, a)| *a)
@@ -123,6 +134,26 @@ impl App {
             None => None,
             Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog)?)),
         };
+        let mut rls_files = None;
+        let rls = match &settings.rls {
+            None => None,
+            Some(r) => {
+                // Listed before reading: a change in between is seen by the watcher.
+                let seen = crate::rls::load::list(&r.rules).unwrap_or_default();
+                rls_files = Some((r.rules.clone(), seen));
+                let rules = crate::rls::load::load(&r.rules)
+                    .map_err(|problems| ConfigError::option("rls.config", problems.to_string()))?;
+                let catalog = gateway.as_ref().map(|g| g.catalog().clone());
+                let rls = Rls::new(
+                    rules,
+                    store.clone(),
+                    rt.clock.clone(),
+                    catalog,
+                    r.policy.clone(),
+                );
+                Some(Arc::new(rls))
+            }
+        };
         let admin = settings.admin.as_ref().map(|a| {
             Arc::new(Admin::new(
                 metrics.clone(),
@@ -141,11 +172,14 @@ impl App {
             gateway,
             divvy,
             admin,
+            rls,
+            rls_files,
             divvy_limits,
             workers: rt.workers,
             addrs: Addrs {
                 gateway: settings.gateway.as_ref().map(|g| g.listen),
                 divvy: settings.divvy.as_ref().map(|d| d.listen),
+                rls: settings.rls.as_ref().map(|r| r.listen),
                 admin: settings.admin.as_ref().map(|a| a.listen),
             },
         })
@@ -160,6 +194,7 @@ impl App {
         Ok(Listeners {
             gateway: bind_opt(self.addrs.gateway).await?,
             divvy: bind_opt(self.addrs.divvy).await?,
+            rls: bind_opt(self.addrs.rls).await?,
             admin: bind_opt(self.addrs.admin).await?,
         })
     }
@@ -189,12 +224,42 @@ impl App {
             ))),
             _ => None,
         };
+        let rls_port = match (listeners.rls, &self.rls) {
+            (Some((l, _)), Some(rls)) => {
+                let watcher = self.rls_files.clone().map(|(path, seen)| {
+                    tokio::spawn(crate::rls::load::watch(rls.clone(), path, seen))
+                });
+                let (rls, token) = (rls.clone(), token.clone());
+                let executor = Executor {
+                    workers: Some(self.workers.clone()),
+                    open_connections: None,
+                };
+                Some(tokio::spawn(async move {
+                    let drained = crate::rls::server::serve(
+                        l,
+                        rls,
+                        Default::default(),
+                        executor,
+                        token.cancelled_owned(),
+                    )
+                    .await;
+                    if let Some(w) = watcher {
+                        w.abort();
+                    }
+                    drained
+                }))
+            }
+            _ => None,
+        };
         let mut drained = true;
         if let (Some((l, _)), Some(g)) = (listeners.gateway, &self.gateway) {
             g.spawn_background(&token);
             drained = g.serve(l, token.cancelled()).await;
         } else if let Some(port) = divvy_port {
             let _ = port.await;
+        }
+        if let Some(port) = rls_port {
+            drained &= port.await.unwrap_or(false);
         }
         drained
     }

@@ -11,6 +11,7 @@ use crate::admin::AdminSettings;
 use crate::config::{Config, ConfigError, LogConfig, StoreConfig, StoreKind, positive_ms};
 use crate::divvy::DivvySettings;
 use crate::gateway::GatewaySettings;
+use crate::rls::RlsSettings;
 use quotagate_store::{RedisOptions, RedisTarget, StoreSettings};
 
 /// Workers at most (`server.workers`).
@@ -28,6 +29,8 @@ pub struct Settings {
     pub gateway: Option<GatewaySettings>,
     /// The Divvy port, when a rule file is configured.
     pub divvy: Option<DivvySettings>,
+    /// The Envoy rate-limit service, when rule files are configured.
+    pub rls: Option<RlsSettings>,
     /// The admin listener, unless turned off.
     pub admin: Option<AdminSettings>,
     pub log: LogConfig,
@@ -67,11 +70,16 @@ impl Settings {
             true => None,
             false => Some(DivvySettings::new(&config.divvy, &env)?),
         };
+        let rls = match config.rls.config.is_empty() {
+            true => None,
+            false => Some(RlsSettings::try_from(&config.rls)?),
+        };
         Ok(Settings {
             workers,
             store,
             gateway: Some(GatewaySettings::try_from(&config)?),
             divvy,
+            rls,
             admin: match config.admin.enabled {
                 true => Some(AdminSettings::try_from(&config.admin)?),
                 false => None,

@@ -77,6 +77,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub store: StoreConfig,
     pub divvy: DivvyConfig,
+    pub rls: RlsConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
 }
@@ -99,6 +100,34 @@ impl Default for AdminConfig {
             enabled: true,
             listen: "127.0.0.1:8081".into(),
             secret: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RlsConfig {
+    /// envoyproxy/ratelimit rule files: one YAML file, or a directory of them (`*.yaml`,
+    /// `*.yml`), watched for changes; the Envoy rate-limit service runs when one is set. Default:
+    /// none.
+    pub config: String,
+    /// Address of the gRPC port (`ShouldRateLimit` and `grpc.health.v1.Health`). Default:
+    /// `127.0.0.1:8082`.
+    pub listen: String,
+    /// Domain whose descriptors with `api_key`, `method` and `path` entries are decided by the
+    /// gateway's catalog, on the gateway's counters. Default: `quotagate`.
+    pub catalog_domain: String,
+    /// Send the RateLimit header fields in `response_headers_to_add`. Default: `false`.
+    pub response_headers: bool,
+}
+
+impl Default for RlsConfig {
+    fn default() -> Self {
+        RlsConfig {
+            config: String::new(),
+            listen: "127.0.0.1:8082".into(),
+            catalog_domain: "quotagate".into(),
+            response_headers: false,
         }
     }
 }

@@ -384,6 +384,9 @@ pub struct TestGateway {
     pub addr: SocketAddr,
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`).
     pub admin: SocketAddr,
+    /// The Envoy rate-limit service's port, when `rls.config` is set.
+    pub rls: Option<SocketAddr>,
+    pub rls_service: Option<Arc<quotagate::rls::Rls>>,
     pub clock: FakeClock,
     pub gateway: Arc<Gateway>,
     pub token: CancellationToken,
@@ -410,11 +413,14 @@ impl TestGateway {
             config.admin.listen = "127.0.0.1:0".into();
         }
         config.admin.enabled = true;
+        config.rls.listen = "127.0.0.1:0".into();
         let settings = Settings::new(config, |_| None).unwrap();
         let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());
         let listeners = app.bind().await.unwrap();
         let addr = listeners.gateway().unwrap();
         let admin = listeners.admin().unwrap();
+        let rls = listeners.rls();
+        let rls_service = app.rls.clone();
         let gateway = app.gateway.clone().unwrap();
         let token = CancellationToken::new();
         let stop = token.clone();
@@ -422,6 +428,8 @@ impl TestGateway {
         TestGateway {
             addr,
             admin,
+            rls,
+            rls_service,
             clock,
             gateway,
             token,

@@ -58,6 +58,24 @@ impl CounterKey {
         CounterKey(s)
     }
 
+    /// The counter of an Envoy rate-limit descriptor: `{#<domain>:<key>=<value>:...}:rls`. Its
+    /// parts are escaped (`:`, `=`, `#` never appear unescaped in one), and a `#` is always
+    /// escaped in an API key's name, so no descriptor can share an API key's counter. The whole
+    /// descriptor is the hash tag: descriptors spread over a cluster's slots.
+    pub fn descriptor<'a>(domain: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut s = String::with_capacity(domain.len() + 32);
+        s.push_str("{#");
+        escape(domain.as_bytes(), &mut s);
+        for (k, v) in entries {
+            s.push(':');
+            escape(k.as_bytes(), &mut s);
+            s.push('=');
+            escape(v.as_bytes(), &mut s);
+        }
+        s.push_str("}:rls");
+        CounterKey(s)
+    }
+
     /// The start shared by every counter of `api_key` (`{<api key>}:`).
     pub fn api_key_prefix(api_key: &[u8]) -> String {
         let mut s = String::with_capacity(api_key.len() + 3);
@@ -159,6 +177,26 @@ mod tests {
             assert_eq!(n.matches('{').count(), 1, "{n}");
             assert_eq!(n.matches('}').count(), 1, "{n}");
         }
+    }
+
+    #[test]
+    fn descriptors_have_counters_of_their_own() {
+        let d =
+            |domain: &str, e: &[(&str, &str)]| CounterKey::descriptor(domain, e.iter().copied()).0;
+        assert_eq!(
+            d("edge", &[("k", "v"), ("path", "/a b")]),
+            "{#edge:k=v:path=/a%20b}:rls"
+        );
+        let names: std::collections::HashSet<String> = [
+            d("a", &[("b", "c")]),
+            d("a:b", &[("c", "")]),
+            d("a", &[("b=c", "")]),
+            d("a", &[("b", "c"), ("d", "e")]),
+            d("a", &[("b", "c:d=e")]),
+            CounterKey::new(b"#a:b=c", "rls").0,
+        ]
+        .into();
+        assert_eq!(names.len(), 6);
     }
 
     #[test]

@@ -31,26 +31,7 @@ impl Pattern {
             (_, None) => false,
             (Pattern::Present, Some(_)) => true,
             (Pattern::Exact(e), Some(v)) => e == v,
-            (Pattern::Glob(parts), Some(v)) => glob_match(parts, v),
+            (Pattern::Glob(parts), Some(v)) => crate::glob::matches(parts, v),
         }
     }
-}
-
-/// `parts` are the pieces between the stars (at least two).
-fn glob_match(parts: &[String], value: &str) -> bool {
-    let (first, last) = (&parts[0], &parts[parts.len() - 1]);
-    if value.len() < first.len() + last.len()
-        || !value.starts_with(first.as_str())
-        || !value.ends_with(last.as_str())
-    {
-        return false;
-    }
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for middle in &parts[1..parts.len() - 1] {
-        match rest.find(middle.as_str()) {
-            Some(i) => rest = &rest[i + middle.len()..],
-            None => return false,
-        }
-    }
-    true
 }

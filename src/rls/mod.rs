@@ -1,0 +1,55 @@
+//! rls: Envoy's rate-limit service (`envoy.service.ratelimit.v3.RateLimitService`), a third door
+//! onto the same counters as the HTTP proxy and the Divvy port.
+//!
+//! - [`proto`]: the messages, wire-compatible with Envoy's protos (pure).
+//! - [`rules`]: envoyproxy/ratelimit's YAML rule files and which rule a descriptor matches (pure).
+//! - [`service`]: one `ShouldRateLimit` call decided on the store ([`Rls`]).
+//! - [`load`]: reading the rule files, and applying changes to them while serving.
+//! - [`server`]: the gRPC port (with `grpc.health.v1.Health`).
+//!
+//! Limits are sliding windows of the unit's length in the shared store; the catalog domain is
+//! decided by the gateway's catalog on the gateway's own counters (`docs/ratelimit.md`).
+
+pub mod load;
+pub mod proto;
+pub mod rules;
+pub mod server;
+pub mod service;
+
+pub use service::{Rls, RlsPolicy};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::config::{ConfigError, RlsConfig, address};
+
+/// The service's settings (`[rls]`), checked.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    /// `rls.listen`.
+    pub listen: SocketAddr,
+    /// `rls.config`: a rule file or a directory of them.
+    pub rules: PathBuf,
+    pub policy: RlsPolicy,
+}
+
+impl TryFrom<&RlsConfig> for RlsSettings {
+    type Error = ConfigError;
+
+    fn try_from(c: &RlsConfig) -> Result<Self, ConfigError> {
+        if c.catalog_domain.is_empty() {
+            return Err(ConfigError::option(
+                "rls.catalog_domain",
+                "must not be empty",
+            ));
+        }
+        Ok(RlsSettings {
+            listen: address("rls.listen", &c.listen, "127.0.0.1:8082")?,
+            rules: PathBuf::from(&c.config),
+            policy: RlsPolicy {
+                catalog_domain: c.catalog_domain.clone(),
+                response_headers: c.response_headers,
+            },
+        })
+    }
+}

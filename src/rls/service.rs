@@ -1,0 +1,467 @@
+//! service: one `ShouldRateLimit` call, decided on quotagate's counters. No gRPC here: the
+//! server hands a decoded request in and sends back what comes out.
+//!
+//! Per descriptor: a domain's rule (or the descriptor's own `limit` override, which wins) gives a
+//! limit of `requests_per_unit` per unit, enforced as a sliding window of the unit's length in the
+//! shared store, on a counter named by the domain and the descriptor's entries. In the catalog
+//! domain, a descriptor with `api_key`, `method` and `path` entries is decided by the gateway's
+//! catalog on the gateway's own counter for that key and endpoint. Each descriptor is decided on
+//! its own counter (several counters are not one atomic step): a descriptor with room is counted
+//! even when another one of the same request is over its limit.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use arc_swap::ArcSwap;
+use futures_util::future::join_all;
+use http::HeaderMap;
+
+use super::proto::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse};
+use super::rules::{RuleSet, Unit};
+use crate::catalog::LimitLookup;
+use crate::catalog::live::Live;
+use crate::config::HeaderSet;
+use crate::proxy::headers::set_rate_limit;
+use quotagate_engine::clock::Clock;
+use quotagate_engine::limiter::{Limit, Limits, Outcome, Quota, Rate};
+use quotagate_engine::path::{self, EscapedSlashes};
+use quotagate_store::{CounterKey, Store, Verdict};
+
+/// The service's settings (`[rls]`), checked.
+#[derive(Debug, Clone)]
+pub struct RlsPolicy {
+    /// `rls.catalog_domain`: the domain decided by the gateway's catalog.
+    pub catalog_domain: String,
+    /// `rls.response_headers`: send the RateLimit header fields for Envoy to add.
+    pub response_headers: bool,
+}
+
+/// The rate-limit service behind the gRPC port.
+pub struct Rls {
+    pub rules: ArcSwap<RuleSet>,
+    store: Arc<Store>,
+    clock: Arc<dyn Clock>,
+    /// The gateway's live catalog, for the catalog domain (`None`: no gateway in this process).
+    catalog: Option<Arc<Live>>,
+    policy: RlsPolicy,
+    /// Rule sets applied, and refused, since start (the watcher's).
+    pub reloads: [AtomicU64; 2],
+}
+
+/// A request the service cannot decide: INVALID_ARGUMENT, with why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+/// What one descriptor asks, checked.
+struct Ask<'r> {
+    entries: Vec<(&'r str, &'r str)>,
+    /// Units to count; 0: check without counting.
+    cost: u64,
+    override_limit: Option<(u32, Unit)>,
+}
+
+/// How one descriptor is decided.
+enum Plan {
+    /// No limit applies (unknown domain, no rule, replaced): OK, no `current_limit`.
+    Free,
+    /// `unlimited`: OK with all the room there is.
+    Unlimited,
+    /// Counted against `limits` on `counter`.
+    Count {
+        counter: CounterKey,
+        limits: Vec<Limit>,
+        /// For `current_limit`: the rule's name, its number and unit (the first limit's).
+        name: String,
+        shown: (u32, proto::Unit),
+        /// Named by a rule (`replaces` can remove it).
+        rule_name: Option<String>,
+        replaces: Vec<String>,
+    },
+}
+
+impl Rls {
+    pub fn new(
+        rules: RuleSet,
+        store: Arc<Store>,
+        clock: Arc<dyn Clock>,
+        catalog: Option<Arc<Live>>,
+        policy: RlsPolicy,
+    ) -> Rls {
+        Rls {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            clock,
+            catalog,
+            policy,
+            reloads: Default::default(),
+        }
+    }
+
+    /// Decides one request. `Err`: it is malformed (INVALID_ARGUMENT).
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Invalid> {
+        let (domain, asks) = check_request(req)?;
+        let rules = self.rules.load();
+        let mut plans: Vec<Plan> = asks.iter().map(|a| self.plan(&rules, domain, a)).collect();
+        replace(&mut plans);
+        let now_ms = self.clock.now_ms();
+        let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
+            match plan {
+                Plan::Count {
+                    counter, limits, ..
+                } => Some(self.count(counter, limits, ask.cost, now_ms).await),
+                _ => None,
+            }
+        }))
+        .await;
+        Ok(self.respond(&plans, decided))
+    }
+
+    /// Which limit one descriptor is held to.
+    fn plan(&self, rules: &RuleSet, domain: &str, ask: &Ask<'_>) -> Plan {
+        if domain == self.policy.catalog_domain
+            && let Some(plan) = self.catalog_plan(ask)
+        {
+            return plan;
+        }
+        let known = rules.domain(domain);
+        if known.is_none() && domain != self.policy.catalog_domain {
+            return Plan::Free;
+        }
+        let counter = CounterKey::descriptor(domain, ask.entries.iter().copied());
+        if let Some((n, unit)) = ask.override_limit {
+            return Plan::Count {
+                counter,
+                limits: vec![limit(n, unit, false)],
+                name: String::new(),
+                shown: (n, unit.proto()),
+                rule_name: None,
+                replaces: Vec::new(),
+            };
+        }
+        let Some(found) = known.and_then(|d| d.find(&ask.entries)) else {
+            return Plan::Free;
+        };
+        let rule = found.rule;
+        let Some((n, unit)) = rule.limit else {
+            return Plan::Unlimited;
+        };
+        let counter = if ask
+            .entries
+            .iter()
+            .enumerate()
+            .any(|(i, (_, v))| found.counted_value(i, v) != *v)
+        {
+            CounterKey::descriptor(
+                domain,
+                ask.entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, v))| (*k, found.counted_value(i, v))),
+            )
+        } else {
+            counter
+        };
+        Plan::Count {
+            counter,
+            limits: vec![limit(n, unit, rule.shadow)],
+            name: rule.name.clone(),
+            shown: (n, unit.proto()),
+            rule_name: (!rule.name.is_empty()).then(|| rule.name.clone()),
+            replaces: rule.replaces.clone(),
+        }
+    }
+
+    /// The catalog domain: a descriptor carrying `api_key`, `method` and `path`, decided as the
+    /// gateway decides that request. `None` when the descriptor is not of that shape.
+    fn catalog_plan(&self, ask: &Ask<'_>) -> Option<Plan> {
+        let live = self.catalog.as_ref()?;
+        let get = |name: &str| ask.entries.iter().find(|(k, _)| *k == name).map(|e| e.1);
+        let (key, method, raw) = (get("api_key")?, get("method")?, get("path")?);
+        let snapshot = live.snapshot();
+        let raw = raw.split(['?', '#']).next().unwrap_or_default();
+        let Ok(normal) = path::normalize(raw, EscapedSlashes::Reject) else {
+            return Some(Plan::Free);
+        };
+        let Some(route) = snapshot.route(method, &normal) else {
+            return Some(Plan::Free);
+        };
+        let endpoint = &snapshot.endpoints()[route.endpoint];
+        let LimitLookup::Limits(limits) = snapshot.limit(key.as_bytes(), route.endpoint) else {
+            return Some(Plan::Free);
+        };
+        let first = limits[0];
+        Some(Plan::Count {
+            counter: CounterKey::new(key.as_bytes(), &endpoint.name),
+            limits: limits.to_vec(),
+            name: endpoint.name.clone(),
+            shown: (
+                u32::try_from(first.rl).unwrap_or(u32::MAX),
+                window_unit(first.w),
+            ),
+            rule_name: None,
+            replaces: Vec::new(),
+        })
+    }
+
+    /// Counts one descriptor (a cost of 0 checks without counting).
+    async fn count(
+        &self,
+        counter: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Verdict {
+        self.store.hit(counter, limits, cost, now_ms).await
+    }
+
+    /// The response: one status per descriptor, the overall code, and the header fields.
+    fn respond(&self, plans: &[Plan], decided: Vec<Option<Verdict>>) -> RateLimitResponse {
+        let statuses: Vec<DescriptorStatus> = plans
+            .iter()
+            .zip(decided)
+            .map(|(plan, verdict)| status(plan, verdict))
+            .collect();
+        let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+        let limited = |(_, s): &(usize, &DescriptorStatus)| s.current_limit.is_some();
+        // The header fields describe the first refused descriptor, else the one with least room.
+        let shown = statuses
+            .iter()
+            .enumerate()
+            .filter(limited)
+            .find(|(_, s)| over(s))
+            .or_else(|| {
+                statuses
+                    .iter()
+                    .enumerate()
+                    .filter(limited)
+                    .min_by_key(|(_, s)| s.limit_remaining)
+            })
+            .map(|(i, _)| i);
+        let response_headers_to_add = match shown {
+            Some(i) if self.policy.response_headers => header_fields(&plans[i], &statuses[i]),
+            _ => Vec::new(),
+        };
+        RateLimitResponse {
+            overall_code: if statuses.iter().any(over) {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32,
+            statuses,
+            response_headers_to_add,
+        }
+    }
+}
+
+/// One descriptor's status from its plan and the store's verdict.
+fn status(plan: &Plan, verdict: Option<Verdict>) -> DescriptorStatus {
+    let (
+        Plan::Count {
+            limits,
+            name,
+            shown: (n, unit),
+            ..
+        },
+        Some(verdict),
+    ) = (plan, verdict)
+    else {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: if matches!(plan, Plan::Unlimited) {
+                u32::MAX
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+    };
+    let outcome = match verdict {
+        Verdict::Decided(o) | Verdict::Local(o) => o,
+        Verdict::Open => Outcome::new(true, false, &[open_quota(*n)]),
+        Verdict::Closed => Outcome::new(false, false, &[closed_quota(*n)]),
+    };
+    let q = outcome.quotas()[outcome.most_restrictive(limits).unwrap_or(0)];
+    DescriptorStatus {
+        code: if outcome.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        } as i32,
+        current_limit: Some(proto::RateLimit {
+            requests_per_unit: *n,
+            unit: *unit as i32,
+            name: name.clone(),
+        }),
+        limit_remaining: if outcome.allowed {
+            u32::try_from(q.remaining).unwrap_or(u32::MAX)
+        } else {
+            0
+        },
+        duration_until_reset: Some(proto::Duration {
+            seconds: i64::try_from(q.reset).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+    }
+}
+
+/// The RateLimit header fields the gateway would send for one descriptor's status.
+fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderValue> {
+    let (Plan::Count { limits, name, .. }, Some(limit)) = (plan, &status.current_limit) else {
+        return Vec::new();
+    };
+    let allowed = status.code == Code::Ok as i32;
+    let reset = status
+        .duration_until_reset
+        .map_or(0, |d| d.seconds.max(0) as u64);
+    let q = Quota {
+        allowed,
+        limit: u64::from(limit.requests_per_unit),
+        remaining: u64::from(status.limit_remaining),
+        reset,
+        retry_after: (!allowed).then_some(reset),
+    };
+    let first = [Limit {
+        shadow: false,
+        ..limits[0]
+    }];
+    let rate = Rate {
+        name,
+        limits: Limits::new(&first, false),
+        outcome: Outcome::new(allowed, false, &[q]),
+        cost: 1,
+    };
+    let mut headers = HeaderMap::new();
+    set_rate_limit(&mut headers, HeaderSet::Both, &rate);
+    headers
+        .iter()
+        .filter_map(|(k, v)| {
+            Some(proto::HeaderValue {
+                key: k.as_str().to_owned(),
+                value: v.to_str().ok()?.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// `replaces`: a named rule that another matched rule replaces is not applied.
+fn replace(plans: &mut [Plan]) {
+    let replaced: Vec<String> = plans
+        .iter()
+        .filter_map(|p| match p {
+            Plan::Count { replaces, .. } => Some(replaces.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for p in plans.iter_mut() {
+        if let Plan::Count {
+            rule_name: Some(n), ..
+        } = p
+            && replaced.contains(n)
+        {
+            *p = Plan::Free;
+        }
+    }
+}
+
+/// A limit of `n` per `unit`, as a sliding window of the unit's length.
+fn limit(n: u32, unit: Unit, shadow: bool) -> Limit {
+    Limit {
+        rl: u64::from(n),
+        w: unit.seconds(),
+        shadow,
+    }
+}
+
+/// The unit Envoy is shown for a catalog window of `w` seconds (the nearest that fits).
+fn window_unit(w: u32) -> proto::Unit {
+    match w {
+        0..60 => proto::Unit::Second,
+        60..3_600 => proto::Unit::Minute,
+        3_600..86_400 => proto::Unit::Hour,
+        _ => proto::Unit::Day,
+    }
+}
+
+/// The store is down and the policy is `open`: all the room there is.
+fn open_quota(n: u32) -> Quota {
+    Quota {
+        allowed: true,
+        limit: u64::from(n),
+        remaining: u64::from(n),
+        reset: 0,
+        retry_after: None,
+    }
+}
+
+/// The store is down and the policy is `closed`: refused, no wait known.
+fn closed_quota(n: u32) -> Quota {
+    Quota {
+        allowed: false,
+        limit: u64::from(n),
+        remaining: 0,
+        reset: 0,
+        retry_after: None,
+    }
+}
+
+/// Checks a request's shape and text: the domain and each descriptor's entries (UTF-8, keys not
+/// empty), its override's unit, and what each descriptor counts.
+fn check_request(req: &RateLimitRequest) -> Result<(&str, Vec<Ask<'_>>), Invalid> {
+    let domain = std::str::from_utf8(&req.domain)
+        .map_err(|_| Invalid("domain is not valid UTF-8".into()))?;
+    if domain.is_empty() {
+        return Err(Invalid("rate limit domain must not be empty".into()));
+    }
+    if req.descriptors.is_empty() {
+        return Err(Invalid(format!(
+            "domain '{domain}': rate limit descriptor list must not be empty"
+        )));
+    }
+    let default_cost = u64::from(req.hits_addend.max(1));
+    let mut asks = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.iter().enumerate() {
+        let mut entries = Vec::with_capacity(d.entries.len());
+        if d.entries.is_empty() {
+            return Err(Invalid(format!("descriptors[{i}] has no entries")));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            let (Ok(k), Ok(v)) = (std::str::from_utf8(&e.key), std::str::from_utf8(&e.value))
+            else {
+                return Err(Invalid(format!(
+                    "descriptors[{i}].entries[{j}] is not valid UTF-8"
+                )));
+            };
+            if k.is_empty() {
+                return Err(Invalid(format!(
+                    "descriptors[{i}].entries[{j}] has an empty key"
+                )));
+            }
+            entries.push((k, v));
+        }
+        let override_limit = match &d.limit {
+            None => None,
+            Some(l) => match Unit::from_proto(l.unit) {
+                Some(u) => Some((l.requests_per_unit, u)),
+                None => {
+                    return Err(Invalid(format!(
+                        "descriptors[{i}].limit has no known unit ({})",
+                        l.unit
+                    )));
+                }
+            },
+        };
+        asks.push(Ask {
+            entries,
+            cost: d.hits_addend.map_or(default_cost, |h| h.value),
+            override_limit,
+        });
+    }
+    Ok((domain, asks))
+}

@@ -1,0 +1,496 @@
+//! The Envoy rate-limit service over real gRPC (HTTP/2 over TCP): a gateway started with
+//! `rls.config`, asked by the generated client, on the memory store and on a private
+//! redis-server with the same cases for both.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use quotagate::config::{Config, StoreKind};
+use quotagate::rls::proto::{
+    Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, RateLimitResponse,
+    UInt64Value, Unit,
+};
+use quotagate::rls::server::RateLimitServiceClient;
+use quotagate_engine::clock::FakeClock;
+use quotagate_store::{FailurePolicy, TimeSource};
+use support::{RedisServer, TestGateway, Upstream, eventually, get};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// 2026-11-25 00:00:10 UTC, ten seconds into a minute.
+const T0: u64 = 1_795_564_810;
+
+const CATALOG: &str = r#"{
+  "version": {"semver": "1.0.0", "hash": "h1"},
+  "methods": ["GET"],
+  "paths": ["/users/{id}"],
+  "endpoints": [{"p": 0, "m": 0}],
+  "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 3}]}]
+}"#;
+
+const RULES: &str = "
+domain: edge
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per-client}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: watched
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: outer
+    descriptors:
+      - key: inner
+        value: x
+        rate_limit: {unit: hour, requests_per_unit: 1, name: inner-x}
+  - key: old
+    rate_limit: {unit: minute, requests_per_unit: 1, name: old}
+  - key: new
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+      name: new
+      replaces: [{name: old}]
+";
+
+type Client = RateLimitServiceClient<
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        tonic::body::Body,
+    >,
+>;
+
+fn channel(
+    addr: SocketAddr,
+) -> (
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        tonic::body::Body,
+    >,
+    http::Uri,
+) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    (client, format!("http://{addr}").parse().unwrap())
+}
+
+fn client(addr: SocketAddr) -> Client {
+    let (c, origin) = channel(addr);
+    RateLimitServiceClient::with_origin(c, origin)
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.as_bytes().to_vec(),
+                value: v.as_bytes().to_vec(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.as_bytes().to_vec(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn ask(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+/// (code, remaining, seconds until reset) of each status.
+fn summary(r: &RateLimitResponse) -> Vec<(Code, u32, i64)> {
+    r.statuses
+        .iter()
+        .map(|s| {
+            (
+                Code::try_from(s.code).unwrap(),
+                s.limit_remaining,
+                s.duration_until_reset.map_or(-1, |d| d.seconds),
+            )
+        })
+        .collect()
+}
+
+struct Rig {
+    gw: TestGateway,
+    rules: tempfile::TempDir,
+    _up: Upstream,
+}
+
+async fn start(redis: Option<&RedisServer>, response_headers: bool) -> Rig {
+    let up = Upstream::start().await;
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("edge.yaml"), RULES).unwrap();
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    c.rls.config = rules.path().display().to_string();
+    c.rls.response_headers = response_headers;
+    if let Some(r) = redis {
+        c.store.kind = StoreKind::Redis;
+        c.store.redis_url = r.url();
+        c.store.failure_policy = FailurePolicy::Closed;
+        c.store.time_source = TimeSource::Local;
+    }
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    Rig { gw, rules, _up: up }
+}
+
+/// Every case, on one store.
+async fn cases(rig: &Rig) {
+    let mut c = client(rig.gw.rls.unwrap());
+    let clock = &rig.gw.clock;
+
+    // The exact limit, per value of a key without a value in the rules.
+    for left in [2, 1, 0] {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("client", "a")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(summary(&r), [(Code::Ok, left, 60)]);
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+            (3, Unit::Minute as i32, "per-client")
+        );
+    }
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "a")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(summary(&r), [(Code::OverLimit, 0, 60)]);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "b")])]),
+    )
+    .await;
+    assert_eq!(summary(&r), [(Code::Ok, 2, 60)]);
+
+    // Sliding: 30 s on, still refused, with the wait until the first hit leaves the window.
+    clock.advance(30);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "a")])]),
+    )
+    .await;
+    assert_eq!(summary(&r), [(Code::OverLimit, 0, 30)]);
+    clock.advance(30);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "a")])]),
+    )
+    .await;
+    assert_eq!(summary(&r)[0].0, Code::Ok);
+
+    // hits_addend: the request's for every descriptor; a descriptor's own, 0 = check only.
+    let mut req = request("edge", vec![descriptor(&[("client", "c")])]);
+    req.hits_addend = 2;
+    assert_eq!(summary(&ask(&mut c, req).await), [(Code::Ok, 1, 60)]);
+    let mut d = descriptor(&[("client", "c")]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let r = ask(&mut c, request("edge", vec![d.clone()])).await;
+    assert_eq!(summary(&r)[0].0, Code::Ok);
+    assert_eq!(summary(&r)[0].1, 1, "a check counts nothing");
+    d.hits_addend = Some(UInt64Value { value: 2 });
+    let r = ask(&mut c, request("edge", vec![d])).await;
+    assert_eq!(summary(&r)[0].0, Code::OverLimit, "2 units do not fit in 1");
+
+    // Wildcard values count per value, in 100 ms buckets of a one-second window.
+    for _ in 0..2 {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("path", "/api/v1")])]),
+        )
+        .await;
+        assert_eq!(summary(&r)[0].0, Code::Ok);
+    }
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("path", "/api/v1")])]),
+    )
+    .await;
+    assert_eq!(summary(&r)[0].0, Code::OverLimit);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("path", "/api/v2")])]),
+    )
+    .await;
+    assert_eq!(summary(&r)[0].0, Code::Ok);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("path", "/other")])]),
+    )
+    .await;
+    assert_eq!(summary(&r), [(Code::Ok, 0, -1)], "no rule: OK, no limit");
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // Shadow mode lets through what it counts; unlimited is unlimited.
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("watched", "1")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    let r = ask(&mut c, request("edge", vec![descriptor(&[("free", "1")])])).await;
+    assert_eq!(summary(&r), [(Code::Ok, u32::MAX, -1)]);
+
+    // Nested rules apply at the depth of the descriptor's last entry only.
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("outer", "o"), ("inner", "x")])]),
+    )
+    .await;
+    // An hour in 60 buckets of a minute: the hit leaves with its bucket, 10 s into a minute.
+    assert_eq!(summary(&r), [(Code::Ok, 0, 3590)]);
+    let r = ask(&mut c, request("edge", vec![descriptor(&[("outer", "o")])])).await;
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // Several descriptors: all enforced; `replaces` removes the replaced one.
+    let r = ask(
+        &mut c,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("old", "1")]),
+                descriptor(&[("new", "1")]),
+                descriptor(&[("client", "d")]),
+            ],
+        ),
+    )
+    .await;
+    assert!(r.statuses[0].current_limit.is_none(), "replaced");
+    assert_eq!(r.statuses[1].limit_remaining, 99);
+    assert_eq!(r.statuses[2].limit_remaining, 2);
+
+    // A limit override, also where no rule matches; an unknown domain is not limited.
+    let mut d = descriptor(&[("nobody", "x")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour as i32,
+    });
+    assert_eq!(
+        summary(&ask(&mut c, request("edge", vec![d.clone()])).await)[0].0,
+        Code::Ok
+    );
+    assert_eq!(
+        summary(&ask(&mut c, request("edge", vec![d.clone()])).await)[0].0,
+        Code::OverLimit
+    );
+    let r = ask(&mut c, request("elsewhere", vec![d.clone(), d])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(summary(&r), [(Code::Ok, 0, -1), (Code::Ok, 0, -1)]);
+
+    // 1000 descriptors in one request.
+    let many: Vec<_> = (0..1000)
+        .map(|i| descriptor(&[("client", &format!("many-{i}"))]))
+        .collect();
+    let r = ask(&mut c, request("edge", many)).await;
+    assert_eq!(r.statuses.len(), 1000);
+    assert!(r.statuses.iter().all(|s| s.limit_remaining == 2));
+
+    // The catalog domain: the gateway's counter for (K1, GET /users/{id}), limit 3 per minute.
+    let url = rig.gw.url("/users/7");
+    let gw_get = || get(&url, &[("x-api-key", "K1")]);
+    assert_eq!(gw_get().await.status, 200);
+    let cat = || {
+        request(
+            "quotagate",
+            vec![descriptor(&[
+                ("api_key", "K1"),
+                ("method", "GET"),
+                ("path", "/users/9?x=1"),
+            ])],
+        )
+    };
+    let r = ask(&mut c, cat()).await;
+    assert_eq!(summary(&r), [(Code::Ok, 1, 60)]);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "GET /users/{id}"
+    );
+    assert_eq!(gw_get().await.status, 200);
+    assert_eq!(summary(&ask(&mut c, cat()).await)[0].0, Code::OverLimit);
+    assert_eq!(gw_get().await.status, 429);
+}
+
+async fn invalid(addr: SocketAddr) {
+    let mut c = client(addr);
+    let bad = |r| async {
+        let mut c = client(addr);
+        let e = c.should_rate_limit(r).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        e.message().to_owned()
+    };
+    assert!(
+        bad(request("", vec![descriptor(&[("a", "b")])]))
+            .await
+            .contains("domain")
+    );
+    assert!(bad(request("edge", vec![])).await.contains("edge"));
+    assert!(
+        bad(request(
+            "edge",
+            vec![descriptor(&[("client", "a"), ("", "b")])]
+        ))
+        .await
+        .contains("descriptors[0].entries[1]")
+    );
+    let mut utf8 = request(
+        "edge",
+        vec![descriptor(&[("a", "b")]), descriptor(&[("a", "b")])],
+    );
+    utf8.descriptors[1].entries[0].value = vec![0xff, 0xfe];
+    assert!(
+        bad(utf8)
+            .await
+            .contains("descriptors[1].entries[0] is not valid UTF-8")
+    );
+    // Still serving.
+    let r = ask(&mut c, request("edge", vec![descriptor(&[("free", "1")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test]
+async fn the_service_on_the_memory_store() {
+    let rig = start(None, false).await;
+    cases(&rig).await;
+    invalid(rig.gw.rls.unwrap()).await;
+}
+
+#[tokio::test]
+async fn the_service_on_redis() {
+    let redis = RedisServer::start();
+    let rig = start(Some(&redis), false).await;
+    cases(&rig).await;
+}
+
+#[tokio::test]
+async fn health_answers_serving() {
+    let rig = start(None, false).await;
+    let (c, origin) = channel(rig.gw.rls.unwrap());
+    let mut h = HealthClient::with_origin(c, origin);
+    for service in ["", "ratelimit"] {
+        let r = h
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+}
+
+#[tokio::test]
+async fn response_headers_match_the_status() {
+    let rig = start(None, true).await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "h")])]),
+    )
+    .await;
+    let h = |name: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key == name)
+            .map(|h| h.value.clone())
+    };
+    assert_eq!(h("ratelimit-remaining").as_deref(), Some("2"));
+    assert_eq!(h("ratelimit-limit").as_deref(), Some("3"));
+    assert_eq!(h("ratelimit-reset").as_deref(), Some("60"));
+}
+
+#[tokio::test]
+async fn rule_files_apply_when_changed_and_bad_ones_change_nothing() {
+    let rig = start(None, false).await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let limit_of = |r: RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .clone()
+            .map(|l| l.requests_per_unit)
+    };
+    let dir = rig.rules.path();
+
+    // A new file with a new domain.
+    std::fs::write(
+        dir.join("api.yml"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 7}\n",
+    )
+    .unwrap();
+    let api = || request("api", vec![descriptor(&[("k", "v")])]);
+    eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { limit_of(ask(&mut c, api()).await) == Some(7) }
+    })
+    .await;
+
+    // A broken file (unknown unit): refused whole, the rules in service stay.
+    std::fs::write(
+        dir.join("api.yml"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let refused = &rig.gw.rls_service.as_ref().unwrap().reloads[1];
+    eventually(Duration::from_secs(10), || async {
+        refused.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(limit_of(ask(&mut c, api()).await), Some(7));
+
+    // Renamed away (deleted for the watcher): the domain goes.
+    std::fs::rename(dir.join("api.yml"), dir.join("api.yml.off")).unwrap();
+    eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { limit_of(ask(&mut c, api()).await).is_none() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rule_file_with_problems_lists_every_one_at_start() {
+    let up = Upstream::start().await;
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(
+        rules.path().join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight}\n  - key: a\n    rate_limt: {}\n",
+    )
+    .unwrap();
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    c.rls.config = rules.path().display().to_string();
+    let settings = quotagate::settings::Settings::new(c, |_| None).unwrap();
+    let catalog = quotagate::catalog::Snapshot::from_json("test", CATALOG.as_bytes()).unwrap();
+    let err = quotagate::app::App::build(
+        &settings,
+        std::sync::Arc::new(FakeClock::new(T0)),
+        Some(catalog),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(err.contains("invalid rate limit unit 'fortnight'"), "{err}");
+    assert!(err.contains("unknown key 'rate_limt'"), "{err}");
+    assert!(err.contains("duplicate descriptor 'd.a'"), "{err}");
+}
