@@ -116,6 +116,12 @@ impl App {
                 Some(Arc::new(divvy))
             }
         };
+        // Registered now, while the registry can still be changed; the service gets them later.
+        let rls_metrics = settings.rls.as_ref().map(|_| {
+            let m = crate::rls::metrics::RlsMetrics::default();
+            m.register(metrics.registry_mut());
+            m
+        });
         let announcer = match &settings.store {
             StoreSettings::Redis { redis, .. } => {
                 Some(Arc::new(Announcer::new(&redis.target, redis.timeout)?))
@@ -135,9 +141,8 @@ impl App {
             Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog)?)),
         };
         let mut rls_files = None;
-        let rls = match &settings.rls {
-            None => None,
-            Some(r) => {
+        let rls = match (&settings.rls, rls_metrics) {
+            (Some(r), Some(rls_metrics)) => {
                 // Listed before reading: a change in between is seen by the watcher.
                 let seen = crate::rls::load::list(&r.rules).unwrap_or_default();
                 rls_files = Some((r.rules.clone(), seen));
@@ -150,9 +155,11 @@ impl App {
                     rt.clock.clone(),
                     catalog,
                     r.policy.clone(),
+                    rls_metrics,
                 );
                 Some(Arc::new(rls))
             }
+            _ => None,
         };
         let admin = settings.admin.as_ref().map(|a| {
             Arc::new(Admin::new(

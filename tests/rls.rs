@@ -5,7 +5,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use quotagate::config::{Config, StoreKind};
@@ -375,6 +374,32 @@ async fn the_service_on_the_memory_store() {
     let rig = start(None, false).await;
     cases(&rig).await;
     invalid(rig.gw.rls.unwrap()).await;
+
+    // Per rule, in hits, with envoyproxy/ratelimit's names; labels are the rules' paths.
+    let m = support::scrape(rig.gw.admin).await;
+    let stat = |name: &str, rule: &str| {
+        let domain = rule.split('.').next().unwrap();
+        m.get(&format!(
+            "quotagate_rls_{name}_total{{domain=\"{domain}\",rule=\"{rule}\"}}"
+        ))
+        .copied()
+        .unwrap_or(0.0)
+    };
+    // client: a 3 + 1 over + 1 over 30 s later + 1 a minute later, b 1, c 2 + 0 (a check) + 2
+    // over, d 1, 1000 x 1; near the limit (3 of 3 used): a's third.
+    assert_eq!(stat("total_hits", "edge.client"), 1012.0);
+    assert_eq!(stat("over_limit", "edge.client"), 4.0);
+    assert_eq!(stat("within_limit", "edge.client"), 1008.0);
+    assert_eq!(stat("near_limit", "edge.client"), 1.0);
+    assert_eq!(stat("shadow_mode", "edge.watched"), 2.0);
+    assert_eq!(stat("over_limit", "edge.watched"), 2.0);
+    assert_eq!(stat("total_hits", "edge.path_/api/*"), 4.0);
+    assert_eq!(stat("over_limit", "edge._override"), 1.0);
+    assert_eq!(stat("total_hits", "quotagate.GET /users/{id}"), 2.0);
+    assert_eq!(
+        m.get("quotagate_rls_rule_loads_total{outcome=\"refused\"}"),
+        None
+    );
 }
 
 #[tokio::test]
@@ -452,9 +477,9 @@ async fn rule_files_apply_when_changed_and_bad_ones_change_nothing() {
         "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let refused = &rig.gw.rls_service.as_ref().unwrap().reloads[1];
+    let svc = rig.gw.rls_service.as_ref().unwrap();
     eventually(Duration::from_secs(10), || async {
-        refused.load(Ordering::Relaxed) == 1
+        svc.metrics.loads() == (1, 1)
     })
     .await;
     assert_eq!(limit_of(ask(&mut c, api()).await), Some(7));

@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use super::rules::{MAX_RULE_FILE_BYTES, Problems, RuleSet};
@@ -99,14 +98,14 @@ pub async fn watch(rls: Arc<Rls>, path: PathBuf, mut seen: Fingerprint) {
         match tokio::task::spawn_blocking(move || load(&p)).await {
             Ok(Ok(rules)) => {
                 tracing::info!(domains = rules.domain_count(), path = %path.display(), "rate-limit rules reloaded");
-                rls.rules.store(Arc::new(rules));
-                rls.reloads[0].fetch_add(1, Ordering::Relaxed);
+                rls.apply(rules);
+                rls.metrics.loaded(true);
             }
             Ok(Err(problems)) => {
                 for p in &problems.0 {
                     tracing::warn!(problem = %p, "rate-limit rules not reloaded; the rules in service stay");
                 }
-                rls.reloads[1].fetch_add(1, Ordering::Relaxed);
+                rls.metrics.loaded(false);
             }
             Err(_) => {}
         }

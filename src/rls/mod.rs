@@ -5,12 +5,14 @@
 //! - [`rules`]: envoyproxy/ratelimit's YAML rule files and which rule a descriptor matches (pure).
 //! - [`service`]: one `ShouldRateLimit` call decided on the store ([`Rls`]).
 //! - [`load`]: reading the rule files, and applying changes to them while serving.
+//! - [`metrics`]: per-rule counts with envoyproxy/ratelimit's names.
 //! - [`server`]: the gRPC port (with `grpc.health.v1.Health`).
 //!
 //! Limits are sliding windows of the unit's length in the shared store; the catalog domain is
 //! decided by the gateway's catalog on the gateway's own counters (`docs/ratelimit.md`).
 
 pub mod load;
+pub mod metrics;
 pub mod proto;
 pub mod rules;
 pub mod server;

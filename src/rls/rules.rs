@@ -217,6 +217,15 @@ impl RuleSet {
         self.domains.len()
     }
 
+    /// Every rule, with its domain's name.
+    pub fn rules(&self) -> impl Iterator<Item = (&str, &Rule)> {
+        self.domains.iter().flat_map(|(name, d)| {
+            d.levels
+                .iter()
+                .filter_map(move |l| l.rule.as_ref().map(|r| (name.as_str(), r)))
+        })
+    }
+
     /// Reads rule files (`(name, text)`, names used in problems). Every problem of every file is
     /// listed; one is enough to refuse the whole set.
     pub fn parse(files: &[(String, String)]) -> Result<RuleSet, Problems> {

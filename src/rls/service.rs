@@ -9,13 +9,14 @@
 //! its own counter (several counters are not one atomic step): a descriptor with room is counted
 //! even when another one of the same request is over its limit.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use arc_swap::ArcSwap;
 use futures_util::future::join_all;
 use http::HeaderMap;
 
+use super::metrics::{Hit, RlsMetrics, RuleCounters};
 use super::proto::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse};
 use super::rules::{RuleSet, Unit};
 use crate::catalog::LimitLookup;
@@ -38,14 +39,31 @@ pub struct RlsPolicy {
 
 /// The rate-limit service behind the gRPC port.
 pub struct Rls {
-    pub rules: ArcSwap<RuleSet>,
+    rules: ArcSwap<Loaded>,
+    pub metrics: RlsMetrics,
     store: Arc<Store>,
     clock: Arc<dyn Clock>,
     /// The gateway's live catalog, for the catalog domain (`None`: no gateway in this process).
     catalog: Option<Arc<Live>>,
     policy: RlsPolicy,
-    /// Rule sets applied, and refused, since start (the watcher's).
-    pub reloads: [AtomicU64; 2],
+}
+
+impl Loaded {
+    fn new(rules: RuleSet, metrics: &RlsMetrics) -> Loaded {
+        let mut counters = HashMap::new();
+        let mut overrides = HashMap::new();
+        for (domain, rule) in rules.rules() {
+            counters.insert(rule.path.clone(), metrics.rule(domain, &rule.path));
+            overrides
+                .entry(domain.to_owned())
+                .or_insert_with(|| metrics.rule(domain, &format!("{domain}._override")));
+        }
+        Loaded {
+            rules,
+            counters,
+            overrides,
+        }
+    }
 }
 
 /// A request the service cannot decide: INVALID_ARGUMENT, with why.
@@ -76,7 +94,16 @@ enum Plan {
         /// Named by a rule (`replaces` can remove it).
         rule_name: Option<String>,
         replaces: Vec<String>,
+        stats: RuleCounters,
     },
+}
+
+/// The rules in service, with each rule's counters (by its path).
+pub struct Loaded {
+    pub rules: RuleSet,
+    counters: HashMap<String, RuleCounters>,
+    /// For descriptors decided by their own `limit` override, per domain.
+    overrides: HashMap<String, RuleCounters>,
 }
 
 impl Rls {
@@ -86,15 +113,22 @@ impl Rls {
         clock: Arc<dyn Clock>,
         catalog: Option<Arc<Live>>,
         policy: RlsPolicy,
+        metrics: RlsMetrics,
     ) -> Rls {
         Rls {
-            rules: ArcSwap::from_pointee(rules),
+            rules: ArcSwap::from_pointee(Loaded::new(rules, &metrics)),
+            metrics,
             store,
             clock,
             catalog,
             policy,
-            reloads: Default::default(),
         }
+    }
+
+    /// Puts `rules` in service.
+    pub fn apply(&self, rules: RuleSet) {
+        self.rules
+            .store(Arc::new(Loaded::new(rules, &self.metrics)));
     }
 
     /// Decides one request. `Err`: it is malformed (INVALID_ARGUMENT).
@@ -103,8 +137,8 @@ impl Rls {
         req: &RateLimitRequest,
     ) -> Result<RateLimitResponse, Invalid> {
         let (domain, asks) = check_request(req)?;
-        let rules = self.rules.load();
-        let mut plans: Vec<Plan> = asks.iter().map(|a| self.plan(&rules, domain, a)).collect();
+        let loaded = self.rules.load();
+        let mut plans: Vec<Plan> = asks.iter().map(|a| self.plan(&loaded, domain, a)).collect();
         replace(&mut plans);
         let now_ms = self.clock.now_ms();
         let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
@@ -116,11 +150,12 @@ impl Rls {
             }
         }))
         .await;
-        Ok(self.respond(&plans, decided))
+        Ok(self.respond(&plans, &asks, decided))
     }
 
     /// Which limit one descriptor is held to.
-    fn plan(&self, rules: &RuleSet, domain: &str, ask: &Ask<'_>) -> Plan {
+    fn plan(&self, loaded: &Loaded, domain: &str, ask: &Ask<'_>) -> Plan {
+        let rules = &loaded.rules;
         if domain == self.policy.catalog_domain
             && let Some(plan) = self.catalog_plan(ask)
         {
@@ -139,6 +174,11 @@ impl Rls {
                 shown: (n, unit.proto()),
                 rule_name: None,
                 replaces: Vec::new(),
+                stats: loaded
+                    .overrides
+                    .get(domain)
+                    .cloned()
+                    .unwrap_or_else(|| self.metrics.rule(domain, &format!("{domain}._override"))),
             };
         }
         let Some(found) = known.and_then(|d| d.find(&ask.entries)) else {
@@ -164,6 +204,22 @@ impl Rls {
         } else {
             counter
         };
+        let own = loaded.counters.get(&rule.path).cloned().unwrap_or_default();
+        let stats = if rule.detailed_metric || rule.value_to_metric {
+            let mut label = domain.to_owned();
+            for (i, (k, v)) in ask.entries.iter().enumerate() {
+                label.push('.');
+                label.push_str(k);
+                let v = found.counted_value(i, v);
+                if !v.is_empty() {
+                    label.push('_');
+                    label.push_str(v);
+                }
+            }
+            self.metrics.detailed(domain, label, &own)
+        } else {
+            own
+        };
         Plan::Count {
             counter,
             limits: vec![limit(n, unit, rule.shadow)],
@@ -171,6 +227,7 @@ impl Rls {
             shown: (n, unit.proto()),
             rule_name: (!rule.name.is_empty()).then(|| rule.name.clone()),
             replaces: rule.replaces.clone(),
+            stats,
         }
     }
 
@@ -203,6 +260,10 @@ impl Rls {
             ),
             rule_name: None,
             replaces: Vec::new(),
+            stats: self.metrics.rule(
+                &self.policy.catalog_domain,
+                &format!("{}.{}", self.policy.catalog_domain, endpoint.name),
+            ),
         })
     }
 
@@ -218,11 +279,17 @@ impl Rls {
     }
 
     /// The response: one status per descriptor, the overall code, and the header fields.
-    fn respond(&self, plans: &[Plan], decided: Vec<Option<Verdict>>) -> RateLimitResponse {
+    fn respond(
+        &self,
+        plans: &[Plan],
+        asks: &[Ask<'_>],
+        decided: Vec<Option<Verdict>>,
+    ) -> RateLimitResponse {
         let statuses: Vec<DescriptorStatus> = plans
             .iter()
+            .zip(asks)
             .zip(decided)
-            .map(|(plan, verdict)| status(plan, verdict))
+            .map(|((plan, ask), verdict)| status(plan, verdict, ask.cost))
             .collect();
         let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
         let limited = |(_, s): &(usize, &DescriptorStatus)| s.current_limit.is_some();
@@ -256,13 +323,15 @@ impl Rls {
     }
 }
 
-/// One descriptor's status from its plan and the store's verdict.
-fn status(plan: &Plan, verdict: Option<Verdict>) -> DescriptorStatus {
+/// One descriptor's status from its plan and the store's verdict (of `cost` units), counted in
+/// its rule's metrics.
+fn status(plan: &Plan, verdict: Option<Verdict>, cost: u64) -> DescriptorStatus {
     let (
         Plan::Count {
             limits,
             name,
             shown: (n, unit),
+            stats,
             ..
         },
         Some(verdict),
@@ -284,6 +353,13 @@ fn status(plan: &Plan, verdict: Option<Verdict>) -> DescriptorStatus {
         Verdict::Closed => Outcome::new(false, false, &[closed_quota(*n)]),
     };
     let q = outcome.quotas()[outcome.most_restrictive(limits).unwrap_or(0)];
+    stats.record(Hit {
+        hits: cost,
+        limit: q.limit,
+        used: q.limit.saturating_sub(q.remaining),
+        over: !outcome.allowed || outcome.shadow_limited,
+        shadow: outcome.shadow_limited,
+    });
     DescriptorStatus {
         code: if outcome.allowed {
             Code::Ok
