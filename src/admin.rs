@@ -141,7 +141,8 @@ impl Admin {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.metrics.render(&self.state()),
             ),
-            "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+            // `/healthcheck`: envoyproxy/ratelimit's path, for `quotagate ratelimit`'s probes.
+            "/healthz" | "/healthcheck" => text(StatusCode::OK, "text/plain", "ok\n".into()),
             "/readyz" => {
                 let (status, body) = self.readiness();
                 text(status, "text/plain", body)

@@ -70,6 +70,7 @@ pub async fn gateway(
             listen = shown(listeners.gateway()),
             admin = shown(listeners.admin()),
             divvy = shown(listeners.divvy()),
+            rls = shown(listeners.rls()),
             upstream = %settings.config.upstream.url,
             store = app.store.kind(),
             catalog_version = %snapshot.version.semver,
@@ -158,6 +159,25 @@ pub async fn divvy(settings: Settings, rules: &Path, token: Token) -> Result<(),
         Some(redis) => println!("Listening on port TCP port {port}, Redis host {redis}"),
         None => println!("Listening on port TCP port {port}, memory store"),
     }
+    app.run(listeners, token).await;
+    Ok(())
+}
+
+/// `quotagate ratelimit`: only the Envoy rate-limit service, as a drop-in for envoyproxy/ratelimit
+/// (`settings` from its variables, see [`crate::rls::dropin`]).
+pub async fn ratelimit(settings: &Settings, token: Token) -> Result<(), StartError> {
+    for (var, why) in crate::rls::dropin::ignored(|k| std::env::var(k).ok()) {
+        tracing::warn!(variable = var, "ignored: {why}");
+    }
+    let app = App::build(settings, Arc::new(SystemClock::new()), None)?;
+    let listeners = app.bind().await?;
+    let shown = |a: Option<SocketAddr>| a.map(tracing::field::display);
+    tracing::info!(
+        grpc = shown(listeners.rls()),
+        http = shown(listeners.admin()),
+        store = app.store.kind(),
+        "rate-limit service listening"
+    );
     app.run(listeners, token).await;
     Ok(())
 }

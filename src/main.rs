@@ -50,6 +50,10 @@ enum ServerCommand {
     /// Run only the Divvy quota port, as a drop-in for Divvy: reads `PORT` (default 8321),
     /// `REDIS_HOST` and `REDIS_PORT` (memory store when neither is set), listens on all interfaces.
     Divvy { rules: PathBuf },
+    /// Run only the Envoy rate-limit service, as a drop-in for envoyproxy/ratelimit's container:
+    /// reads its variables (`RUNTIME_ROOT`, `GRPC_PORT`, `PORT`, `REDIS_URL`, ...; see
+    /// docs/ratelimit.md), gRPC on 0.0.0.0:8081 and `/healthcheck`, `/metrics` on 0.0.0.0:8080.
+    Ratelimit,
 }
 
 /// Commands that need no configuration.
@@ -146,7 +150,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
         Command::Tool(tool) => return run_tool(tool).await,
         Command::Server(server) => server,
     };
-    let settings = cli.opts.load()?;
+    let mut settings = cli.opts.load()?;
+    if matches!(command, ServerCommand::Ratelimit) {
+        let env = |k: &str| std::env::var(k).ok();
+        settings = quotagate::rls::dropin::settings(settings.config, env)?;
+    }
     telemetry::init(&settings.log);
     let token = shutdown::on_signal();
     let opts = &cli.opts;
@@ -166,6 +174,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
             .await
         }
         ServerCommand::Divvy { rules } => commands::divvy(settings, &rules, token).await,
+        ServerCommand::Ratelimit => commands::ratelimit(&settings, token).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }

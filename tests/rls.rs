@@ -132,13 +132,17 @@ struct Rig {
 }
 
 async fn start(redis: Option<&RedisServer>, response_headers: bool) -> Rig {
+    start_with(redis, |c| c.rls.response_headers = response_headers).await
+}
+
+async fn start_with(redis: Option<&RedisServer>, set: impl FnOnce(&mut Config)) -> Rig {
     let up = Upstream::start().await;
     let rules = tempfile::tempdir().unwrap();
     std::fs::write(rules.path().join("edge.yaml"), RULES).unwrap();
     let mut c = Config::default();
     c.upstream.url = up.url();
     c.rls.config = rules.path().display().to_string();
-    c.rls.response_headers = response_headers;
+    set(&mut c);
     if let Some(r) = redis {
         c.store.kind = StoreKind::Redis;
         c.store.redis_url = r.url();
@@ -447,6 +451,26 @@ async fn response_headers_match_the_status() {
 }
 
 #[tokio::test]
+async fn global_shadow_mode_answers_ok_and_counts_as_usual() {
+    let rig = start_with(None, |c| c.rls.shadow_mode = true).await;
+    let mut c = client(rig.gw.rls.unwrap());
+    for _ in 0..3 {
+        ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("client", "s")])]),
+        )
+        .await;
+    }
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "s")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(summary(&r), [(Code::OverLimit, 0, 60)]);
+}
+
+#[tokio::test]
 async fn rule_files_apply_when_changed_and_bad_ones_change_nothing() {
     let rig = start(None, false).await;
     let mut c = client(rig.gw.rls.unwrap());
@@ -632,4 +656,82 @@ async fn envoy_and_the_gateway_share_the_catalog_domain_counters() {
     assert_eq!(get(&rig.gw.url("/users/5"), &key).await.status, 429);
     // A path the catalog does not route is not limited.
     assert_eq!(get(&envoy.url("/elsewhere"), &key).await.status, 200);
+}
+
+// ---- `quotagate ratelimit`, the drop-in for envoyproxy/ratelimit's container ----
+
+/// A child process killed on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
+    let redis = RedisServer::start();
+    let root = tempfile::tempdir().unwrap();
+    let rules = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
+    let (grpc, http) = (free_port(), free_port());
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
+            .arg("ratelimit")
+            .env("RUNTIME_ROOT", root.path())
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            // envoyproxy/ratelimit's default socket type: unix, REDIS_URL a path.
+            .env("REDIS_URL", redis.socket())
+            .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+            .env("USE_STATSD", "false")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let grpc_addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
+    support::wait_until(Duration::from_secs(30), || {
+        std::net::TcpStream::connect(grpc_addr).is_ok()
+    });
+    let mut c = client(grpc_addr);
+    for left in [2, 1, 0] {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("client", "z")])]),
+        )
+        .await;
+        assert_eq!(r.statuses[0].limit_remaining, left);
+        assert!(!r.response_headers_to_add.is_empty());
+    }
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "z")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_ne!(redis.cli(&["DBSIZE"]), "0", "counted in Redis");
+
+    let base = format!("http://127.0.0.1:{http}");
+    assert_eq!(get(&format!("{base}/healthcheck"), &[]).await.status, 200);
+    let metrics = get(&format!("{base}/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("quotagate_rls_over_limit_total{domain=\"edge\",rule=\"edge.client\"} 1"),
+        "{text}"
+    );
+    drop(child);
 }

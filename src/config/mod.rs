@@ -119,6 +119,9 @@ pub struct RlsConfig {
     pub catalog_domain: String,
     /// Send the RateLimit header fields in `response_headers_to_add`. Default: `false`.
     pub response_headers: bool,
+    /// Answer OK overall even when a descriptor is over its limit (statuses still say so, and
+    /// hits are counted as usual), as envoyproxy/ratelimit's `SHADOW_MODE`. Default: `false`.
+    pub shadow_mode: bool,
 }
 
 impl Default for RlsConfig {
@@ -128,6 +131,7 @@ impl Default for RlsConfig {
             listen: "127.0.0.1:8082".into(),
             catalog_domain: "quotagate".into(),
             response_headers: false,
+            shadow_mode: false,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! Limits are sliding windows of the unit's length in the shared store; the catalog domain is
 //! decided by the gateway's catalog on the gateway's own counters (`docs/ratelimit.md`).
 
+pub mod dropin;
 pub mod load;
 pub mod metrics;
 pub mod proto;
@@ -51,6 +52,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
             policy: RlsPolicy {
                 catalog_domain: c.catalog_domain.clone(),
                 response_headers: c.response_headers,
+                shadow_mode: c.shadow_mode,
             },
         })
     }

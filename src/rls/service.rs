@@ -35,6 +35,8 @@ pub struct RlsPolicy {
     pub catalog_domain: String,
     /// `rls.response_headers`: send the RateLimit header fields for Envoy to add.
     pub response_headers: bool,
+    /// `rls.shadow_mode`: the overall code is always OK.
+    pub shadow_mode: bool,
 }
 
 /// The rate-limit service behind the gRPC port.
@@ -312,7 +314,7 @@ impl Rls {
             _ => Vec::new(),
         };
         RateLimitResponse {
-            overall_code: if statuses.iter().any(over) {
+            overall_code: if statuses.iter().any(over) && !self.policy.shadow_mode {
                 Code::OverLimit
             } else {
                 Code::Ok

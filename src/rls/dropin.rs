@@ -1,0 +1,338 @@
+//! dropin: `quotagate ratelimit`, a drop-in for envoyproxy/ratelimit's container, configured by
+//! its environment variables where they mean something here (docs/ratelimit.md lists each one:
+//! honoured, ignored and why, or refused). Everything else comes from quotagate's configuration.
+//!
+//! It serves the gRPC port (`GRPC_HOST`:`GRPC_PORT`, default 0.0.0.0:8081) and one HTTP port
+//! (`HOST`:`PORT`, default 0.0.0.0:8080) with `/healthcheck` and `/metrics`; no gateway, no debug
+//! port.
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::admin::AdminSettings;
+use crate::config::{Config, ConfigError, LogFormat, StoreKind};
+use crate::settings::Settings;
+use quotagate_store::RedisMode;
+
+/// envoyproxy/ratelimit's defaults (`src/settings/settings.go`).
+const RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+const RUNTIME_APPDIRECTORY: &str = "config";
+
+/// The variables envoyproxy/ratelimit reads that change nothing here, and why (logged once at
+/// start-up when set).
+pub const IGNORED: &[(&str, &str)] = &[
+    (
+        "RUNTIME_WATCH_ROOT",
+        "the rules directory is always watched, whatever it says",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "hidden files are never read"),
+    (
+        "USE_STATSD",
+        "metrics are on the HTTP port's /metrics (Prometheus)",
+    ),
+    ("DEBUG_HOST", "no debug port is opened"),
+    ("DEBUG_PORT", "no debug port is opened"),
+    (
+        "REDIS_POOL_SIZE",
+        "connections are one per worker (store.pool_size)",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "window hashes expire with their window",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "no over-limit cache is needed: refusals cost one call",
+    ),
+    ("NEAR_LIMIT_RATIO", "near_limit is counted at 0.8"),
+    (
+        "CACHE_KEY_PREFIX",
+        "keys have quotagate's layout; set QUOTAGATE_STORE_KEY_PREFIX",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "refused hits are never counted",
+    ),
+    ("MERGE_DOMAIN_CONFIG", "a domain defined twice is refused"),
+];
+
+fn port(var: &str, raw: &str) -> Result<u16, ConfigError> {
+    raw.parse()
+        .map_err(|_| ConfigError::option(var, format!("{raw:?} is not a port number")))
+}
+
+fn addr(
+    host_var: &str,
+    port_var: &str,
+    env: &impl Fn(&str) -> Option<String>,
+    default_port: u16,
+) -> Result<SocketAddr, ConfigError> {
+    let host = env(host_var).unwrap_or_else(|| "0.0.0.0".into());
+    let ip: IpAddr = host
+        .parse()
+        .map_err(|_| ConfigError::option(host_var, format!("{host:?} is not an IP address")))?;
+    let port = match env(port_var) {
+        Some(p) => port(port_var, &p)?,
+        None => default_port,
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+fn flag(var: &str, env: &impl Fn(&str) -> Option<String>) -> Result<bool, ConfigError> {
+    match env(var).map(|v| v.to_ascii_lowercase()) {
+        None => Ok(false),
+        Some(v) if ["true", "1", "t", "yes"].contains(&v.as_str()) => Ok(true),
+        Some(v) if ["false", "0", "f", "no"].contains(&v.as_str()) => Ok(false),
+        Some(v) => Err(ConfigError::option(
+            var,
+            format!("{v:?} is not true or false"),
+        )),
+    }
+}
+
+/// Percent-encodes a URL's user or password.
+fn userinfo(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One Redis address as envoyproxy/ratelimit takes it (`host:port` over TCP, a path over a unix
+/// socket), or a `redis://` URL as it is, as quotagate's URL.
+fn redis_url(raw: &str, unix: bool, tls: bool, auth: Option<&str>) -> String {
+    if raw.contains("://") {
+        return raw.to_owned();
+    }
+    let creds = match auth {
+        None => String::new(),
+        Some(a) => match a.split_once(':') {
+            Some((user, pass)) => format!("{}:{}@", userinfo(user), userinfo(pass)),
+            None => format!(":{}@", userinfo(a)),
+        },
+    };
+    match (unix, tls) {
+        (true, _) => format!("redis+unix://{raw}"),
+        (false, true) => format!("rediss://{creds}{raw}"),
+        (false, false) => format!("redis://{creds}{raw}"),
+    }
+}
+
+/// The settings of the rate-limit service alone, from envoyproxy/ratelimit's variables.
+pub fn settings(
+    mut config: Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Settings, ConfigError> {
+    let env = |k: &str| env(k).filter(|v| !v.is_empty());
+    let rules = [
+        env("RUNTIME_ROOT").unwrap_or_else(|| RUNTIME_ROOT.into()),
+        env("RUNTIME_SUBDIRECTORY").unwrap_or_default(),
+        env("RUNTIME_APPDIRECTORY").unwrap_or_else(|| RUNTIME_APPDIRECTORY.into()),
+    ]
+    .iter()
+    .filter(|p| !p.is_empty())
+    .collect::<std::path::PathBuf>();
+    config.rls.config = rules.to_string_lossy().into_owned();
+    config.rls.listen = addr("GRPC_HOST", "GRPC_PORT", &env, 8081)?.to_string();
+    config.rls.response_headers = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &env)?;
+    config.rls.shadow_mode = flag("SHADOW_MODE", &env)?;
+    match env("BACKEND_TYPE").as_deref().unwrap_or("redis") {
+        "redis" => {
+            let unix = match env("REDIS_SOCKET_TYPE").as_deref().unwrap_or("unix") {
+                "unix" => true,
+                "tcp" => false,
+                other => {
+                    return Err(ConfigError::option(
+                        "REDIS_SOCKET_TYPE",
+                        format!("{other:?} is not tcp or unix"),
+                    ));
+                }
+            };
+            let tls = flag("REDIS_TLS", &env)?;
+            let auth = env("REDIS_AUTH");
+            let raw =
+                env("REDIS_URL").unwrap_or_else(|| "/var/run/nutcracker/ratelimit.sock".into());
+            let mut parts: Vec<&str> = raw.split(',').map(str::trim).collect();
+            config.store.kind = StoreKind::Redis;
+            config.store.redis_mode = match env("REDIS_TYPE").as_deref().unwrap_or("SINGLE") {
+                t if t.eq_ignore_ascii_case("single") => RedisMode::Single,
+                t if t.eq_ignore_ascii_case("cluster") => RedisMode::Cluster,
+                t if t.eq_ignore_ascii_case("sentinel") => {
+                    // envoyproxy/ratelimit's form: `master,sentinel1:port,sentinel2:port`.
+                    config.store.sentinel_master = parts.remove(0).to_owned();
+                    RedisMode::Sentinel
+                }
+                other => {
+                    return Err(ConfigError::option(
+                        "REDIS_TYPE",
+                        format!("{other:?} is not SINGLE, SENTINEL or CLUSTER"),
+                    ));
+                }
+            };
+            config.store.redis_url = parts
+                .iter()
+                .map(|p| redis_url(p, unix, tls, auth.as_deref()))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        "memory" => config.store.kind = StoreKind::Memory,
+        other => {
+            return Err(ConfigError::option(
+                "BACKEND_TYPE",
+                format!("{other:?} is not supported (redis or memory)"),
+            ));
+        }
+    }
+    if let Some(level) = env("LOG_LEVEL") {
+        config.log.level = match level.to_ascii_lowercase().as_str() {
+            "warning" => "warn".into(),
+            "panic" | "fatal" => "error".into(),
+            l => l.to_owned(),
+        };
+    }
+    if let Some(format) = env("LOG_FORMAT") {
+        config.log.format = match format.to_ascii_lowercase().as_str() {
+            "json" => LogFormat::Json,
+            "text" => LogFormat::Text,
+            other => {
+                return Err(ConfigError::option(
+                    "LOG_FORMAT",
+                    format!("{other:?} is not json or text"),
+                ));
+            }
+        };
+    }
+    let http = addr("HOST", "PORT", &env, 8080)?;
+    let mut settings = Settings::new(config, env)?;
+    settings.gateway = None;
+    settings.divvy = None;
+    settings.admin = Some(AdminSettings {
+        listen: http,
+        metrics_path: "/metrics".into(),
+        secret: None,
+    });
+    Ok(settings)
+}
+
+/// The ignored variables that are set, each with why.
+pub fn ignored(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, &'static str)> {
+    IGNORED
+        .iter()
+        .filter(|(k, _)| env(k).is_some_and(|v| !v.is_empty()))
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotagate_store::StoreSettings;
+
+    fn dropin(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        settings(Config::default(), |k| {
+            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    fn redis(s: &Settings) -> (String, RedisMode, String) {
+        assert!(matches!(s.store, StoreSettings::Redis { .. }));
+        let c = &s.config.store;
+        (c.redis_url.clone(), c.redis_mode, c.sentinel_master.clone())
+    }
+
+    #[test]
+    fn envoyproxy_ratelimits_defaults() {
+        let s = dropin(&[]).unwrap();
+        let rls = s.rls.as_ref().unwrap();
+        assert_eq!(
+            rls.rules,
+            std::path::Path::new("/srv/runtime_data/current/config")
+        );
+        assert_eq!(rls.listen.to_string(), "0.0.0.0:8081");
+        assert_eq!(s.admin.as_ref().unwrap().listen.to_string(), "0.0.0.0:8080");
+        assert!(s.gateway.is_none() && s.divvy.is_none());
+        let (url, mode, _) = redis(&s);
+        assert_eq!(
+            (url.as_str(), mode),
+            (
+                "redis+unix:///var/run/nutcracker/ratelimit.sock",
+                RedisMode::Single
+            )
+        );
+    }
+
+    #[test]
+    fn its_variables_choose_rules_ports_store_and_logs() {
+        let s = dropin(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("GRPC_PORT", "9081"),
+            ("PORT", "9080"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis-a:6379,redis-b:6379"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_AUTH", "user:p@ss"),
+            ("LOG_LEVEL", "WARNING"),
+            ("LOG_FORMAT", "json"),
+            ("SHADOW_MODE", "true"),
+        ])
+        .unwrap();
+        let rls = s.rls.as_ref().unwrap();
+        assert_eq!(rls.rules, std::path::Path::new("/data/ratelimit/config"));
+        assert_eq!(rls.listen.to_string(), "0.0.0.0:9081");
+        assert!(rls.policy.shadow_mode);
+        assert_eq!(s.admin.as_ref().unwrap().listen.to_string(), "0.0.0.0:9080");
+        let (url, mode, _) = redis(&s);
+        assert_eq!(
+            url,
+            "redis://user:p%40ss@redis-a:6379,redis://user:p%40ss@redis-b:6379"
+        );
+        assert_eq!(mode, RedisMode::Cluster);
+        assert_eq!(
+            (s.log.level.as_str(), s.log.format),
+            ("warn", LogFormat::Json)
+        );
+
+        let s = dropin(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ])
+        .unwrap();
+        assert_eq!(
+            redis(&s),
+            (
+                "redis://s1:26379,redis://s2:26379".into(),
+                RedisMode::Sentinel,
+                "mymaster".into()
+            )
+        );
+        let s = dropin(&[("BACKEND_TYPE", "memory")]).unwrap();
+        assert!(matches!(s.store, StoreSettings::Memory));
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_name() {
+        for (var, value) in [
+            ("BACKEND_TYPE", "memcache"),
+            ("REDIS_TYPE", "ring"),
+            ("REDIS_SOCKET_TYPE", "udp"),
+            ("GRPC_PORT", "x"),
+            ("SHADOW_MODE", "maybe"),
+            ("LOG_FORMAT", "xml"),
+        ] {
+            let e = dropin(&[(var, value)]).unwrap_err();
+            assert_eq!(e.option_name(), Some(var), "{e}");
+        }
+        let set = |k: &str| (k == "USE_STATSD").then(|| "true".to_string());
+        assert_eq!(ignored(set).len(), 1);
+    }
+}
