@@ -633,6 +633,28 @@ async fn envoy_enforces_the_limit_exactly_and_decides_alone_when_quotagate_is_go
     rig.gw.clock.advance(10);
     assert_eq!(get(&url, &[("x-client", "a")]).await.status, 200);
 
+    // Shadow mode (1 per minute): let through, counted, and visible in the metrics.
+    for _ in 0..3 {
+        assert_eq!(get(&url, &[("x-watched", "w")]).await.status, 200);
+    }
+    let m = support::scrape(rig.gw.admin).await;
+    let shadow = "quotagate_rls_shadow_mode_total{domain=\"edge\",rule=\"edge.watched\"}";
+    assert_eq!(m.get(shadow), Some(&2.0));
+
+    // The rule file edited on disk: the new limit applies within seconds.
+    std::fs::write(
+        rig.rules.path().join("edge.yaml"),
+        RULES.replace(
+            "requests_per_unit: 3, name: per-client",
+            "requests_per_unit: 1, name: per-client",
+        ),
+    )
+    .unwrap();
+    eventually(Duration::from_secs(10), || async {
+        get(&url, &[("x-client", "edited")]).await.status == 429
+    })
+    .await;
+
     // quotagate stopped: Envoy's failure_mode_deny (false here) decides.
     rig.gw.token.cancel();
     eventually(Duration::from_secs(10), || async {
@@ -640,6 +662,24 @@ async fn envoy_enforces_the_limit_exactly_and_decides_alone_when_quotagate_is_go
     })
     .await;
     assert_eq!(get(&url, &[("x-client", "a")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_one_limit_exactly_behind_two_envoys() {
+    let redis = RedisServer::start();
+    let (a, b) = (
+        start(Some(&redis), false).await,
+        start(Some(&redis), false).await,
+    );
+    let ea = Envoy::start(a.gw.rls.unwrap(), a._up.addr, "edge");
+    let eb = Envoy::start(b.gw.rls.unwrap(), b._up.addr, "edge");
+    let (ua, ub) = (ea.url("/x"), eb.url("/x"));
+    let client = [("x-client", "shared")];
+    let mut statuses = Vec::new();
+    for url in [&ua, &ub, &ua, &ub, &ua, &ub] {
+        statuses.push(get(url, &client).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }
 
 #[tokio::test]
