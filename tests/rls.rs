@@ -7,7 +7,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use quotagate::config::{Config, StoreKind};
+use quotagate::config::{Config, StoreKind, WindowKind};
 use quotagate::rls::proto::{
     Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, RateLimitResponse,
     UInt64Value, Unit,
@@ -448,6 +448,56 @@ async fn response_headers_match_the_status() {
     assert_eq!(h("ratelimit-remaining").as_deref(), Some("2"));
     assert_eq!(h("ratelimit-limit").as_deref(), Some("3"));
     assert_eq!(h("ratelimit-reset").as_deref(), Some("60"));
+}
+
+/// `rls.window = fixed`: envoyproxy/ratelimit's windows, aligned to the clock.
+async fn fixed_windows(rig: &Rig) {
+    let mut c = client(rig.gw.rls.unwrap());
+    let call = || request("edge", vec![descriptor(&[("client", "f")])]);
+    // T0 is 10 s into a minute: the window ends in 50 s (Redis' TTL may have ticked once).
+    for left in [2, 1, 0] {
+        let (code, remaining, reset) = summary(&ask(&mut c, call()).await)[0];
+        assert_eq!((code, remaining), (Code::Ok, left));
+        assert!((49..=50).contains(&reset), "{reset}");
+    }
+    let (code, _, reset) = summary(&ask(&mut c, call()).await)[0];
+    assert_eq!(code, Code::OverLimit);
+    assert!((49..=50).contains(&reset), "{reset}");
+    // The next minute starts afresh (a sliding window would still hold the three).
+    rig.gw.clock.advance(50);
+    assert_eq!(summary(&ask(&mut c, call()).await)[0].0, Code::Ok);
+    // hits_addend: the units fit or take nothing.
+    let mut big = call();
+    big.hits_addend = 3;
+    assert_eq!(
+        summary(&ask(&mut c, big.clone()).await)[0].0,
+        Code::OverLimit
+    );
+    big.hits_addend = 2;
+    assert_eq!(summary(&ask(&mut c, big).await)[0].1, 0);
+    // The catalog domain keeps the gateway's sliding windows.
+    let cat = request(
+        "quotagate",
+        vec![descriptor(&[
+            ("api_key", "K1"),
+            ("method", "GET"),
+            ("path", "/users/1"),
+        ])],
+    );
+    assert_eq!(summary(&ask(&mut c, cat).await), [(Code::Ok, 2, 60)]);
+}
+
+#[tokio::test]
+async fn fixed_windows_on_the_memory_store() {
+    let rig = start_with(None, |c| c.rls.window = WindowKind::Fixed).await;
+    fixed_windows(&rig).await;
+}
+
+#[tokio::test]
+async fn fixed_windows_on_redis() {
+    let redis = RedisServer::start();
+    let rig = start_with(Some(&redis), |c| c.rls.window = WindowKind::Fixed).await;
+    fixed_windows(&rig).await;
 }
 
 #[tokio::test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use quotagate_engine::limiter::{Limit, Outcome, Quota, Window, WindowSet};
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
-    CounterKey, FailurePolicy, RedisMode, RedisOptions, RedisStore, RedisTarget, Store, TimeSource,
-    Verdict,
+    CounterKey, FailurePolicy, FixedDecision, RedisMode, RedisOptions, RedisStore, RedisTarget,
+    Store, TimeSource, Verdict,
 };
 use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
@@ -207,7 +207,27 @@ on_every_store!(
     shadow_limits_count_but_never_refuse,
     agrees_with_the_reference_counter_on_random_windows_costs_and_shadows,
     peeking_several_windows_agrees_with_the_reference,
+    fixed_windows_take_a_cost_only_when_it_fits,
 );
+
+/// The fixed windows (Divvy's, and the rate-limit service's aligned ones): a hit of `cost` takes
+/// credit only when all of it fits; a cost of 0 checks.
+async fn fixed_windows_take_a_cost_only_when_it_fits(s: Subject) {
+    let hit = |cost| s.store.hit_fixed("{fixed-case}:a", 5, 60, cost, 1_000);
+    let got = |v: Verdict<FixedDecision>| match v {
+        Verdict::Decided(d) => {
+            assert!((1..=60).contains(&d.reset), "{d:?}");
+            (d.allowed, d.credit)
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(got(hit(6).await), (false, 5), "never fits");
+    assert_eq!(got(hit(3).await), (true, 2));
+    assert_eq!(got(hit(3).await), (false, 2), "refused, nothing taken");
+    assert_eq!(got(hit(0).await), (true, 2), "a check");
+    assert_eq!(got(hit(2).await), (true, 0));
+    assert_eq!(got(hit(1).await), (false, 0));
+}
 
 fn key(k: &str) -> CounterKey {
     CounterKey::new(k.as_bytes(), "GET /users/{id}")

@@ -104,6 +104,17 @@ impl Default for AdminConfig {
     }
 }
 
+/// How a rule's unit is counted (`rls.window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowKind {
+    /// A sliding window of the unit's length. Default.
+    #[default]
+    Sliding,
+    /// envoyproxy/ratelimit's window: from a multiple of the unit's length (Unix time) to the next.
+    Fixed,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RlsConfig {
@@ -122,6 +133,10 @@ pub struct RlsConfig {
     /// Answer OK overall even when a descriptor is over its limit (statuses still say so, and
     /// hits are counted as usual), as envoyproxy/ratelimit's `SHADOW_MODE`. Default: `false`.
     pub shadow_mode: bool,
+    /// `sliding`: a rule's unit is a sliding window of that length; `fixed`: a window aligned to
+    /// the clock, as envoyproxy/ratelimit counts (the catalog domain stays sliding). Default:
+    /// `sliding`.
+    pub window: WindowKind,
 }
 
 impl Default for RlsConfig {
@@ -132,6 +147,7 @@ impl Default for RlsConfig {
             catalog_domain: "quotagate".into(),
             response_headers: false,
             shadow_mode: false,
+            window: Default::default(),
         }
     }
 }

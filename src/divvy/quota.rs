@@ -87,7 +87,7 @@ impl Divvy {
         );
         match self
             .store
-            .hit_fixed(&key, rule.credit_limit, rule.reset_seconds, now)
+            .hit_fixed(&key, rule.credit_limit, rule.reset_seconds, 1, now)
             .await
         {
             Verdict::Decided(d) | Verdict::Local(d) => Reply::Ok {

@@ -19,6 +19,7 @@ pub mod rules;
 pub mod server;
 pub mod service;
 
+pub use crate::config::WindowKind;
 pub use service::{Rls, RlsPolicy};
 
 use std::net::SocketAddr;
@@ -53,6 +54,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 catalog_domain: c.catalog_domain.clone(),
                 response_headers: c.response_headers,
                 shadow_mode: c.shadow_mode,
+                window: c.window,
             },
         })
     }

@@ -21,12 +21,13 @@ use super::proto::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResp
 use super::rules::{RuleSet, Unit};
 use crate::catalog::LimitLookup;
 use crate::catalog::live::Live;
-use crate::config::HeaderSet;
+use crate::config::{HeaderSet, WindowKind};
 use crate::proxy::headers::set_rate_limit;
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{Limit, Limits, Outcome, Quota, Rate};
 use quotagate_engine::path::{self, EscapedSlashes};
-use quotagate_store::{CounterKey, Store, Verdict};
+use quotagate_store::keys::aligned_window;
+use quotagate_store::{CounterKey, FixedDecision, Store, Verdict};
 
 /// The service's settings (`[rls]`), checked.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct RlsPolicy {
     pub response_headers: bool,
     /// `rls.shadow_mode`: the overall code is always OK.
     pub shadow_mode: bool,
+    /// `rls.window`: rules' limits as sliding windows, or fixed windows aligned to the clock.
+    pub window: WindowKind,
 }
 
 /// The rate-limit service behind the gRPC port.
@@ -97,6 +100,8 @@ enum Plan {
         rule_name: Option<String>,
         replaces: Vec<String>,
         stats: RuleCounters,
+        /// Counted in a clock-aligned fixed window (`rls.window = fixed`; rules and overrides).
+        fixed: bool,
     },
 }
 
@@ -146,8 +151,17 @@ impl Rls {
         let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
             match plan {
                 Plan::Count {
-                    counter, limits, ..
+                    counter,
+                    limits,
+                    fixed: false,
+                    ..
                 } => Some(self.count(counter, limits, ask.cost, now_ms).await),
+                Plan::Count {
+                    counter,
+                    limits,
+                    fixed: true,
+                    ..
+                } => Some(self.count_fixed(counter, limits[0], ask.cost, now_ms).await),
                 _ => None,
             }
         }))
@@ -181,6 +195,7 @@ impl Rls {
                     .get(domain)
                     .cloned()
                     .unwrap_or_else(|| self.metrics.rule(domain, &format!("{domain}._override"))),
+                fixed: self.policy.window == WindowKind::Fixed,
             };
         }
         let Some(found) = known.and_then(|d| d.find(&ask.entries)) else {
@@ -230,6 +245,7 @@ impl Rls {
             rule_name: (!rule.name.is_empty()).then(|| rule.name.clone()),
             replaces: rule.replaces.clone(),
             stats,
+            fixed: self.policy.window == WindowKind::Fixed,
         }
     }
 
@@ -266,6 +282,8 @@ impl Rls {
                 &self.policy.catalog_domain,
                 &format!("{}.{}", self.policy.catalog_domain, endpoint.name),
             ),
+            // The gateway's own counters: always its sliding windows.
+            fixed: false,
         })
     }
 
@@ -278,6 +296,38 @@ impl Rls {
         now_ms: u64,
     ) -> Verdict {
         self.store.hit(counter, limits, cost, now_ms).await
+    }
+
+    /// Counts one descriptor in its fixed window aligned to the clock, as envoyproxy/ratelimit
+    /// does: the window `[k w, (k + 1) w)` seconds of Unix time that holds now.
+    async fn count_fixed(&self, counter: &CounterKey, l: Limit, cost: u64, now_ms: u64) -> Verdict {
+        let w = u64::from(l.w);
+        let now = now_ms / 1000;
+        let index = now / w;
+        let reset = (index + 1) * w - now;
+        let quota = |allowed: bool, credit: u64, reset: u64| Quota {
+            allowed,
+            limit: l.rl,
+            remaining: credit,
+            reset,
+            retry_after: (!allowed && cost <= l.rl).then_some(reset),
+        };
+        let outcome = |q: Quota| {
+            let allowed = q.allowed || l.shadow;
+            Outcome::new(allowed, allowed && !q.allowed, &[q])
+        };
+        if l.rl == 0 {
+            // The store's fixed windows need a limit above 0; nothing to count anyway.
+            return Verdict::Decided(outcome(quota(cost == 0, 0, reset)));
+        }
+        let key = aligned_window(counter, l.w, index);
+        let decided = |d: FixedDecision| outcome(quota(d.allowed, d.credit, d.reset.max(1) as u64));
+        match self.store.hit_fixed(&key, l.rl, reset, cost, now).await {
+            Verdict::Decided(d) => Verdict::Decided(decided(d)),
+            Verdict::Local(d) => Verdict::Local(decided(d)),
+            Verdict::Open => Verdict::Open,
+            Verdict::Closed => Verdict::Closed,
+        }
     }
 
     /// The response: one status per descriptor, the overall code, and the header fields.

@@ -107,22 +107,22 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
-    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
-    /// the window starting at its first hit.
+    /// [`CounterStore::hit_fixed`] under the failure policy.
     pub async fn hit_fixed(
         &self,
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
         now: u64,
     ) -> Verdict<FixedDecision> {
         if !self.is_degraded() {
-            match self.backend.hit_fixed(key, limit, reset, now).await {
+            match self.backend.hit_fixed(key, limit, reset, cost, now).await {
                 Ok(d) => return Verdict::Decided(d),
                 Err(e) => self.mark_down(&e),
             }
         }
-        self.degraded(|| self.fallback.hit_fixed_now(key, limit, reset, now))
+        self.degraded(|| self.fallback.hit_fixed_now(key, limit, reset, cost, now))
     }
 
     /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
@@ -227,6 +227,7 @@ mod tests {
             limit: u64,
             reset: u64,
             _: u64,
+            _: u64,
         ) -> Result<FixedDecision, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.answer().map(|()| FixedDecision {
@@ -281,14 +282,14 @@ mod tests {
             matches!(local.hit_per_minute(&KEY(), 2, 100).await, Verdict::Local(q) if !q.allowed)
         );
         assert!(matches!(
-            local.hit_fixed("d", 1, 60, 100).await,
+            local.hit_fixed("d", 1, 60, 1, 100).await,
             Verdict::Local(d) if d.allowed
         ));
         let open = failing(FailurePolicy::Open);
         assert_eq!(open.hit_per_minute(&KEY(), 2, 100).await, Verdict::Open);
         let closed = failing(FailurePolicy::Closed);
         assert_eq!(closed.hit_per_minute(&KEY(), 2, 100).await, Verdict::Closed);
-        assert_eq!(closed.hit_fixed("d", 1, 60, 100).await, Verdict::Closed);
+        assert_eq!(closed.hit_fixed("d", 1, 60, 1, 100).await, Verdict::Closed);
     }
 
     #[tokio::test(start_paused = true)]

@@ -130,6 +130,22 @@ pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
     s
 }
 
+/// The key of `counter`'s fixed window of `w` seconds aligned to the clock, number `index`
+/// (covering seconds `[index w, (index + 1) w)` of Unix time): `rls:<counter>:f<w>:<index>`. Like
+/// Divvy's keys it holds the credit left and is not under the store's prefix; it expires with
+/// its window.
+pub fn aligned_window(counter: &CounterKey, w: u32, index: u64) -> String {
+    let mut digits = itoa::Buffer::new();
+    let mut s = String::with_capacity(counter.0.len() + 32);
+    s.push_str("rls:");
+    s.push_str(&counter.0);
+    s.push_str(":f");
+    s.push_str(digits.format(w));
+    s.push(':');
+    s.push_str(digits.format(index));
+    s
+}
+
 /// Checks a configured prefix: a brace would steal the cluster hash tag from the API key.
 pub fn check_prefix(prefix: &str) -> Result<(), crate::connect::OptionError> {
     if prefix.is_empty() || prefix.contains(['{', '}']) {

@@ -56,13 +56,15 @@ pub trait CounterStore: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
-    /// One hit on Divvy's fixed window `key`: `limit` hits per `reset` seconds (both above 0),
-    /// the window starting at its first hit.
+    /// One hit of `cost` units (0: a check) on the fixed window `key`: `limit` units per `reset`
+    /// seconds (both above 0), the window starting at its first hit (Divvy's; the rate-limit
+    /// service's clock-aligned windows put their start in `key`). A hit without room takes none.
     fn hit_fixed(
         &self,
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
         now: u64,
     ) -> impl Future<Output = Result<FixedDecision, StoreError>> + Send;
 
@@ -169,11 +171,12 @@ impl CounterStore for Backend {
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
         now: u64,
     ) -> Result<FixedDecision, StoreError> {
         match self {
-            Backend::Memory(m) => Ok(m.hit_fixed_now(key, limit, reset, now)),
-            Backend::Redis(r) => r.hit_fixed(key, limit, reset, now).await,
+            Backend::Memory(m) => Ok(m.hit_fixed_now(key, limit, reset, cost, now)),
+            Backend::Redis(r) => r.hit_fixed(key, limit, reset, cost, now).await,
         }
     }
 

@@ -169,26 +169,34 @@ impl FixedWindows {
         }
     }
 
-    /// One hit at `now` (seconds) on the window `key` of `limit` hits per `reset` seconds (both > 0).
-    pub fn hit(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
+    /// One hit of `cost` units at `now` (seconds) on the window `key` of `limit` units per `reset`
+    /// seconds (both > 0); a hit without room takes none.
+    pub fn hit(&self, key: &str, limit: u64, reset: u64, cost: u64, now: u64) -> FixedDecision {
         let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
         let mut guard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
         let shard = &mut *guard;
         let map = &mut shard.windows;
         if let Some(w) = map.get_mut(key).filter(|w| now < w.expires) {
             let ttl = (w.expires - now) as i64;
-            if w.credit == 0 {
+            if w.credit < cost {
                 return FixedDecision {
                     allowed: false,
-                    credit: 0,
+                    credit: w.credit,
                     reset: ttl,
                 };
             }
-            w.credit -= 1;
+            w.credit -= cost;
             return FixedDecision {
                 allowed: true,
                 credit: w.credit,
                 reset: ttl,
+            };
+        }
+        if cost > limit {
+            return FixedDecision {
+                allowed: false,
+                credit: limit,
+                reset: reset as i64,
             };
         }
         let full = map.len() >= self.max_per_shard && now > shard.swept_full;
@@ -218,12 +226,12 @@ impl FixedWindows {
             key.to_owned(),
             Fixed {
                 expires: now + reset,
-                credit: limit - 1,
+                credit: limit - cost,
             },
         );
         FixedDecision {
             allowed: true,
-            credit: limit - 1,
+            credit: limit - cost,
             reset: reset as i64,
         }
     }
@@ -261,8 +269,15 @@ impl MemoryStore {
     }
 
     /// [`FixedWindows::hit`], without a future.
-    pub fn hit_fixed_now(&self, key: &str, limit: u64, reset: u64, now: u64) -> FixedDecision {
-        self.fixed.hit(key, limit, reset, now)
+    pub fn hit_fixed_now(
+        &self,
+        key: &str,
+        limit: u64,
+        reset: u64,
+        cost: u64,
+        now: u64,
+    ) -> FixedDecision {
+        self.fixed.hit(key, limit, reset, cost, now)
     }
 }
 
@@ -282,9 +297,10 @@ impl CounterStore for MemoryStore {
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
         now: u64,
     ) -> Result<FixedDecision, StoreError> {
-        Ok(self.hit_fixed_now(key, limit, reset, now))
+        Ok(self.hit_fixed_now(key, limit, reset, cost, now))
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
@@ -322,23 +338,46 @@ mod tests {
             credit,
             reset,
         };
-        assert_eq!(f.hit("a", 2, 10, 100), d(true, 1, 10));
-        assert_eq!(f.hit("a", 2, 10, 103), d(true, 0, 7));
-        assert_eq!(f.hit("a", 2, 10, 109), d(false, 0, 1));
+        assert_eq!(f.hit("a", 2, 10, 1, 100), d(true, 1, 10));
+        assert_eq!(f.hit("a", 2, 10, 1, 103), d(true, 0, 7));
+        assert_eq!(f.hit("a", 2, 10, 1, 109), d(false, 0, 1));
         assert_eq!(
-            f.hit("a", 2, 10, 110),
+            f.hit("a", 2, 10, 1, 110),
             d(true, 1, 10),
             "a fresh window after expiry"
         );
         // At the cap, new counters are denied, old ones keep working, expired ones make room.
         for i in 0..10_000 {
-            f.hit(&format!("k{i}"), 5, 60, 200);
+            f.hit(&format!("k{i}"), 5, 60, 1, 200);
         }
-        assert!(!f.hit("newcomer", 5, 60, 200).allowed);
+        assert!(!f.hit("newcomer", 5, 60, 1, 200).allowed);
         assert!(
-            f.hit("newcomer", 5, 60, 260).allowed,
+            f.hit("newcomer", 5, 60, 1, 260).allowed,
             "expired windows make room"
         );
+    }
+
+    #[test]
+    fn a_cost_takes_credit_only_when_it_fits() {
+        let f = FixedWindows::new(SHARDS * 2);
+        let d = |allowed, credit, reset| FixedDecision {
+            allowed,
+            credit,
+            reset,
+        };
+        assert_eq!(
+            f.hit("a", 5, 10, 6, 100),
+            d(false, 5, 10),
+            "never fits: nothing kept"
+        );
+        assert_eq!(f.hit("a", 5, 10, 3, 100), d(true, 2, 10));
+        assert_eq!(f.hit("a", 5, 10, 3, 101), d(false, 2, 9));
+        assert_eq!(
+            f.hit("a", 5, 10, 0, 102),
+            d(true, 2, 8),
+            "a check takes nothing"
+        );
+        assert_eq!(f.hit("a", 5, 10, 2, 103), d(true, 0, 7));
     }
 
     #[test]

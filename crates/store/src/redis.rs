@@ -342,16 +342,17 @@ impl RedisStore {
         ))
     }
 
-    /// One hit on Divvy's fixed window `key` (`limit` and `reset` both above 0).
+    /// One hit of `cost` on the fixed window `key` (`limit` and `reset` both above 0).
     async fn hit_fixed_script(
         &self,
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
     ) -> Result<FixedDecision, StoreError> {
         let fut = async {
-            let mut call = DIVVY.call(1, 3, key.len() + 40);
-            call.arg(key).arg(limit).arg(reset);
+            let mut call = DIVVY.call(1, 4, key.len() + 60);
+            call.arg(key).arg(limit).arg(reset).arg(cost);
             let call = &call;
             let reply: String = self
                 .on_connection(|mut conn| async move { DIVVY.run(&mut conn, call).await })
@@ -404,9 +405,10 @@ impl CounterStore for RedisStore {
         key: &str,
         limit: u64,
         reset: u64,
+        cost: u64,
         _now: u64,
     ) -> Result<FixedDecision, StoreError> {
-        self.hit_fixed_script(key, limit, reset).await
+        self.hit_fixed_script(key, limit, reset, cost).await
     }
 
     /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster
