@@ -135,6 +135,7 @@ async fn start(redis: Option<&RedisServer>, response_headers: bool) -> Rig {
     start_with(redis, |c| c.rls.response_headers = response_headers).await
 }
 
+/// A rig whose configuration `set` changes last.
 async fn start_with(redis: Option<&RedisServer>, set: impl FnOnce(&mut Config)) -> Rig {
     let up = Upstream::start().await;
     let rules = tempfile::tempdir().unwrap();
@@ -142,13 +143,13 @@ async fn start_with(redis: Option<&RedisServer>, set: impl FnOnce(&mut Config)) 
     let mut c = Config::default();
     c.upstream.url = up.url();
     c.rls.config = rules.path().display().to_string();
-    set(&mut c);
     if let Some(r) = redis {
         c.store.kind = StoreKind::Redis;
         c.store.redis_url = r.url();
         c.store.failure_policy = FailurePolicy::Closed;
         c.store.time_source = TimeSource::Local;
     }
+    set(&mut c);
     let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
     Rig { gw, rules, _up: up }
 }
@@ -498,6 +499,39 @@ async fn fixed_windows_on_redis() {
     let redis = RedisServer::start();
     let rig = start_with(Some(&redis), |c| c.rls.window = WindowKind::Fixed).await;
     fixed_windows(&rig).await;
+}
+
+/// Redis gone: the failure policy answers (`closed`: OVER_LIMIT, `open`: OK, `local`: this
+/// instance's memory), and the service goes on serving.
+#[tokio::test]
+async fn with_redis_down_the_failure_policy_answers() {
+    for (policy, want) in [
+        (FailurePolicy::Closed, [Code::OverLimit; 4]),
+        (FailurePolicy::Open, [Code::Ok; 4]),
+        (
+            FailurePolicy::Local,
+            [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit],
+        ),
+    ] {
+        let mut redis = RedisServer::start();
+        let rig = start_with(Some(&redis), |c| {
+            c.store.failure_policy = policy;
+            c.store.timeout_ms = 100;
+        })
+        .await;
+        redis.kill();
+        let mut c = client(rig.gw.rls.unwrap());
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let r = ask(
+                &mut c,
+                request("edge", vec![descriptor(&[("client", "down")])]),
+            )
+            .await;
+            got.push(Code::try_from(r.overall_code).unwrap());
+        }
+        assert_eq!(got, want, "{policy:?}");
+    }
 }
 
 #[tokio::test]
