@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use support::get;
+use support::{free_port, get};
 
 const BIN: &str = env!("CARGO_BIN_EXE_quotagate");
 
@@ -299,14 +299,6 @@ fn quickstart(gw: u16, up: u16, extra: &[&str]) -> Running {
     ];
     args.extend_from_slice(extra);
     Running::start(&args)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The README's quick start: an allowed request, a 429 with its headers, a missing key.

@@ -640,11 +640,7 @@ struct Envoy {
 
 impl Envoy {
     fn start(rls: SocketAddr, upstream: SocketAddr, domain: &str) -> Envoy {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::free_port();
         let dir = tempfile::tempdir().unwrap();
         let config = ENVOY_CONFIG
             .replace("LISTEN_PORT", &port.to_string())
@@ -794,14 +790,6 @@ impl Drop for Child {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     let redis = RedisServer::start();
@@ -809,7 +797,7 @@ async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     let rules = root.path().join("ratelimit").join("config");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
-    let (grpc, http) = (free_port(), free_port());
+    let (grpc, http) = (support::free_port(), support::free_port());
     let child = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
             .arg("ratelimit")

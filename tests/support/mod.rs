@@ -186,6 +186,15 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A port nothing listens on now (bound, then released: for a child process to bind).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Async twin of [`wait_until`].
 pub async fn eventually<F, Fut>(limit: Duration, mut cond: F)
 where
