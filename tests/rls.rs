@@ -579,6 +579,19 @@ async fn rule_files_apply_when_changed_and_bad_ones_change_nothing() {
     })
     .await;
 
+    // Replaced by a rename (how editors and Kubernetes swap files): applies too.
+    std::fs::write(
+        dir.join(".api.yml.tmp"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 9}\n",
+    )
+    .unwrap();
+    std::fs::rename(dir.join(".api.yml.tmp"), dir.join("api.yml")).unwrap();
+    eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { limit_of(ask(&mut c, api()).await) == Some(9) }
+    })
+    .await;
+
     // A broken file (unknown unit): refused whole, the rules in service stay.
     std::fs::write(
         dir.join("api.yml"),
@@ -587,10 +600,10 @@ async fn rule_files_apply_when_changed_and_bad_ones_change_nothing() {
     .unwrap();
     let svc = rig.gw.rls_service.as_ref().unwrap();
     eventually(Duration::from_secs(10), || async {
-        svc.metrics.loads() == (1, 1)
+        svc.metrics.loads() == (2, 1)
     })
     .await;
-    assert_eq!(limit_of(ask(&mut c, api()).await), Some(7));
+    assert_eq!(limit_of(ask(&mut c, api()).await), Some(9));
 
     // Renamed away (deleted for the watcher): the domain goes.
     std::fs::rename(dir.join("api.yml"), dir.join("api.yml.off")).unwrap();

@@ -1,6 +1,6 @@
 //! load: the rule files on disk. `rls.config` names one YAML file or a directory whose `*.yaml`
 //! and `*.yml` files are read (not its subdirectories, not hidden files). A watcher compares the
-//! files' names, sizes and modification times every second and reloads on any change (added,
+//! files' names, sizes, modification times and inodes every second and reloads on any change (added,
 //! replaced, renamed, deleted; a directory swapped behind a symlink, as Kubernetes mounts
 //! ConfigMaps, too). A set that does not load keeps the one in service and logs every problem.
 
@@ -16,8 +16,9 @@ pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 /// Rule files read from one directory, at most. Default: 1000.
 pub const MAX_RULE_FILES: usize = 1000;
 
-/// What the watcher compares: each file's path, size and modification time.
-pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// What the watcher compares: each file's path, size, modification time and inode (a file
+/// renamed over another is a new inode even when its size and time match the old one's).
+pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
 
 /// The rule files `path` names, sorted, with their fingerprint.
 pub fn list(path: &Path) -> Result<Fingerprint, String> {
@@ -48,10 +49,12 @@ pub fn list(path: &Path) -> Result<Fingerprint, String> {
     Ok(files
         .into_iter()
         .map(|p| {
+            use std::os::unix::fs::MetadataExt;
             let m = std::fs::metadata(&p).ok();
             let size = m.as_ref().map_or(0, |m| m.len());
+            let inode = m.as_ref().map_or(0, |m| m.ino());
             let modified = m.and_then(|m| m.modified().ok());
-            (p, size, modified)
+            (p, size, modified, inode)
         })
         .collect())
 }
@@ -61,7 +64,7 @@ pub fn load(path: &Path) -> Result<RuleSet, Problems> {
     let files = list(path).map_err(|e| Problems(vec![e]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut problems = Vec::new();
-    for (file, size, _) in &files {
+    for (file, size, _, _) in &files {
         let name = file.display().to_string();
         if *size > MAX_RULE_FILE_BYTES {
             problems.push(format!("{name}: larger than {MAX_RULE_FILE_BYTES} bytes"));
