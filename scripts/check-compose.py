@@ -4,7 +4,7 @@ Checks: the YAML parses; the demo's services are all there; every build context 
 whose COPY sources exist; every host path mounted exists; every file a quotagate command names
 (relative to the image's /etc/quotagate, which holds the repository's catalogs/ and examples/)
 exists; every QUOTAGATE_* variable is a documented option; depends_on names existing services;
-ports are HOST:CONTAINER. Exits 1 listing every problem.
+ports are published on loopback (127.0.0.1:HOST:CONTAINER). Exits 1 listing every problem.
 """
 import os
 import re
@@ -41,6 +41,9 @@ for name, svc in services.items():
                 m = re.match(r"\s*COPY\s+(?!--from)(.+)", line)
                 if m:
                     for src in m.group(1).split()[:-1]:
+                        # target/: the prebuilt binary, made by cargo before such a build.
+                        if src.startswith("target/"):
+                            continue
                         if not os.path.exists(os.path.join(ROOT, context, src)):
                             problem(f"Dockerfile: COPY source {src} does not exist")
     for volume in svc.get("volumes", []):
@@ -58,8 +61,8 @@ for name, svc in services.items():
         if dep not in services:
             problem(f"{name}: depends on unknown service {dep}")
     for port in svc.get("ports", []):
-        if not re.fullmatch(r"\d+:\d+", str(port)):
-            problem(f"{name}: port {port!r} is not HOST:CONTAINER")
+        if not re.fullmatch(r"127\.0\.0\.1:\d+:\d+", str(port)):
+            problem(f"{name}: port {port!r} is not 127.0.0.1:HOST:CONTAINER (loopback only)")
 
 if problems:
     print("docker-compose.yml / Dockerfile:\n  " + "\n  ".join(problems))

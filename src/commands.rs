@@ -211,7 +211,7 @@ pub async fn health(url: &str) -> bool {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("health: {e}");
+            eprintln!("health: {}", crate::start::with_causes(&e));
             return false;
         }
     };

@@ -119,7 +119,10 @@ impl Gateway {
             .map_err(|e| {
                 ConfigError::option(
                     "catalog.server_url",
-                    format!("cannot build the catalog client: {e}"),
+                    format!(
+                        "cannot build the catalog client: {}",
+                        crate::start::with_causes(&e)
+                    ),
                 )
             })?;
             poller = Some(Arc::new(p));

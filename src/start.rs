@@ -30,6 +30,19 @@ pub enum StartError {
     },
 }
 
+/// An error and its causes on one line (`a: b: c`): reqwest's own message is often just
+/// "builder error", its cause the useful part (say, no CA certificates on the system).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
 /// Binds a listener, turning the OS error into a start-up error that names the address.
 pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listener = TcpListener::bind(addr)
