@@ -116,6 +116,17 @@ impl App {
                 Some(Arc::new(divvy))
             }
         };
+        // The listener's certificates, loaded (and their metrics registered) before the registry is
+        // shared.
+        let tls = match settings.gateway.as_ref().and_then(|g| g.http.tls.as_ref()) {
+            None => None,
+            Some(t) => {
+                let tls = crate::tls::Tls::new(t)
+                    .map_err(|e| ConfigError::option("server.tls_cert_file", e.to_string()))?;
+                tls.register(metrics.registry_mut());
+                Some(Arc::new(tls))
+            }
+        };
         // Registered now, while the registry can still be changed; the service gets them later.
         let rls_metrics = settings.rls.as_ref().map(|_| {
             let m = crate::rls::metrics::RlsMetrics::default();
@@ -138,7 +149,7 @@ impl App {
         let metrics = rt.metrics.clone();
         let gateway = match &settings.gateway {
             None => None,
-            Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog)?)),
+            Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog, tls)?)),
         };
         let mut rls_files = None;
         let rls = match (&settings.rls, rls_metrics) {
@@ -239,7 +250,7 @@ impl App {
                 let (rls, token) = (rls.clone(), token.clone());
                 let executor = Executor {
                     workers: Some(self.workers.clone()),
-                    open_connections: None,
+                    ..Default::default()
                 };
                 Some(tokio::spawn(async move {
                     let drained = crate::rls::server::serve(

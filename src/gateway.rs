@@ -75,6 +75,8 @@ pub struct Gateway {
     poller: Option<Arc<Poller>>,
     /// Channel of the catalog announcements, when counters are in Redis and a poller runs.
     announcements: Option<(Arc<Announcer>, String)>,
+    /// The listener's TLS, when configured (its watcher runs in the background).
+    tls: Option<Arc<crate::tls::Tls>>,
 }
 
 impl Gateway {
@@ -85,6 +87,7 @@ impl Gateway {
         s: &GatewaySettings,
         rt: &Runtime,
         catalog: Option<Snapshot>,
+        tls: Option<Arc<crate::tls::Tls>>,
     ) -> Result<Gateway, StartError> {
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
@@ -131,6 +134,7 @@ impl Gateway {
         let executor = Executor {
             workers: Some(rt.workers.clone()),
             open_connections: Some(rt.metrics.open_connections.clone()),
+            tls: tls.as_ref().map(|t| t.acceptor.clone()),
         };
         Ok(Gateway {
             proxy: Arc::new(Proxy::new(&s.proxy, live, upstream, rt)),
@@ -138,6 +142,7 @@ impl Gateway {
             executor,
             poller,
             announcements,
+            tls,
         })
     }
 
@@ -163,6 +168,15 @@ impl Gateway {
 
     /// Starts the catalog poller and the announcement listener, which stop on `shutdown`.
     pub fn spawn_background(&self, shutdown: &CancellationToken) {
+        if let Some(tls) = &self.tls {
+            let (tls, stop) = (tls.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tls.watch() => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
         if let Some(poller) = &self.poller {
             tokio::spawn(poller.clone().run(shutdown.clone()));
             if let Some((redis, channel)) = &self.announcements {

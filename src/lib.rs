@@ -36,4 +36,5 @@ pub mod shutdown;
 pub mod start;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod workers;

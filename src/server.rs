@@ -33,17 +33,31 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// How long in-flight requests may take to finish after shutdown begins. Default: 10 s.
     pub drain_timeout: Duration,
+    /// TLS on this listener (`server.tls_*`). Default: none, cleartext.
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 /// Where a listener's connections run and what counts them: runtime objects, handed to
 /// [`serve`] beside the settings. The default serves on the caller's runtime, uncounted.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Executor {
     /// Serve connections on these single-threaded workers (see [`crate::workers`]); `None`: on
     /// the caller's runtime. The gateway uses `server.workers`, one per core by default.
     pub workers: Option<Arc<Workers>>,
     /// Counts open connections, when given (a metric).
     pub open_connections: Option<prometheus_client::metrics::gauge::Gauge>,
+    /// Speak TLS on every connection, with these certificates ([`crate::tls::Tls`]).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("workers", &self.workers)
+            .field("open_connections", &self.open_connections)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 /// The defaults are `[server]`'s, written once in `config/mod.rs`.
@@ -78,8 +92,46 @@ impl TryFrom<&ServerConfig> for HttpSettings {
             max_header_bytes: c.max_header_bytes,
             max_connections: c.max_connections,
             drain_timeout: positive_ms("server.drain_timeout_ms", c.drain_timeout_ms)?,
+            tls: tls_settings(c)?,
         })
     }
+}
+
+/// `server.tls_*`: comma-separated lists of equal length, or all empty.
+fn tls_settings(c: &ServerConfig) -> Result<Option<crate::tls::TlsSettings>, ConfigError> {
+    let list = |s: &str| -> Vec<std::path::PathBuf> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(Into::into)
+            .collect()
+    };
+    let (certs, keys) = (list(&c.tls_cert_file), list(&c.tls_key_file));
+    let client_ca = (!c.tls_client_ca_file.trim().is_empty())
+        .then(|| std::path::PathBuf::from(c.tls_client_ca_file.trim()));
+    if certs.is_empty() && keys.is_empty() {
+        return match client_ca {
+            None => Ok(None),
+            Some(_) => Err(ConfigError::option(
+                "server.tls_client_ca_file",
+                "needs server.tls_cert_file and server.tls_key_file",
+            )),
+        };
+    }
+    if certs.len() != keys.len() {
+        return Err(ConfigError::option(
+            "server.tls_key_file",
+            format!(
+                "lists {} keys for {} certificate files (server.tls_cert_file); give one key per certificate, in the same order",
+                keys.len(),
+                certs.len()
+            ),
+        ));
+    }
+    Ok(Some(crate::tls::TlsSettings {
+        pairs: certs.into_iter().zip(keys).collect(),
+        client_ca,
+    }))
 }
 
 /// Serves `handler` on `listener` until `shutdown` completes, then drains. Returns `false` if the
@@ -139,23 +191,38 @@ where
             executor.open_connections.clone(),
         );
         let first_byte = settings.header_read_timeout;
+        let tls = executor.tls.clone();
         let connection = move |tcp: TcpStream| async move {
             // hyper's header timer starts with the first byte: a client that connects and sends
             // nothing would hold a connection slot forever.
             // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
-            match tokio::time::timeout(first_byte, tcp.peek(&mut [0u8; 1])).await {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return,
             }
             if let Some(g) = &gauge {
                 g.inc();
             }
-            let _ = watcher
-                .watch(
-                    http.serve_connection(TokioIo::new(Lingering(Some(tcp))), svc)
-                        .into_owned(),
-                )
-                .await;
+            match tls {
+                None => {
+                    let io = TokioIo::new(Lingering(Some(tcp)));
+                    let _ = watcher
+                        .watch(http.serve_connection(io, svc).into_owned())
+                        .await;
+                }
+                // A TLS record starts with 22 (handshake); anything else is most likely plain HTTP.
+                Some(_) if first[0] != 22 => plaintext_on_tls(tcp).await,
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(Lingering(Some(tcp)));
+                    if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
+                        let io = TokioIo::new(stream);
+                        let _ = watcher
+                            .watch(http.serve_connection(io, svc).into_owned())
+                            .await;
+                    }
+                }
+            }
             if let Some(g) = gauge {
                 g.dec();
             }
@@ -168,6 +235,20 @@ where
     tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
         .await
         .is_ok()
+}
+
+/// Answers a cleartext request sent to a TLS listener with a 400 that says so, then closes (the
+/// client would otherwise see a handshake failure it cannot read).
+async fn plaintext_on_tls(tcp: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BODY: &str = "this port speaks TLS: use https://\n";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let mut tcp = Lingering(Some(tcp));
+    let _ = tcp.write_all(answer.as_bytes()).await;
+    let _ = tcp.shutdown().await;
 }
 
 /// How long a closed connection keeps discarding what the client still sends. Default: 2 s.

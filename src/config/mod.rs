@@ -197,6 +197,13 @@ pub struct ServerConfig {
     /// Threads that serve proxy and Divvy connections, each with its own event loop, upstream pool
     /// and Redis connection. Default: 0, one per core.
     pub workers: usize,
+    /// PEM certificate chain(s) of the listener, comma-separated; with them it speaks TLS only
+    /// (HTTP/1.1 and HTTP/2 by ALPN). Default: empty (cleartext).
+    pub tls_cert_file: String,
+    /// PEM private key(s), one per certificate file, in the same order. Default: empty.
+    pub tls_key_file: String,
+    /// PEM CA certificate(s): require client certificates signed by them (mTLS). Default: empty.
+    pub tls_client_ca_file: String,
 }
 
 impl Default for ServerConfig {
@@ -209,6 +216,9 @@ impl Default for ServerConfig {
             max_body_bytes: 10 * 1024 * 1024,
             max_connections: 10_000,
             workers: 0,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_client_ca_file: String::new(),
         }
     }
 }

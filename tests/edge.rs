@@ -1,0 +1,287 @@
+//! At the edge: TLS on the gateway's listener, with real clients (curl, `openssl s_client`, a
+//! rustls client holding a connection open) and certificates made by `openssl`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotagate::config::Config;
+use quotagate_engine::clock::FakeClock;
+use support::{TestGateway, Upstream, eventually, scrape};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T0: u64 = 1_700_000_040;
+
+const CATALOG: &str = r#"{
+  "version": {"semver": "1.0.0", "hash": "h1"},
+  "methods": ["GET"],
+  "paths": ["/users/{id}"],
+  "endpoints": [{"p": 0, "m": 0}],
+  "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100}]}]
+}"#;
+
+/// A self-signed P-256 certificate for `names` (subjectAltName DNS entries), common name `cn`:
+/// (`<cn>.pem`, `<cn>.key`) in `dir`, written to temporary files first and renamed into place,
+/// as a certificate manager would.
+fn cert(dir: &Path, cn: &str, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+    let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    let (pem, key) = (
+        dir.join(format!("{file}.pem")),
+        dir.join(format!("{file}.key")),
+    );
+    let (tmp_pem, tmp_key) = (dir.join(".new.pem"), dir.join(".new.key"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args(["-days", "2", "-subj", &format!("/CN={cn}")])
+        .args(["-addext", &format!("subjectAltName={}", san.join(","))])
+        // An end-entity certificate (rustls refuses a CA as one), trusted as itself by clients.
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&tmp_key)
+        .arg("-out")
+        .arg(&tmp_pem)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl must be installed")
+        .success();
+    assert!(ok, "openssl req for {cn}");
+    std::fs::rename(&tmp_key, &key).unwrap();
+    std::fs::rename(&tmp_pem, &pem).unwrap();
+    (pem, key)
+}
+
+async fn gateway(set: impl FnOnce(&mut Config)) -> (TestGateway, Upstream) {
+    let up = Upstream::start().await;
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    set(&mut c);
+    (TestGateway::start(c, CATALOG, FakeClock::new(T0)).await, up)
+}
+
+/// The common name of the certificate the listener serves for `sni` (`None`: no SNI sent).
+fn served_cn(port: u16, sni: Option<&str>) -> String {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["s_client", "-connect", &format!("127.0.0.1:{port}")]);
+    match sni {
+        Some(name) => cmd.args(["-servername", name]),
+        None => cmd.arg("-noservername"),
+    };
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("subject=").map(str::to_owned))
+        .unwrap_or_else(|| panic!("no certificate in:\n{text}"))
+        .rsplit("CN = ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// curl's (status, HTTP version) for GET `path` on `name` (resolved to the gateway).
+fn curl(port: u16, name: &str, ca: &Path, extra: &[&str]) -> (String, String) {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+        ])
+        .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
+        .arg("--cacert")
+        .arg(ca)
+        .args(["-H", "X-Api-Key: K1"])
+        .args(extra)
+        .arg(format!("https://{name}:{port}/users/42"))
+        .output()
+        .expect("curl must be installed");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (code, version) = text.split_once(' ').unwrap_or((&text, ""));
+    (code.to_owned(), version.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_http1_and_h2_picks_certificates_by_sni_and_reloads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_pem, a_key) = cert(dir.path(), "a", "a", &["a.test"]);
+    let (b_pem, b_key) = cert(dir.path(), "b", "b", &["*.b.test"]);
+    let (gw, _up) = gateway(|c| {
+        c.server.tls_cert_file = format!("{},{}", a_pem.display(), b_pem.display());
+        c.server.tls_key_file = format!("{}, {}", a_key.display(), b_key.display());
+    })
+    .await;
+    let port = gw.addr.port();
+
+    // HTTP/1.1 and HTTP/2 chosen by ALPN, each verified against its own certificate.
+    assert_eq!(
+        curl(port, "a.test", &a_pem, &["--http1.1"]),
+        ("200".into(), "1.1".into())
+    );
+    assert_eq!(
+        curl(port, "a.test", &a_pem, &["--http2"]),
+        ("200".into(), "2".into())
+    );
+    assert_eq!(curl(port, "x.b.test", &b_pem, &[]).0, "200");
+
+    // SNI: the certificate whose names match; none or no SNI: the first.
+    assert_eq!(served_cn(port, Some("x.b.test")), "b");
+    assert_eq!(served_cn(port, Some("a.test")), "a");
+    assert_eq!(served_cn(port, Some("nothing.test")), "a");
+    assert_eq!(served_cn(port, None), "a");
+
+    // Cleartext HTTP to the TLS port: a 400 that says so.
+    let plain = support::get(&gw.url("/users/42"), &[("x-api-key", "K1")]).await;
+    assert_eq!(plain.status, 400);
+    assert!(String::from_utf8_lossy(&plain.body).contains("speaks TLS"));
+
+    // A connection opened before a reload keeps working after it.
+    let mut held = tls_connect(port, "a.test", &a_pem).await;
+    assert!(request_on(&mut held).await.starts_with("HTTP/1.1 200"));
+
+    // The certificate replaced on disk: new handshakes get the new one within seconds.
+    cert(dir.path(), "a2", "a", &["a.test"]);
+    eventually(Duration::from_secs(10), || async {
+        tokio::task::spawn_blocking(move || served_cn(port, Some("a.test")))
+            .await
+            .unwrap()
+            == "a2"
+    })
+    .await;
+    assert!(
+        request_on(&mut held).await.starts_with("HTTP/1.1 200"),
+        "the held connection"
+    );
+
+    // A broken file keeps the certificate in service, and counts.
+    std::fs::write(&a_pem, "not a certificate").unwrap();
+    eventually(Duration::from_secs(10), || async {
+        scrape(gw.admin)
+            .await
+            .get("quotagate_tls_reload_failures_total")
+            == Some(&1.0)
+    })
+    .await;
+    assert_eq!(served_cn(port, Some("a.test")), "a2");
+
+    // Seconds until each certificate expires (two days from now, less a few seconds).
+    let m = scrape(gw.admin).await;
+    let left = m[&format!(
+        "quotagate_tls_certificate_expiry_seconds{{cert_file=\"{}\"}}",
+        b_pem.display()
+    )];
+    assert!(
+        (86_400.0 * 2.0 - 600.0..=86_400.0 * 2.0).contains(&left),
+        "{left}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_when_a_client_ca_is_set() {
+    let certs = support::Certs::make();
+    let (gw, _up) = gateway(|c| {
+        c.server.tls_cert_file = certs.path("server.pem");
+        c.server.tls_key_file = certs.path("server.key");
+        c.server.tls_client_ca_file = certs.path("ca.pem");
+    })
+    .await;
+    let port = gw.addr.port();
+    let ca = PathBuf::from(certs.path("ca.pem"));
+    let with_cert = [
+        "--cert",
+        &certs.path("client.pem"),
+        "--key",
+        &certs.path("client.key"),
+    ];
+    assert_eq!(curl(port, "localhost", &ca, &with_cert).0, "200");
+    assert_eq!(
+        curl(port, "localhost", &ca, &[]).0,
+        "000",
+        "no client certificate: no answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_settings_that_cannot_work_stop_the_start_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_pem, _) = cert(dir.path(), "a", "a", &["a.test"]);
+    let (_, b_key) = cert(dir.path(), "b", "b", &["b.test"]);
+    let start = |cert: String, key: String| {
+        let mut c = Config::default();
+        c.server.tls_cert_file = cert;
+        c.server.tls_key_file = key;
+        match quotagate::settings::Settings::new(c, |_| None) {
+            Err(e) => e.to_string(),
+            Ok(s) => match quotagate::app::App::build(&s, Arc::new(FakeClock::new(T0)), None) {
+                Err(e) => e.to_string(),
+                Ok(_) => "started".into(),
+            },
+        }
+    };
+    let e = start(a_pem.display().to_string(), b_key.display().to_string());
+    assert!(e.contains("a.pem: does not match its key"), "{e}");
+    let e = start(a_pem.display().to_string(), String::new());
+    assert!(
+        e.contains("server.tls_key_file: lists 0 keys for 1 certificate files"),
+        "{e}"
+    );
+    let e = start("/nonexistent.pem".into(), b_key.display().to_string());
+    assert!(e.contains("/nonexistent.pem"), "{e}");
+}
+
+/// A TLS connection to the listener (HTTP/1.1 by ALPN), verified against `ca`.
+async fn tls_connect(
+    port: u16,
+    name: &str,
+    ca: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
+/// One keep-alive GET on an open connection; the response head and body as text.
+async fn request_on(s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    s.write_all(b"GET /users/1 HTTP/1.1\r\nhost: a.test\r\nx-api-key: K1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
