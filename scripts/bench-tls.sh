@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# TLS on the listener, side by side with nginx `ssl` in one run.
+#   scripts/bench-tls.sh [SECONDS] [CONNECTIONS]      (defaults: 10 s, 64 connections)
+# Both with one ECDSA P-256 certificate, in front of the example upstream, one worker each
+# (nginx: worker_processes 1; quotagate: server.workers=1, its memory store, one key far under its
+# limit). Rows: keep-alive (wrk over HTTPS, CPU per request) and a new TLS connection per request
+# (`Connection: close`: handshakes per second). For each: requests/s and the server's CPU per
+# request (utime+stime from /proc), and both as ratios to nginx in the same run. Prints a table and
+# appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+DURATION=${1:-10}
+CONNS=${2:-64}
+ensure_debian_packages wrk:wrk nginx:nginx-light openssl:openssl
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+cargo build --release --quiet
+BIN=target/release/quotagate
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench \
+  -addext subjectAltName=DNS:localhost -addext basicConstraints=critical,CA:FALSE \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+python3 - "$WORK/catalog.json" <<'PY'
+import json, sys
+json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
+           "endpoints": [{"p": 0, "m": 0}],
+           "apilimits": [{"key": "bench", "limits": [{"ep": 0, "rl": 1_000_000_000}]}]}, open(sys.argv[1], "w"))
+PY
+
+UP=$(free_port)
+"$BIN" example-upstream --listen "127.0.0.1:$UP" 2>/dev/null & PIDS+=($!)
+wait_port "$UP"
+
+NG=$(free_port)
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log stderr warn;
+events { worker_connections 10240; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  upstream api { server 127.0.0.1:$UP; keepalive 128; }
+  server {
+    listen 127.0.0.1:$NG ssl;
+    ssl_certificate $WORK/cert.pem;
+    ssl_certificate_key $WORK/key.pem;
+    location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+"$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGPID=$!; PIDS+=($NGPID)
+GW=$(free_port)
+"$BIN" --listen "127.0.0.1:$GW" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
+  --set log.level=warn --set admin.enabled=false --set server.workers=1 \
+  --set "server.tls_cert_file=$WORK/cert.pem" --set "server.tls_key_file=$WORK/key.pem" & GWPID=$!; PIDS+=($GWPID)
+wait_port "$NG"; wait_port "$GW"
+for port in "$NG" "$GW"; do
+  code=$(curl -s -k -o /dev/null -w '%{http_code}' -H 'X-Api-Key: bench' "https://127.0.0.1:$port/users/1")
+  [ "$code" = 200 ] || { echo "https://127.0.0.1:$port answered $code" >&2; exit 1; }
+done
+
+ROWS=()
+# row NAME PID PORT WRK_ARGS...: one wrk run; "name|requests|seconds|cpu_ticks|errors".
+row() {
+  local name=$1 pid=$2 port=$3; shift 3
+  local t0 t1 out
+  t0=$(cpu_ticks "$pid")
+  out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" -H 'X-Api-Key: bench' "$@" "https://127.0.0.1:$port/users/1")
+  t1=$(cpu_ticks "$pid")
+  local n; n=$(echo "$out" | awk '/requests in/{print $1}')
+  local errs; errs=$(echo "$out" | awk -F': ' '/Socket errors/{print $2}')
+  ROWS+=("$name|$n|$DURATION|$((t1 - t0))|${errs:-none}")
+}
+row "nginx ssl, keep-alive" "$NGPID" "$NG"
+row "quotagate TLS, keep-alive" "$GWPID" "$GW"
+row "nginx ssl, new connection per request" "$NGPID" "$NG" -H 'Connection: close'
+row "quotagate TLS, new connection per request" "$GWPID" "$GW" -H 'Connection: close'
+
+TABLE=$(python3 - "$TICKS_PER_S" "${ROWS[@]}" <<'PY'
+import sys
+hz = float(sys.argv[1])
+rows = [r.split("|") for r in sys.argv[2:]]
+print("| server (1 worker) | requests/s | CPU us/request | req/s vs nginx | CPU vs nginx | socket errors |")
+print("|---|---:|---:|---:|---:|---|")
+base = {}
+for name, n, secs, ticks, errs in rows:
+    rps = int(n) / float(secs)
+    cpu = int(ticks) / hz * 1e6 / max(int(n), 1)
+    kind = name.split(", ", 1)[1]
+    if name.startswith("nginx"):
+        base[kind] = (rps, cpu)
+    b = base[kind]
+    print(f"| {name} | {rps:,.0f} | {cpu:.1f} | {rps / b[0]:.2f}x | {cpu / b[1]:.2f}x | {errs} |")
+PY
+)
+echo "$TABLE"
+if [ -z "${BENCH_NO_RECORD:-}" ]; then
+  {
+    echo
+    echo "### scripts/bench-tls.sh $DURATION $CONNS, $(date -u +%Y-%m-%d\ %H:%M) UTC, $(git rev-parse --short HEAD)"
+    echo
+    echo "Machine: $(machine_line)."
+    echo
+    echo "$TABLE"
+  } >> docs/benchmarks.md
+fi
