@@ -208,7 +208,7 @@ where
                 None => {
                     let io = TokioIo::new(Lingering(Some(tcp)));
                     let _ = watcher
-                        .watch(http.serve_connection(io, svc).into_owned())
+                        .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                         .await;
                 }
                 // A TLS record starts with 22 (handshake); anything else is most likely plain HTTP.
@@ -218,7 +218,7 @@ where
                     if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
                         let io = TokioIo::new(stream);
                         let _ = watcher
-                            .watch(http.serve_connection(io, svc).into_owned())
+                            .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                             .await;
                     }
                 }

@@ -20,7 +20,8 @@ const CATALOG: &str = r#"{
   "methods": ["GET"],
   "paths": ["/users/{id}"],
   "endpoints": [{"p": 0, "m": 0}],
-  "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100}]}]
+  "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100}]},
+                {"key": "ONCE", "limits": [{"ep": 0, "rl": 1}]}]
 }"#;
 
 /// A self-signed P-256 certificate for `names` (subjectAltName DNS entries), common name `cn`:
@@ -284,4 +285,89 @@ async fn request_on(s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStrea
         .expect("an answer")
         .unwrap();
     String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+// ---- upgrades (WebSocket) ----
+
+/// An upstream that agrees to every upgrade (101) and then echoes what it receives, over raw TCP.
+async fn echo_upstream() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let head = read_head(&mut s).await;
+                assert!(
+                    head.to_ascii_lowercase().contains("upgrade: websocket"),
+                    "{head}"
+                );
+                s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Reads up to the end of an HTTP head.
+async fn read_head(s: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+async fn ask_upgrade(gw: std::net::SocketAddr, key: &str) -> (tokio::net::TcpStream, String) {
+    let mut s = tokio::net::TcpStream::connect(gw).await.unwrap();
+    let req = format!(
+        "GET /users/1 HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\nx-api-key: {key}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await;
+    (s, head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_are_admitted_once_then_relayed_both_ways_until_idle() {
+    let up = echo_upstream().await;
+    let mut c = Config::default();
+    c.upstream.url = format!("http://{up}");
+    c.server.upgrade_idle_timeout_ms = 500;
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+
+    let (mut s, head) = ask_upgrade(gw.addr, "ONCE").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        lower.contains("upgrade: websocket") && lower.contains("ratelimit-remaining: 0"),
+        "{head}"
+    );
+    for msg in [&b"hello"[..], b"second frame"] {
+        s.write_all(msg).await.unwrap();
+        let mut buf = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
+            .await
+            .expect("echoed")
+            .unwrap();
+        assert_eq!(buf, msg);
+    }
+    // Counted once: the key's one request a minute is spent.
+    let (_, refused) = ask_upgrade(gw.addr, "ONCE").await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    // Silent both ways for the idle timeout: closed.
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
 }

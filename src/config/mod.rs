@@ -197,6 +197,9 @@ pub struct ServerConfig {
     /// Threads that serve proxy and Divvy connections, each with its own event loop, upstream pool
     /// and Redis connection. Default: 0, one per core.
     pub workers: usize,
+    /// An upgraded connection (WebSocket) silent both ways for this long is closed. Default:
+    /// 300000 ms.
+    pub upgrade_idle_timeout_ms: u64,
     /// PEM certificate chain(s) of the listener, comma-separated; with them it speaks TLS only
     /// (HTTP/1.1 and HTTP/2 by ALPN). Default: empty (cleartext).
     pub tls_cert_file: String,
@@ -216,6 +219,7 @@ impl Default for ServerConfig {
             max_body_bytes: 10 * 1024 * 1024,
             max_connections: 10_000,
             workers: 0,
+            upgrade_idle_timeout_ms: 300_000,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),

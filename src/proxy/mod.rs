@@ -11,6 +11,7 @@ pub mod explain;
 pub mod headers;
 pub mod pool;
 pub mod settings;
+pub mod upgrade;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -260,7 +261,16 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
             .or_else(|| parts.uri.authority().map(|a| a.to_string()));
+        let upgrade = upgrade::requested(&parts).map(|protocol| {
+            (
+                parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+                protocol,
+            )
+        });
         headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
+        if let Some((_, protocol)) = &upgrade {
+            upgrade::restore(&mut parts.headers, protocol.clone());
+        }
         // The upstream's own Host replaces the client's (`Upstream::send`).
         parts.headers.remove(HOST);
         headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
@@ -275,7 +285,7 @@ impl Proxy {
             Limited::new(body, self.policy.max_body_bytes as usize),
         );
         match self.upstream.send(req).await {
-            Ok(resp) => {
+            Ok(mut resp) => {
                 if self.upstream_failing.load(Ordering::Relaxed)
                     && self.upstream_failing.swap(false, Ordering::Relaxed)
                 {
@@ -287,10 +297,25 @@ impl Proxy {
                         class: status_class(resp.status().as_u16()),
                     })
                     .inc();
+                let switched = match upgrade {
+                    Some((Some(client), _))
+                        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
+                    {
+                        let agreed = resp.headers().get(http::header::UPGRADE).cloned();
+                        let upstream = hyper::upgrade::on(&mut resp);
+                        upgrade::relay(client, upstream, self.policy.upgrade_idle);
+                        agreed
+                    }
+                    _ => None,
+                };
                 let (mut head, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut head.headers, None);
                 if let Some(rate) = &target.limit {
                     headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
+                }
+                if let Some(protocol) = switched {
+                    upgrade::restore(&mut head.headers, protocol);
+                    return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
                 }
                 Response::from_parts(head, Either::Left(body))
             }

@@ -125,7 +125,8 @@ where
         .await
         .map_err(std::io::Error::other)?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        // With upgrades: a 101 hands the connection over (`crate::proxy::upgrade`).
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream connection closed");
         }
     });

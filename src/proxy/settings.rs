@@ -20,6 +20,9 @@ pub struct Policy {
     pub headers: HeaderSet,
     pub escaped_slashes: EscapedSlashes,
     pub max_body_bytes: u64,
+    /// An upgraded connection (WebSocket) with no byte either way for this long is closed
+    /// (`server.upgrade_idle_timeout_ms`).
+    pub upgrade_idle: std::time::Duration,
     /// One log line per request (`log.access`).
     pub access_log: bool,
     /// Every limit is a shadow limit (`limits.shadow`).
@@ -49,6 +52,10 @@ impl TryFrom<&Config> for Policy {
             headers: limits.headers,
             escaped_slashes: limits.escaped_slashes,
             max_body_bytes: c.server.max_body_bytes,
+            upgrade_idle: crate::config::positive_ms(
+                "server.upgrade_idle_timeout_ms",
+                c.server.upgrade_idle_timeout_ms,
+            )?,
             access_log: c.log.access,
             shadow: limits.shadow,
             cost_header: match limits.cost_header.as_str() {
