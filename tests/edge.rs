@@ -371,3 +371,57 @@ async fn upgrades_are_admitted_once_then_relayed_both_ways_until_idle() {
     let closed = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
     assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
 }
+
+// ---- gRPC ----
+
+/// Refusals of gRPC requests in the form gRPC clients read: HTTP 200, `grpc-status`,
+/// `grpc-message`, no body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_requests_are_refused_with_grpc_statuses() {
+    let (gw, _up) = gateway(|_| {}).await;
+    let client = support::http2_client();
+    let call = |path: &'static str, key: Option<&'static str>| {
+        let client = client.clone();
+        let url = gw.url(path);
+        async move {
+            let mut h = vec![("content-type", "application/grpc"), ("te", "trailers")];
+            if let Some(k) = key {
+                h.push(("x-api-key", k));
+            }
+            support::send(&client, "GET", &url, &h, bytes::Bytes::new()).await
+        }
+    };
+    let status = |g: &support::Got| {
+        assert_eq!(g.status, 200);
+        assert!(g.body.is_empty());
+        g.header("grpc-status").unwrap_or("none").to_owned()
+    };
+    assert_eq!(
+        call("/users/1", Some("ONCE")).await.status,
+        200,
+        "forwarded"
+    );
+    let over = call("/users/1", Some("ONCE")).await;
+    assert_eq!(status(&over), "8", "RESOURCE_EXHAUSTED");
+    assert_eq!(over.header("ratelimit-remaining"), Some("0"));
+    assert!(
+        over.header("grpc-message").unwrap().contains("retry after"),
+        "{:?}",
+        over.header("grpc-message")
+    );
+    assert_eq!(
+        status(&call("/users/1", None).await),
+        "16",
+        "no key: UNAUTHENTICATED"
+    );
+    assert_eq!(
+        status(&call("/users/1", Some("nobody")).await),
+        "16",
+        "unknown key"
+    );
+    assert_eq!(
+        status(&call("/nowhere", Some("K1")).await),
+        "12",
+        "no route: UNIMPLEMENTED"
+    );
+}

@@ -100,6 +100,9 @@ pub struct Rejection<'s> {
     pub detail: String,
     /// Set on 429: for the problem type and rate-limit fields.
     pub limit: Option<Rate<'s>>,
+    /// The API key is not in the catalog (a 403 like a key without a limit here, but
+    /// UNAUTHENTICATED for gRPC).
+    pub unknown_key: bool,
 }
 
 impl Rejection<'_> {
@@ -108,6 +111,7 @@ impl Rejection<'_> {
             status,
             detail: detail.into(),
             limit: None,
+            unknown_key: false,
         }
     }
 }
@@ -231,6 +235,7 @@ impl<'s> Pending<'s, '_> {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 detail: refusal_detail(&rate),
                 limit: Some(rate),
+                unknown_key: false,
             }),
         }
     }
@@ -319,9 +324,14 @@ pub fn admit<'s, 'r>(
     };
     let limits = match catalog.limit(key, route.endpoint) {
         LimitLookup::Limits(l) => l,
-        LimitLookup::UnknownKey | LimitLookup::NoLimit => {
-            return Step::Done(no_limit(policy, endpoint, route.path));
+        LimitLookup::UnknownKey => {
+            let mut a = no_limit(policy, endpoint, route.path);
+            if let Action::Reject(r) = &mut a.action {
+                r.unknown_key = true;
+            }
+            return Step::Done(a);
         }
+        LimitLookup::NoLimit => return Step::Done(no_limit(policy, endpoint, route.path)),
     };
     counted(head, policy, endpoint, key, limits, None, route.path)
 }

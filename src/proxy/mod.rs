@@ -159,6 +159,7 @@ impl Proxy {
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         self.forced_refresh(&mut parts).await;
+        let grpc = answer::is_grpc(&parts.headers);
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let admission = match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip())
         {
@@ -199,8 +200,9 @@ impl Proxy {
             record.endpoint.clone_from(&e.name);
         }
         match admission.action {
+            Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
             Action::Reject(r) => own(r.response(self.policy.headers)),
-            Action::Forward(target) => self.forward(parts, body, peer, target, record).await,
+            Action::Forward(target) => self.forward(parts, body, peer, target, record, grpc).await,
         }
     }
 
@@ -245,6 +247,7 @@ impl Proxy {
         peer: SocketAddr,
         target: Target<'_>,
         record: &mut Record,
+        grpc: bool,
     ) -> Response<Body> {
         let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
             record.decision = Decision::BadRequest;
@@ -330,7 +333,10 @@ impl Proxy {
                         "upstream failing; answering 502/504 until it answers again"
                     );
                 }
-                own(rejection.response(self.policy.headers))
+                match grpc {
+                    true => own(rejection.grpc_response(self.policy.headers)),
+                    false => own(rejection.response(self.policy.headers)),
+                }
             }
         }
     }
