@@ -17,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The protocol an HTTP/1.1 request asks to switch to (`Upgrade`, with `upgrade` among the
 /// `Connection` tokens), if it does.
 pub fn requested(parts: &Parts) -> Option<HeaderValue> {
+    // `Upgrade` first: one lookup, and absent from nearly every request.
+    let protocol = parts.headers.get(UPGRADE)?;
     if parts.version != Version::HTTP_11 {
         return None;
     }
@@ -27,7 +29,7 @@ pub fn requested(parts: &Parts) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| parts.headers.get(UPGRADE).cloned()).flatten()
+    asks.then(|| protocol.clone())
 }
 
 /// Puts back the two fields that ask for (or agree to) `protocol`, after the hop-by-hop ones were
