@@ -16,10 +16,7 @@ SHAPES=${2:-"16x1 16x16 64x4"}
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
 cargo build --release --quiet
 BIN=target/release/quotagate
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+bench_workdir
 
 # bench=allow never runs out; bench=deny allows one hit an hour, so nearly all of those are denied.
 cat > "$WORK/rules.ini" <<'INI'

@@ -47,3 +47,11 @@ ensure_debian_packages() {
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
+
+# bench_workdir: a scratch folder, $WORK, and on exit: every process in $PIDS stopped, the folder
+# removed.
+bench_workdir() {
+  WORK=$(mktemp -d)
+  PIDS=()
+  trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+}

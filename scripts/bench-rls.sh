@@ -18,10 +18,7 @@ ensure_debian_packages h2load:nghttp2-client
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
 cargo build --release --quiet
 BIN=target/release/quotagate
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+bench_workdir
 
 python3 - "$WORK" <<'PY'
 import json, struct, sys

@@ -16,10 +16,7 @@ ensure_debian_packages wrk:wrk nginx:nginx-light openssl:openssl
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release --quiet
 BIN=target/release/quotagate
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+bench_workdir
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench \
   -addext subjectAltName=DNS:localhost -addext basicConstraints=critical,CA:FALSE \
