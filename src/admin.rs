@@ -301,6 +301,7 @@ impl Admin {
         };
         if let Some(p) = &self.proxy {
             out["upstream"]["failing"] = p.upstream_failing().into();
+            out["upstream"]["targets"] = p.upstream().status();
         }
         out
     }

@@ -16,8 +16,9 @@ use crate::divvy::Divvy;
 use crate::divvy::metrics::Statsd;
 use crate::divvy::rules::RuleSet;
 use crate::divvy::server::ConnectionLimits;
-use crate::gateway::Gateway;
+use crate::gateway::{Edges, Gateway};
 use crate::metrics::Metrics;
+use crate::proxy::upstream::Upstream;
 use crate::rls::Rls;
 use crate::runtime::Runtime;
 use crate::server::Executor;
@@ -127,6 +128,27 @@ impl App {
                 Some(Arc::new(tls))
             }
         };
+        let upstream = match &settings.gateway {
+            None => None,
+            Some(g) => {
+                if g.upstream.tls.insecure_skip_verify && g.upstream.any_tls() {
+                    tracing::warn!(
+                        "upstream.tls_insecure_skip_verify is on: upstream certificates are not checked"
+                    );
+                }
+                let upstream = Upstream::new(&g.upstream, workers.len()).map_err(|e| {
+                    let t = &g.upstream.tls;
+                    let option = match &t.client_cert {
+                        Some((cert, _)) if *cert == e.file => "upstream.tls_cert_file",
+                        Some((_, key)) if *key == e.file => "upstream.tls_key_file",
+                        _ => "upstream.tls_ca_file",
+                    };
+                    ConfigError::option(option, e.to_string())
+                })?;
+                upstream.register(metrics.registry_mut());
+                Some(Arc::new(upstream))
+            }
+        };
         // Registered now, while the registry can still be changed; the service gets them later.
         let rls_metrics = settings.rls.as_ref().map(|_| {
             let m = crate::rls::metrics::RlsMetrics::default();
@@ -147,9 +169,14 @@ impl App {
             announcer,
         };
         let metrics = rt.metrics.clone();
-        let gateway = match &settings.gateway {
-            None => None,
-            Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog, tls)?)),
+        let gateway = match (&settings.gateway, upstream) {
+            (Some(g), Some(upstream)) => Some(Arc::new(Gateway::build(
+                g,
+                &rt,
+                catalog,
+                Edges { tls, upstream },
+            )?)),
+            _ => None,
         };
         let mut rls_files = None;
         let rls = match (&settings.rls, rls_metrics) {

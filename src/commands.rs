@@ -42,7 +42,7 @@ pub async fn gateway(
     let app = App::build(settings, Arc::new(SystemClock::new()), catalog)?;
     let listeners = app.bind().await?;
     if quickstart {
-        let authority = &g.upstream.target.authority;
+        let authority = &g.upstream.targets[0].authority;
         let addr = tokio::net::lookup_host(authority.as_str())
             .await
             .ok()

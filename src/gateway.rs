@@ -67,6 +67,13 @@ impl TryFrom<&Config> for GatewaySettings {
     }
 }
 
+/// What the gateway's two edges need that is built before the metrics are shared (each registers
+/// its own): the listener's TLS, when configured, and the upstream targets.
+pub struct Edges {
+    pub tls: Option<Arc<crate::tls::Tls>>,
+    pub upstream: Arc<Upstream>,
+}
+
 /// A built gateway, ready to serve on a listener.
 pub struct Gateway {
     proxy: Arc<Proxy>,
@@ -87,8 +94,9 @@ impl Gateway {
         s: &GatewaySettings,
         rt: &Runtime,
         catalog: Option<Snapshot>,
-        tls: Option<Arc<crate::tls::Tls>>,
+        edges: Edges,
     ) -> Result<Gateway, StartError> {
+        let Edges { tls, upstream } = edges;
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
             (None, Some(file)) => Some(crate::catalog::load_file(file)?),
@@ -130,7 +138,6 @@ impl Gateway {
             })?;
             poller = Some(Arc::new(p));
         }
-        let upstream = Upstream::new(&s.upstream, rt.workers.len());
         let executor = Executor {
             workers: Some(rt.workers.clone()),
             open_connections: Some(rt.metrics.open_connections.clone()),
@@ -166,8 +173,16 @@ impl Gateway {
         self.proxy.store()
     }
 
-    /// Starts the catalog poller and the announcement listener, which stop on `shutdown`.
+    /// Starts the certificate watcher, the upstream health checks, the catalog poller and the
+    /// announcement listener, which stop on `shutdown`.
     pub fn spawn_background(&self, shutdown: &CancellationToken) {
+        let (upstream, stop) = (self.proxy.upstream().clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = upstream.check_health() => {}
+                () = stop.cancelled() => {}
+            }
+        });
         if let Some(tls) = &self.tls {
             let (tls, stop) = (tls.clone(), shutdown.clone());
             tokio::spawn(async move {

@@ -153,7 +153,16 @@ mod tests {
         for (set, expect) in [
             ("server.listen=localhost", "server.listen: \"localhost\""),
             ("admin.listen=x", "admin.listen: \"x\""),
-            ("upstream.url=https://x", "must start with http://"),
+            (
+                "upstream.url=ftp://x",
+                "must start with http:// or https://",
+            ),
+            ("upstream.balance=random", "upstream.balance"),
+            ("upstream.health_path=health", "upstream.health_path"),
+            (
+                "upstream.health_interval_ms=0",
+                "upstream.health_interval_ms",
+            ),
             ("store.timeout_ms=0", "store.timeout_ms: must be above 0"),
             (
                 "limits.api_key_header=a b",

@@ -46,7 +46,7 @@ pub struct TlsFileError {
     pub reason: String,
 }
 
-fn problem(file: &Path, reason: impl Into<String>) -> TlsFileError {
+pub(crate) fn problem(file: &Path, reason: impl Into<String>) -> TlsFileError {
     TlsFileError {
         file: file.to_owned(),
         reason: reason.into(),
@@ -63,7 +63,7 @@ struct Served {
     not_after: i64,
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     let mut p = rustls::crypto::aws_lc_rs::default_provider();
     // The suites hashed with SHA-256 first (the server's order wins, see `Tls::new`): a TLS 1.3
     // handshake runs some thirty HMACs in its key schedule, and HMAC-SHA-384 cost a fifth of the
@@ -73,23 +73,45 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(p)
 }
 
-/// Loads one pair: the chain, the key, that they match, and the leaf's names and expiry.
-fn load_pair(cert: &Path, key: &Path) -> Result<Served, TlsFileError> {
+/// The certificates of a PEM file, at least one.
+pub(crate) fn read_chain(file: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
     let pem =
-        crate::files::read_capped(cert, MAX_PEM_BYTES).map_err(|e| problem(cert, e.to_string()))?;
+        crate::files::read_capped(file, MAX_PEM_BYTES).map_err(|e| problem(file, e.to_string()))?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
-        .map_err(|e| problem(cert, format!("not a PEM certificate chain: {e}")))?;
-    let Some(leaf) = chain.first() else {
-        return Err(problem(cert, "holds no certificate"));
-    };
-    let key_pem =
-        crate::files::read_capped(key, MAX_PEM_BYTES).map_err(|e| problem(key, e.to_string()))?;
-    let der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-        .map_err(|e| problem(key, format!("not a PEM private key: {e}")))?;
+        .map_err(|e| problem(file, format!("not a PEM certificate chain: {e}")))?;
+    if chain.is_empty() {
+        return Err(problem(file, "holds no certificate"));
+    }
+    Ok(chain)
+}
+
+/// The private key of a PEM file.
+pub(crate) fn read_key(file: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
+    let pem =
+        crate::files::read_capped(file, MAX_PEM_BYTES).map_err(|e| problem(file, e.to_string()))?;
+    PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| problem(file, format!("not a PEM private key: {e}")))
+}
+
+/// The CA certificates of a PEM file, as trust roots.
+pub(crate) fn read_roots(file: &Path) -> Result<rustls::RootCertStore, TlsFileError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in read_chain(file)? {
+        roots
+            .add(c)
+            .map_err(|e| problem(file, format!("not a CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// Loads one pair: the chain, the key, that they match, and the leaf's names and expiry.
+fn load_pair(cert: &Path, key: &Path) -> Result<Served, TlsFileError> {
+    let chain = read_chain(cert)?;
+    let leaf = &chain[0];
     let signing = provider()
         .key_provider
-        .load_private_key(der)
+        .load_private_key(read_key(key)?)
         .map_err(|e| problem(key, format!("unusable private key: {e}")))?;
     let certified = CertifiedKey::new(chain.clone(), signing);
     certified
@@ -180,18 +202,7 @@ impl Tls {
         let builder = match &settings.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
-                let pem = crate::files::read_capped(ca, MAX_PEM_BYTES)
-                    .map_err(|e| problem(ca, e.to_string()))?;
-                let mut roots = rustls::RootCertStore::empty();
-                for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                    let c = c.map_err(|e| problem(ca, format!("not a PEM certificate: {e}")))?;
-                    roots
-                        .add(c)
-                        .map_err(|e| problem(ca, format!("not a CA certificate: {e}")))?;
-                }
-                if roots.is_empty() {
-                    return Err(problem(ca, "holds no certificate"));
-                }
+                let roots = read_roots(ca)?;
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()

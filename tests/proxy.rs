@@ -418,7 +418,13 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     let gw = gateway(c).await;
     let r = get(&gw.url("/items/1"), &[KEY]).await;
     assert_eq!(r.status, 502);
-    assert_eq!(r.json()["detail"], "the upstream cannot be reached");
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.starts_with(&format!(
+            "the upstream http://{dead_addr} cannot be reached: "
+        )) && detail.contains("refused"),
+        "names the target and the reason: {detail}"
+    );
 
     let up = Upstream::start().await;
     let mut c = config(&up);

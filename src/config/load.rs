@@ -65,12 +65,17 @@ impl Config {
             let value = coerce(&format!("--set {name}"), default, raw)?;
             set(&mut table, section, key, value);
         }
-        let config: Config =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| {
-                    ConfigError::general(format!("invalid configuration: {}", e.message()))
-                })?;
+        // The path of the value at fault names the option (`upstream.balance: unknown variant`).
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(
+            |e: serde_path_to_error::Error<toml::de::Error>| {
+                let path = e.path().to_string();
+                let message = e.inner().message().to_owned();
+                match path.as_str() {
+                    "." | "" => ConfigError::general(format!("invalid configuration: {message}")),
+                    _ => ConfigError::option(path, message),
+                }
+            },
+        )?;
         Ok(config)
     }
 }

@@ -230,8 +230,36 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// Base URL of the upstream API (`http://host:port[/base/path]`). Default: `http://127.0.0.1:9000`.
+    /// Base URL(s) of the upstream API (`http[s]://host:port[/base/path]`), comma-separated for
+    /// several targets (same base path). Default: `http://127.0.0.1:9000`.
     pub url: String,
+    /// How requests are spread over several targets. Default: `least_requests`.
+    pub balance: Balance,
+    /// Consecutive connect failures or timeouts that take a target out. Default: 3 (0: never).
+    pub eject_after: u32,
+    /// How long a target is out, doubling while it keeps failing (at most 5 minutes).
+    /// Default: 10000 ms.
+    pub eject_ms: u64,
+    /// Path asked with GET on every target for active health checks. Default: empty (off).
+    pub health_path: String,
+    /// Time between active health checks. Default: 2000 ms.
+    pub health_interval_ms: u64,
+    /// A request whose connection failed before any byte was sent is tried again on another
+    /// target, this many times. Default: 1.
+    pub retries: u32,
+    /// HTTP version towards the upstream. Default: `auto`.
+    pub protocol: UpstreamProtocol,
+    /// PEM CA certificate(s) that `https://` targets are verified against. Default: empty (the
+    /// system's roots).
+    pub tls_ca_file: String,
+    /// PEM client certificate chain, for upstreams that require one. Default: empty.
+    pub tls_cert_file: String,
+    /// PEM key of `tls_cert_file`. Default: empty.
+    pub tls_key_file: String,
+    /// Name verified in the targets' certificates and sent as SNI. Default: empty (each URL's host).
+    pub tls_server_name: String,
+    /// Accept any upstream certificate (tests only; warns at start-up). Default: false.
+    pub tls_insecure_skip_verify: bool,
     /// Connecting to the upstream; then 502. Default: 2000 ms.
     pub connect_timeout_ms: u64,
     /// Waiting for the upstream's response headers; then 504. Default: 30000 ms.
@@ -246,6 +274,18 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             url: "http://127.0.0.1:9000".into(),
+            balance: Balance::default(),
+            eject_after: 3,
+            eject_ms: 10_000,
+            health_path: String::new(),
+            health_interval_ms: 2_000,
+            retries: 1,
+            protocol: UpstreamProtocol::default(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_server_name: String::new(),
+            tls_insecure_skip_verify: false,
             connect_timeout_ms: 2_000,
             response_timeout_ms: 30_000,
             pool_idle_timeout_ms: 30_000,
@@ -368,6 +408,28 @@ pub struct LimitsConfig {
     pub trusted_proxies: String,
     /// IPv6 clients are counted per network of this prefix length. Default: 64.
     pub ipv6_prefix: u8,
+}
+
+/// How requests are spread over several upstream targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Each target in turn.
+    RoundRobin,
+    /// The less busy of two targets picked at random (in-flight requests).
+    #[default]
+    LeastRequests,
+}
+
+/// The HTTP version spoken to the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// ALPN over TLS; HTTP/1.1 in cleartext, but gRPC over cleartext HTTP/2 (prior knowledge).
+    #[default]
+    Auto,
+    Http1,
+    H2,
 }
 
 /// What requests without an API key get.

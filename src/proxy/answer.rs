@@ -102,11 +102,15 @@ fn grpc_message(text: &str) -> String {
 /// The answer when forwarding failed, and the decision it is counted as.
 pub fn upstream_failure(e: UpstreamError) -> (Decision, Rejection<'static>) {
     let (decision, status, detail) = match e {
-        UpstreamError::Unreachable => (
-            Decision::UpstreamError,
-            StatusCode::BAD_GATEWAY,
-            "the upstream cannot be reached",
-        ),
+        UpstreamError::Unreachable { target, reason } => {
+            return (
+                Decision::UpstreamError,
+                Rejection::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the upstream {target} cannot be reached: {reason}"),
+                ),
+            );
+        }
         UpstreamError::Broken => (
             Decision::UpstreamError,
             StatusCode::BAD_GATEWAY,
@@ -150,8 +154,15 @@ mod tests {
         assert_eq!(unknown.grpc_status(), 16);
         let (_, timeout) = upstream_failure(UpstreamError::Timeout);
         assert_eq!(timeout.grpc_status(), 4, "DEADLINE_EXCEEDED");
-        let (_, down) = upstream_failure(UpstreamError::Unreachable);
+        let (_, down) = upstream_failure(UpstreamError::Unreachable {
+            target: "https://a.test".into(),
+            reason: "TLS handshake failed: invalid peer certificate: Expired".into(),
+        });
         assert_eq!(down.grpc_status(), 14, "UNAVAILABLE");
+        assert_eq!(
+            down.detail,
+            "the upstream https://a.test cannot be reached: TLS handshake failed: invalid peer certificate: Expired"
+        );
     }
 
     #[test]

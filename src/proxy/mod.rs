@@ -9,7 +9,6 @@ pub mod answer;
 pub mod client;
 pub mod explain;
 pub mod headers;
-pub mod pool;
 pub mod settings;
 pub mod upgrade;
 pub mod upstream;
@@ -22,7 +21,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::HOST;
 use http::request::Parts;
-use http::{HeaderName, Request, Response, Version};
+use http::{HeaderName, Request, Response};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 
@@ -37,7 +36,7 @@ use upstream::Upstream;
 pub use settings::{Policy, ProxySettings, Refresh};
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
-pub type Body = Either<pool::PooledBody<upstream::UpstreamBody>, Full<Bytes>>;
+pub type Body = Either<upstream::pool::PooledBody<upstream::UpstreamBody>, Full<Bytes>>;
 
 /// What happened to one request, for metrics and the access log.
 #[derive(Debug)]
@@ -71,7 +70,7 @@ pub struct Proxy {
     refresh: Refresh,
     store: Arc<Store>,
     clock: Arc<dyn Clock>,
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     policy: Policy,
     metrics: Arc<Metrics>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
@@ -80,7 +79,12 @@ pub struct Proxy {
 
 impl Proxy {
     /// The request path over `catalog`, forwarding to `upstream`, counting in `rt`'s store.
-    pub fn new(s: &ProxySettings, catalog: Arc<Live>, upstream: Upstream, rt: &Runtime) -> Proxy {
+    pub fn new(
+        s: &ProxySettings,
+        catalog: Arc<Live>,
+        upstream: Arc<Upstream>,
+        rt: &Runtime,
+    ) -> Proxy {
         Proxy {
             catalog,
             refresh: s.refresh.clone(),
@@ -103,6 +107,11 @@ impl Proxy {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The upstream targets.
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.upstream
     }
 
     /// True while upstream requests fail (since the last one that got an answer).
@@ -277,17 +286,26 @@ impl Proxy {
         // The upstream's own Host replaces the client's (`Upstream::send`).
         parts.headers.remove(HOST);
         headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
+        if grpc {
+            // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
+            parts
+                .headers
+                .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+        }
+        // Origin form; the upstream puts in each target's authority and HTTP version.
         parts.uri = uri;
-        // Whatever the client spoke (HTTP/2 included), the upstream pool speaks HTTP/1.1.
-        parts.version = Version::HTTP_11;
         if let Some(m) = target.method {
             parts.method = m;
         }
+        let needs = upstream::Needs {
+            grpc,
+            upgrade: upgrade.is_some(),
+        };
         let req = Request::from_parts(
             parts,
             Limited::new(body, self.policy.max_body_bytes as usize),
         );
-        match self.upstream.send(req).await {
+        match self.upstream.send(req, needs).await {
             Ok(mut resp) => {
                 if self.upstream_failing.load(Ordering::Relaxed)
                     && self.upstream_failing.swap(false, Ordering::Relaxed)

@@ -1,10 +1,12 @@
-//! pool: keep-alive HTTP/1.1 connections to the upstream, one stack of idle connections per worker.
+//! pool: keep-alive connections to one target, one pool per worker: a stack of idle HTTP/1.1
+//! connections and at most one shared HTTP/2 connection.
 //!
 //! Why not hyper-util's pooled client: it serves any number of hosts, so every request hashes its
 //! pool key (scheme and authority, SipHash) three times, takes a shared lock, and spawns a task per
-//! response to put the connection back once its body is read. quotagate talks to one upstream and
-//! each worker ([`crate::workers`]) keeps its own connections, so a stack per worker is enough; a
-//! connection goes back when its response body ends, from the body itself ([`PooledBody`]).
+//! response to put the connection back once its body is read. quotagate knows its targets up front
+//! and each worker ([`crate::workers`]) keeps its own connections, so a stack per worker and target
+//! is enough; a connection goes back when its response body ends, from the body itself
+//! ([`PooledBody`]).
 //!
 //! A request that a reused connection could not even start (the upstream closed it while idle) is
 //! sent again once on a new connection, as hyper-util does; a request that was started is never
@@ -19,14 +21,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http2;
+use prometheus_client::metrics::gauge::Gauge;
 
-/// Idle connections of one worker.
+/// Idle connections of one worker to one target.
 pub struct Idle<B> {
     /// Most recently used last: the likeliest to be still open.
     senders: Mutex<Vec<(SendRequest<B>, Instant)>>,
+    /// The HTTP/2 connection requests share, once one is open.
+    h2: Mutex<Option<http2::SendRequest<B>>>,
     /// Idle connections kept at most.
     max: usize,
     /// Idle connections older than this are closed.
@@ -39,6 +43,7 @@ impl<B: Send + 'static> Idle<B> {
     pub fn new(max: usize, timeout: Duration) -> Arc<Idle<B>> {
         Arc::new(Idle {
             senders: Mutex::new(Vec::new()),
+            h2: Mutex::new(None),
             max,
             timeout,
             reaping: AtomicBool::new(false),
@@ -59,6 +64,28 @@ impl<B: Send + 'static> Idle<B> {
             }
         }
         None
+    }
+
+    /// The shared HTTP/2 connection, if one is open.
+    pub fn take_h2(&self) -> Option<http2::SendRequest<B>> {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        match h2.as_ref() {
+            Some(s) if !s.is_closed() => Some(s.clone()),
+            Some(_) => {
+                *h2 = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Shares a new HTTP/2 connection (replacing a closed one; one opened concurrently by another
+    /// request simply serves that request alone).
+    pub fn put_h2(&self, sender: &http2::SendRequest<B>) {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        if h2.as_ref().is_none_or(|s| s.is_closed()) {
+            *h2 = Some(sender.clone());
+        }
     }
 
     /// Keeps a connection whose last response is finished, if there is room.
@@ -95,56 +122,44 @@ async fn reap<B: Send + 'static>(idle: Weak<Idle<B>>) {
     }
 }
 
-/// Opens a connection to `authority` and starts its task on the current runtime.
-pub async fn connect<B>(
-    authority: &str,
-    connect_timeout: Duration,
-    max_buf_size: usize,
-) -> std::io::Result<SendRequest<B>>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let stream = tokio::time::timeout(connect_timeout, async {
-        let mut last = std::io::Error::other("the upstream name resolves to no address");
-        for addr in tokio::net::lookup_host(authority).await? {
-            match TcpStream::connect(addr).await {
-                Ok(s) => return Ok(s),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    })
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = http1::Builder::new()
-        .max_buf_size(max_buf_size.max(8192))
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(std::io::Error::other)?;
-    tokio::spawn(async move {
-        // With upgrades: a 101 hands the connection over (`crate::proxy::upgrade`).
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection closed");
-        }
-    });
-    Ok(sender)
+/// A request in flight to a target, counted in its gauge (which least-requests balancing reads)
+/// until dropped: when its response body ends or is dropped.
+pub struct InFlight(Gauge);
+
+impl InFlight {
+    pub fn start(gauge: &Gauge) -> InFlight {
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
 }
 
-/// A response body that puts its connection back into the pool when it ends. Dropped before its
-/// end, it drops the connection instead: hyper closes a connection whose response was not read.
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A response body that puts its HTTP/1.1 connection back into the pool when it ends. Dropped
+/// before its end, it drops the connection instead: hyper closes a connection whose response was
+/// not read. (An HTTP/2 connection stays shared whatever its streams do.)
 pub struct PooledBody<B: Send + 'static> {
     body: Incoming,
     back: Option<(SendRequest<B>, Arc<Idle<B>>)>,
+    flight: Option<InFlight>,
 }
 
 impl<B: Send + 'static> PooledBody<B> {
-    pub fn new(body: Incoming, sender: SendRequest<B>, idle: Arc<Idle<B>>) -> Self {
+    /// The body of a response on an HTTP/1.1 connection, which goes back to `idle` at its end.
+    pub fn new(
+        body: Incoming,
+        sender: SendRequest<B>,
+        idle: Arc<Idle<B>>,
+        flight: InFlight,
+    ) -> Self {
         let mut pooled = PooledBody {
             body,
             back: Some((sender, idle)),
+            flight: Some(flight),
         };
         if pooled.body.is_end_stream() {
             pooled.give_back();
@@ -152,7 +167,21 @@ impl<B: Send + 'static> PooledBody<B> {
         pooled
     }
 
+    /// The body of a response on a shared HTTP/2 connection.
+    pub fn shared(body: Incoming, flight: InFlight) -> Self {
+        let mut pooled = PooledBody {
+            body,
+            back: None,
+            flight: Some(flight),
+        };
+        if pooled.body.is_end_stream() {
+            pooled.flight = None;
+        }
+        pooled
+    }
+
     fn give_back(&mut self) {
+        self.flight = None;
         if let Some((sender, idle)) = self.back.take() {
             idle.put(sender);
         }
@@ -174,7 +203,10 @@ impl<B: Send + 'static> Body for PooledBody<B> {
             Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
             Some(Ok(_)) => {}
             // A failed body leaves the connection in no known state.
-            Some(Err(_)) => this.back = None,
+            Some(Err(_)) => {
+                this.back = None;
+                this.flight = None;
+            }
         }
         Poll::Ready(frame)
     }

@@ -1,0 +1,554 @@
+//! upstream: the client that forwards allowed requests to one or more targets.
+//!
+//! Each request goes to one target ([`balance`]: round robin or the less busy of two, skipping
+//! targets that are out), over a keep-alive connection from that target's pool on the current
+//! worker ([`pool`]): HTTP/1.1, or HTTP/2 when ALPN agrees or the request is gRPC
+//! ([`connect::Speak`]). Bodies stream both ways with backpressure; nothing is buffered whole.
+//! Redirects are passed back, never followed. A connection that fails before any byte of the
+//! request was sent is tried on another target (`upstream.retries`); nothing else is retried. The
+//! connect timeout gives 502 and the response-header timeout 504.
+
+pub mod balance;
+pub mod connect;
+pub mod health;
+pub mod pool;
+pub mod settings;
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use http::header::HOST;
+use http::{Request, Response, Uri, Version};
+use http_body_util::{LengthLimitError, Limited};
+use hyper::body::Incoming;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::config::{Balance, UpstreamProtocol};
+use balance::{Failed, Health, Standing, Succeeded};
+use connect::{ClientTls, ConnectError, Connector, Sender, Speak};
+use pool::{Idle, InFlight, PooledBody};
+pub use settings::{TargetUrl, UpstreamSettings};
+
+/// Request body sent upstream: the client's body, cut off at the configured size.
+pub type UpstreamBody = Limited<Incoming>;
+
+/// Why forwarding failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// No connection could be made to the last target tried (refused, unresolvable, TLS
+    /// handshake, connect timeout): 502.
+    Unreachable {
+        /// The target's URL.
+        target: String,
+        reason: String,
+    },
+    /// No response headers within the response timeout: 504.
+    Timeout,
+    /// The client's body passed the size limit while streaming: 413.
+    BodyTooLarge,
+    /// The connection failed mid-exchange: 502.
+    Broken,
+    /// The client's request body could not be read (bad chunked framing, a body cut short): 400.
+    BadRequestBody,
+}
+
+/// A response from the upstream, its body putting the connection back when read.
+pub type UpstreamResponse = Response<PooledBody<UpstreamBody>>;
+
+/// What a request asks of the connection it goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Needs {
+    /// `content-type: application/grpc*`: HTTP/2 under `upstream.protocol = auto`.
+    pub grpc: bool,
+    /// `Connection: Upgrade`: HTTP/1.1 whatever the protocol setting.
+    pub upgrade: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    target: String,
+}
+
+/// One target and what the gateway knows of it.
+pub struct Target {
+    pub url: TargetUrl,
+    /// One pool per worker ([`crate::workers`]): a connection's task runs on the worker that
+    /// opened it, so sharing one pool would send requests across threads.
+    pools: Box<[Arc<Idle<UpstreamBody>>]>,
+    health: Health,
+    /// Set while its connections fail, so that a streak is logged once.
+    failing: AtomicBool,
+    in_flight: Gauge,
+    requests: Counter,
+    failures: Counter,
+    up: Gauge,
+}
+
+impl Target {
+    fn update_up(&self) {
+        self.up.set(i64::from(self.health.is_in()));
+    }
+}
+
+/// The targets, their pools and health, and how requests are spread over them.
+pub struct Upstream {
+    targets: Box<[Target]>,
+    base_path: String,
+    balance: Balance,
+    protocol: UpstreamProtocol,
+    eject_after: u32,
+    eject: Duration,
+    retries: u32,
+    connector: Connector,
+    response_timeout: Duration,
+    /// Requests so far (round robin).
+    turn: AtomicUsize,
+    /// Zero of the milliseconds passive health counts in.
+    epoch: Instant,
+    health_check: Option<(String, Duration)>,
+    families: TargetFamilies,
+}
+
+#[derive(Default)]
+struct TargetFamilies {
+    requests: Family<TargetLabels, Counter>,
+    failures: Family<TargetLabels, Counter>,
+    up: Family<TargetLabels, Gauge>,
+    in_flight: Family<TargetLabels, Gauge>,
+}
+
+impl Upstream {
+    /// `workers`: how many connection pools to keep per target (one per worker; `pool_max_idle`
+    /// applies to each). Fails when a TLS file cannot be used, naming it.
+    pub fn new(s: &UpstreamSettings, workers: usize) -> Result<Upstream, crate::tls::TlsFileError> {
+        let tls = match s.any_tls() {
+            true => Some(ClientTls::new(&s.tls)?),
+            false => None,
+        };
+        let families = TargetFamilies::default();
+        let targets = s
+            .targets
+            .iter()
+            .map(|url| {
+                let labels = TargetLabels {
+                    target: url.url.clone(),
+                };
+                let t = Target {
+                    url: url.clone(),
+                    pools: (0..workers.max(1))
+                        .map(|_| Idle::new(s.pool_max_idle, s.pool_idle_timeout))
+                        .collect(),
+                    health: Health::default(),
+                    failing: AtomicBool::new(false),
+                    in_flight: families.in_flight.get_or_create(&labels).clone(),
+                    requests: families.requests.get_or_create(&labels).clone(),
+                    failures: families.failures.get_or_create(&labels).clone(),
+                    up: families.up.get_or_create(&labels).clone(),
+                };
+                t.update_up();
+                t
+            })
+            .collect();
+        Ok(Upstream {
+            targets,
+            base_path: s.base_path.clone(),
+            balance: s.balance,
+            protocol: s.protocol,
+            eject_after: s.eject_after,
+            eject: s.eject,
+            retries: s.retries,
+            connector: Connector {
+                tls,
+                timeout: s.connect_timeout,
+                max_header_bytes: s.max_header_bytes,
+            },
+            response_timeout: s.response_timeout,
+            turn: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            health_check: s.health_path.clone().map(|p| (p, s.health_interval)),
+            families,
+        })
+    }
+
+    /// Registers the per-target metrics.
+    pub fn register(&self, registry: &mut Registry) {
+        let f = &self.families;
+        registry.register(
+            "quotagate_upstream_target_requests",
+            "Requests sent to each upstream target (retries included)",
+            f.requests.clone(),
+        );
+        registry.register(
+            "quotagate_upstream_target_failures",
+            "Connect failures and timeouts of each upstream target",
+            f.failures.clone(),
+        );
+        registry.register(
+            "quotagate_upstream_target_up",
+            "1 while an upstream target is in the balance, 0 while it is out",
+            f.up.clone(),
+        );
+        registry.register(
+            "quotagate_upstream_target_in_flight",
+            "Requests in flight to each upstream target (to the end of the response body)",
+            f.in_flight.clone(),
+        );
+    }
+
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    /// Each target's state, for `/status`.
+    pub fn status(&self) -> serde_json::Value {
+        self.targets
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "url": t.url.url,
+                    "up": t.health.is_in(),
+                    "in_flight": t.in_flight.get(),
+                    "requests": t.requests.get(),
+                    "failures": t.failures.get(),
+                })
+            })
+            .collect()
+    }
+
+    /// The request target (origin form) of `path` (and `query`) on the upstream.
+    pub fn uri(&self, path: &str, query: Option<&str>) -> Option<Uri> {
+        let mut pq = String::with_capacity(
+            self.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1),
+        );
+        pq.push_str(&self.base_path);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        Uri::try_from(pq).ok()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Sends the request (its URI in origin form, from [`Upstream::uri`]) to a target and waits
+    /// for the response headers.
+    pub async fn send(
+        &self,
+        mut req: Request<UpstreamBody>,
+        needs: Needs,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        // The target being tried, read when the response timeout cuts the attempt short.
+        let trying = AtomicUsize::new(usize::MAX);
+        let exchange = async {
+            let mut skip = None;
+            let mut retries = self.retries;
+            loop {
+                let i = self.pick(skip);
+                trying.store(i, Ordering::Relaxed);
+                let t = &self.targets[i];
+                match self.send_to(t, req, needs).await {
+                    Ok(resp) => {
+                        self.succeeded(t);
+                        return Ok(resp);
+                    }
+                    Err(Attempt::NotSent(unsent, e)) => {
+                        self.failed(t, &e.reason);
+                        if retries == 0 || self.targets.len() == 1 {
+                            return Err(UpstreamError::Unreachable {
+                                target: t.url.url.clone(),
+                                reason: e.reason,
+                            });
+                        }
+                        retries -= 1;
+                        skip = Some(i);
+                        req = *unsent;
+                    }
+                    Err(Attempt::Failed(e)) => {
+                        // An answer of sorts: the target is there.
+                        self.succeeded(t);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.response_timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => {
+                if let Some(t) = self.targets.get(trying.load(Ordering::Relaxed)) {
+                    self.failed(t, "no response within the response timeout");
+                }
+                Err(UpstreamError::Timeout)
+            }
+        }
+    }
+
+    fn pick(&self, skip: Option<usize>) -> usize {
+        if self.targets.len() == 1 {
+            return 0;
+        }
+        let turn = match self.balance {
+            Balance::RoundRobin => self.turn.fetch_add(1, Ordering::Relaxed),
+            Balance::LeastRequests => 0,
+        };
+        let now = self.now_ms();
+        balance::pick(&Now(self, now), self.balance, skip, turn, |below| {
+            fastrand::usize(..below)
+        })
+    }
+
+    fn succeeded(&self, t: &Target) {
+        if t.failing.load(Ordering::Relaxed) {
+            t.failing.store(false, Ordering::Relaxed);
+        }
+        if t.health.success() == Succeeded::Back {
+            tracing::info!(target = %t.url.url, "upstream target back in");
+            t.update_up();
+        }
+    }
+
+    fn failed(&self, t: &Target, reason: &str) {
+        t.failures.inc();
+        if !t.failing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target = %t.url.url, reason, "upstream target failing");
+        }
+        if let Failed::Ejected(out) = t
+            .health
+            .failure(self.now_ms(), self.eject_after, self.eject)
+        {
+            tracing::warn!(
+                target = %t.url.url,
+                reason,
+                out_ms = out.as_millis() as u64,
+                "upstream target taken out; one trial request when the time is up"
+            );
+            t.update_up();
+        }
+    }
+
+    /// How a request on `t` must be carried.
+    fn speak(&self, t: &Target, needs: Needs) -> Speak {
+        if needs.upgrade {
+            return Speak::Http1;
+        }
+        match self.protocol {
+            UpstreamProtocol::Http1 => Speak::Http1,
+            UpstreamProtocol::H2 => Speak::H2,
+            UpstreamProtocol::Auto if needs.grpc => Speak::H2,
+            UpstreamProtocol::Auto if t.url.tls => Speak::Either,
+            UpstreamProtocol::Auto => Speak::Http1,
+        }
+    }
+
+    /// One attempt on one target.
+    async fn send_to(
+        &self,
+        t: &Target,
+        mut req: Request<UpstreamBody>,
+        needs: Needs,
+    ) -> Result<UpstreamResponse, Attempt> {
+        let speak = self.speak(t, needs);
+        let idle = &t.pools[crate::workers::current() % t.pools.len()];
+        t.requests.inc();
+        let flight = InFlight::start(&t.in_flight);
+        // A reused connection may have been closed by the upstream while idle: a request it could
+        // not start is sent once more, on a new connection.
+        let mut fresh = false;
+        loop {
+            let reused = match (speak, fresh) {
+                (_, true) => None,
+                (Speak::Http1, false) => idle.take().map(Sender::Http1),
+                (Speak::H2, false) => idle.take_h2().map(Sender::H2),
+                (Speak::Either, false) => idle
+                    .take_h2()
+                    .map(Sender::H2)
+                    .or_else(|| idle.take().map(Sender::Http1)),
+            };
+            let sender = match reused {
+                Some(s) => s,
+                None => {
+                    fresh = true;
+                    match self.connector.connect(&t.url, speak).await {
+                        Ok(Sender::H2(s)) => {
+                            idle.put_h2(&s);
+                            Sender::H2(s)
+                        }
+                        Ok(s) => s,
+                        Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
+                    }
+                }
+            };
+            match sender {
+                Sender::Http1(mut s) => {
+                    if !fresh && s.ready().await.is_err() {
+                        continue;
+                    }
+                    for_http1(&mut req, &t.url);
+                    match s.try_send_request(req).await {
+                        Ok(resp) => {
+                            return Ok(resp.map(|b| PooledBody::new(b, s, idle.clone(), flight)));
+                        }
+                        Err(mut e) => match e.take_message() {
+                            Some(unsent) if !fresh => {
+                                req = unsent;
+                                fresh = true;
+                            }
+                            _ => return Err(Attempt::Failed(classify(&e.into_error()))),
+                        },
+                    }
+                }
+                Sender::H2(mut s) => {
+                    if !fresh && s.ready().await.is_err() {
+                        fresh = true;
+                        continue;
+                    }
+                    for_h2(&mut req, &t.url);
+                    match s.try_send_request(req).await {
+                        Ok(resp) => return Ok(resp.map(|b| PooledBody::shared(b, flight))),
+                        Err(mut e) => match e.take_message() {
+                            Some(unsent) if !fresh => {
+                                req = unsent;
+                                fresh = true;
+                            }
+                            _ => return Err(Attempt::Failed(classify(&e.into_error()))),
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the active health checks (`upstream.health_path`) until dropped; returns at once
+    /// when they are off.
+    pub async fn check_health(self: Arc<Self>) {
+        let Some((path, every)) = self.health_check.clone() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let checks = self.targets.iter().map(|t| async {
+                let verdict = health::check(&self.connector, &t.url, &path, every).await;
+                if t.health.checked(verdict.is_ok()) {
+                    match &verdict {
+                        Ok(()) => tracing::info!(target = %t.url.url, "upstream target passes its health check: in"),
+                        Err(why) => tracing::warn!(target = %t.url.url, problem = %why, "upstream target fails its health check: out"),
+                    }
+                    t.update_up();
+                }
+            });
+            futures_util::future::join_all(checks).await;
+        }
+    }
+}
+
+/// The targets as the balancer sees them at one moment.
+struct Now<'a>(&'a Upstream, u64);
+
+impl balance::Targets for Now<'_> {
+    fn count(&self) -> usize {
+        self.0.targets.len()
+    }
+    fn standing(&self, i: usize) -> Standing {
+        self.0.targets[i].health.standing(self.1)
+    }
+    fn claim(&self, i: usize) -> bool {
+        self.0.targets[i].health.claim_trial()
+    }
+    fn busy(&self, i: usize) -> usize {
+        self.0.targets[i].in_flight.get().max(0) as usize
+    }
+}
+
+/// How one attempt failed.
+enum Attempt {
+    /// No connection: nothing was sent, the request comes back.
+    NotSent(Box<Request<UpstreamBody>>, ConnectError),
+    /// The exchange started and failed.
+    Failed(UpstreamError),
+}
+
+/// An HTTP/1.1 request to `t`: origin form, `t`'s `Host`.
+fn for_http1<B>(req: &mut Request<B>, t: &TargetUrl) {
+    *req.version_mut() = Version::HTTP_11;
+    if req.uri().authority().is_some() {
+        let pq = req.uri().path_and_query().cloned();
+        *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
+    }
+    req.headers_mut().insert(HOST, t.host.clone());
+}
+
+/// An HTTP/2 request to `t`: the scheme and authority in the URI (`:authority`), no `Host`.
+fn for_h2<B>(req: &mut Request<B>, t: &TargetUrl) {
+    *req.version_mut() = Version::HTTP_2;
+    req.headers_mut().remove(HOST);
+    let mut parts = std::mem::take(req.uri_mut()).into_parts();
+    parts.scheme = Some(match t.tls {
+        true => http::uri::Scheme::HTTPS,
+        false => http::uri::Scheme::HTTP,
+    });
+    parts.authority = http::uri::Authority::try_from(t.host.as_bytes()).ok();
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    *req.uri_mut() = Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"));
+}
+
+/// What a failed exchange means for the client.
+fn classify(e: &hyper::Error) -> UpstreamError {
+    let mut chain = std::iter::once(e as &(dyn StdError + 'static)).chain(sources(e));
+    if chain.any(|s| s.is::<LengthLimitError>()) {
+        return UpstreamError::BodyTooLarge;
+    }
+    // The body sent upstream is the client's: a failure to read it is a user-body error of the
+    // exchange, not the upstream's failure.
+    if e.is_user() {
+        return UpstreamError::BadRequestBody;
+    }
+    tracing::debug!(error = %e, "upstream exchange failed");
+    UpstreamError::Broken
+}
+
+/// The errors behind `e`, nearest first.
+fn sources<'a>(
+    e: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(e.source(), |s| (*s).source())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(u: &str) -> TargetUrl {
+        settings::parse_targets(u).unwrap().0.remove(0)
+    }
+
+    #[test]
+    fn requests_take_each_protocols_form_for_their_target() {
+        let mut req = Request::new(());
+        *req.uri_mut() = "/v1/users/1?x=2".parse().unwrap();
+        req.headers_mut()
+            .insert(HOST, "client.test".parse().unwrap());
+        for_h2(&mut req, &url("https://b.test"));
+        assert_eq!(req.uri().to_string(), "https://b.test/v1/users/1?x=2");
+        assert_eq!(req.version(), Version::HTTP_2);
+        assert!(req.headers().get(HOST).is_none(), ":authority carries it");
+        // A retry on another target, over HTTP/1.1 this time.
+        for_http1(&mut req, &url("http://a.test:8080"));
+        assert_eq!(req.uri().to_string(), "/v1/users/1?x=2");
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(req.headers()[HOST], "a.test:8080");
+        for_h2(&mut req, &url("http://[::1]:9000"));
+        assert_eq!(req.uri().to_string(), "http://[::1]:9000/v1/users/1?x=2");
+    }
+}
