@@ -260,7 +260,7 @@ fn start_up_errors_are_one_clear_line() {
         ),
         (
             &["--set", "store.kind=postgres"],
-            "error: invalid configuration: unknown variant `postgres`",
+            "error: store.kind: unknown variant `postgres`",
         ),
         (
             &["--catalog", "does-not-exist.json"],

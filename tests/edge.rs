@@ -21,7 +21,8 @@ const CATALOG: &str = r#"{
   "paths": ["/users/{id}"],
   "endpoints": [{"p": 0, "m": 0}],
   "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100}]},
-                {"key": "ONCE", "limits": [{"ep": 0, "rl": 1}]}]
+                {"key": "ONCE", "limits": [{"ep": 0, "rl": 1}]},
+                {"key": "LOAD", "limits": [{"ep": 0, "rl": 1000000000}]}]
 }"#;
 
 /// A self-signed P-256 certificate for `names` (subjectAltName DNS entries), common name `cn`:
@@ -424,4 +425,432 @@ async fn grpc_requests_are_refused_with_grpc_statuses() {
         "12",
         "no route: UNIMPLEMENTED"
     );
+}
+
+// ---- real peers in Python (tests/peers.py: grpcio, websockets, cryptography) ----
+
+/// A child process killed on drop.
+struct Peer(std::process::Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn peers_py() -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers.py"));
+    cmd
+}
+
+/// Starts a server of peers.py (`grpc-server`, `ws-server`) and waits for its port.
+async fn peer_server(kind: &str, dir: &Path) -> (Peer, u16) {
+    let port_file = dir.join(format!("{kind}.port"));
+    let child = peers_py()
+        .arg(kind)
+        .arg(&port_file)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python3 must be installed (with grpcio and websockets: .ci/run installs them)");
+    let peer = Peer(child);
+    eventually(Duration::from_secs(20), || {
+        let f = port_file.clone();
+        async move { f.exists() }
+    })
+    .await;
+    let port = std::fs::read_to_string(&port_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (peer, port)
+}
+
+/// Runs a client of peers.py and parses the JSON line it prints.
+async fn peer_client(args: &[&str]) -> serde_json::Value {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || peers_py().args(&args).output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "peers.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+const GRPC_CATALOG: &str = r#"{
+  "version": {"semver": "1.0.0", "hash": "g1"},
+  "methods": ["POST"],
+  "paths": ["/test.Peer/Echo", "/test.Peer/Count"],
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}],
+  "apilimits": [{"key": "G", "limits": [{"ep": 0, "rl": 3}, {"ep": 1, "rl": 100}]}]
+}"#;
+
+/// grpcio's client and server with the gateway between them: unary calls with trailers, a
+/// server-streaming call, and RESOURCE_EXHAUSTED (with Retry-After) past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_stream_end_to_end_with_trailers_and_the_limit_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = peer_server("grpc-server", dir.path()).await;
+    let mut c = Config::default();
+    c.upstream.url = format!("http://127.0.0.1:{port}");
+    let gw = TestGateway::start(c, GRPC_CATALOG, FakeClock::new(T0)).await;
+    let got = peer_client(&["grpc-client", &gw.addr.to_string(), "G", "4"]).await;
+    let unary = got["unary"].as_array().unwrap();
+    for (i, call) in unary[..3].iter().enumerate() {
+        assert_eq!(call["code"], "OK", "{got}");
+        assert_eq!(call["reply"], format!("echo:hi{i}"));
+        assert_eq!(call["trailer"], "kept", "the upstream's trailers arrive");
+    }
+    assert_eq!(unary[3]["code"], "RESOURCE_EXHAUSTED", "{got}");
+    assert!(unary[3]["retry_after"].as_str().is_some(), "{got}");
+    assert_eq!(got["stream"], serde_json::json!(["0", "1", "2", "3", "4"]));
+}
+
+/// Python's websockets through the gateway: the handshake is admitted once, then text, a
+/// 100 kB message and binary frames echo back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_talks_to_its_server_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = peer_server("ws-server", dir.path()).await;
+    let mut c = Config::default();
+    c.upstream.url = format!("http://127.0.0.1:{port}");
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    let url = format!("ws://{}/users/ws", gw.addr);
+    let got = peer_client(&["ws-client", &url, "K1"]).await;
+    assert_eq!(got["echo"], serde_json::json!(["hello", 100000]), "{got}");
+    assert_eq!(got["binary"], "000162696e617279");
+    assert_eq!(got["remaining"], "99", "counted once");
+    let got = peer_client(&["ws-client", &url, "nobody"]).await;
+    assert_eq!(got["status"], 403, "an unknown key gets no upgrade: {got}");
+}
+
+// ---- TLS to the upstream ----
+
+/// An upstream speaking TLS with `cert` (`<dir>/<cert>.pem` and `.key`), requiring client
+/// certificates signed by `client_ca` when given.
+async fn tls_upstream(dir: &Path, cert: &str, client_ca: Option<&str>) -> Upstream {
+    let tls = quotagate::tls::Tls::new(&quotagate::tls::TlsSettings {
+        pairs: vec![(
+            dir.join(format!("{cert}.pem")),
+            dir.join(format!("{cert}.key")),
+        )],
+        client_ca: client_ca.map(|c| dir.join(format!("{c}.pem"))),
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    Upstream::serve(listener, Default::default(), Some(tls.acceptor.clone())).await
+}
+
+fn make_certs(dir: &Path) {
+    let out = peers_py().arg("certs").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstreams_are_verified_and_may_ask_for_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_certs(d);
+    let ca = d.join("ca.pem").display().to_string();
+    let good = tls_upstream(d, "server", None).await;
+    let expired = tls_upstream(d, "expired", None).await;
+    let mtls = tls_upstream(d, "server", Some("client-ca")).await;
+    let https = |up: &Upstream| format!("https://localhost:{}", up.addr.port());
+    let ask = |set: Box<dyn FnOnce(&mut Config)>| async move {
+        let mut c = Config::default();
+        set(&mut c);
+        let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+        support::get(&gw.url("/users/1"), &[("x-api-key", "K1")]).await
+    };
+
+    // Verified against its CA; ALPN picks HTTP/2 (the upstream offers both), or HTTP/1.1 when told.
+    let (url, ca2) = (https(&good), ca.clone());
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+    }))
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let seen = good.last();
+    assert_eq!(seen.version, http::Version::HTTP_2);
+    let (url, ca2) = (https(&good), ca.clone());
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+        c.upstream.protocol = quotagate::config::UpstreamProtocol::Http1;
+    }))
+    .await;
+    assert_eq!(r.status, 200);
+    let seen = good.last();
+    assert_eq!(seen.version, http::Version::HTTP_11);
+    assert_eq!(
+        seen.headers["host"],
+        format!("localhost:{}", good.addr.port()).as_str()
+    );
+    // By address, with the name to verify given.
+    let (url, ca2) = (format!("https://{}", good.addr), ca.clone());
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+        c.upstream.tls_server_name = "localhost".into();
+    }))
+    .await;
+    assert_eq!(r.status, 200);
+
+    // Not signed by a trusted CA (the system's roots), and expired: 502 naming target and reason.
+    let url = https(&good);
+    let r = ask(Box::new(move |c| c.upstream.url = url)).await;
+    assert_eq!(r.status, 502);
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains(&https(&good)) && detail.contains("UnknownIssuer"),
+        "{detail}"
+    );
+    let (url, ca2) = (https(&expired), ca.clone());
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+    }))
+    .await;
+    assert_eq!(r.status, 502);
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains(&https(&expired)) && detail.contains("certificate expired"),
+        "{detail}"
+    );
+    // ... unless told not to check (tests only).
+    let url = https(&expired);
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_insecure_skip_verify = true;
+    }))
+    .await;
+    assert_eq!(r.status, 200);
+
+    // An upstream that requires a client certificate: refused without, served with.
+    let (url, ca2) = (https(&mtls), ca.clone());
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+    }))
+    .await;
+    assert_eq!(r.status, 502, "no client certificate");
+    assert!(mtls.requests().is_empty());
+    let (url, ca2) = (https(&mtls), ca.clone());
+    let (cert, key) = (
+        d.join("client.pem").display().to_string(),
+        d.join("client.key").display().to_string(),
+    );
+    let r = ask(Box::new(move |c| {
+        c.upstream.url = url;
+        c.upstream.tls_ca_file = ca2;
+        c.upstream.tls_cert_file = cert;
+        c.upstream.tls_key_file = key;
+    }))
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(mtls.requests().len(), 1);
+}
+
+// ---- several targets ----
+
+/// Requests from `tasks` concurrent clients until `stop`; every status seen, counted.
+fn load(
+    url: String,
+    tasks: usize,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<u16, usize>> {
+    tokio::spawn(async move {
+        let runs: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (url, stop) = (url.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let client = support::http1_client();
+                    let mut seen = std::collections::BTreeMap::new();
+                    while !stop.is_cancelled() {
+                        let r = support::send(
+                            &client,
+                            "GET",
+                            &url,
+                            &[("x-api-key", "LOAD")],
+                            bytes::Bytes::new(),
+                        )
+                        .await;
+                        *seen.entry(r.status).or_insert(0) += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut all = std::collections::BTreeMap::new();
+        for r in runs {
+            for (status, n) in r.await.unwrap() {
+                *all.entry(status).or_insert(0) += n;
+            }
+        }
+        all
+    })
+}
+
+/// `quotagate example-upstream` on `addr`, as a process of its own (to be killed with -9), once
+/// it answers.
+async fn example_upstream(addr: std::net::SocketAddr) -> Peer {
+    let child = Command::new(env!("CARGO_BIN_EXE_quotagate"))
+        .args(["example-upstream", "--listen", &addr.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let peer = Peer(child);
+    eventually(Duration::from_secs(20), || async move {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    peer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_share_the_load_and_one_killed_and_restarted_under_load_costs_no_request() {
+    let ups = [Upstream::start().await, Upstream::start().await];
+    let third = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let mut process = example_upstream(third).await;
+    let mut c = Config::default();
+    c.upstream.url = format!("{},{},http://{third}", ups[0].url(), ups[1].url());
+    c.upstream.balance = quotagate::config::Balance::RoundRobin;
+    c.upstream.eject_ms = 200;
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    for _ in 0..30 {
+        assert_eq!(
+            support::get(&gw.url("/users/1"), &[("x-api-key", "LOAD")])
+                .await
+                .status,
+            200
+        );
+    }
+    let counts: Vec<usize> = ups.iter().map(|u| u.requests().len()).collect();
+    assert_eq!(counts, [10, 10], "round robin (and 10 to the third)");
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = load(gw.url("/users/1"), 4, stop.clone());
+    let served = || ups[0].requests().len() + ups[1].requests().len();
+    let admin = gw.admin;
+    let requests = format!("quotagate_upstream_target_requests_total{{target=\"http://{third}\"}}");
+    let asked =
+        |name: String| async move { scrape(admin).await.get(&name).copied().unwrap_or(0.0) };
+    let before = asked(requests.clone()).await;
+    eventually(Duration::from_secs(10), || {
+        let r = requests.clone();
+        async move { asked(r).await > before + 50.0 }
+    })
+    .await;
+    // Killed mid-load: connections reset, requests in flight on them included.
+    let _ = process.0.kill();
+    let _ = process.0.wait();
+    let others = served();
+    eventually(Duration::from_secs(10), || {
+        let n = served();
+        async move { n > others + 200 }
+    })
+    .await;
+    let up = format!("quotagate_upstream_target_up{{target=\"http://{third}\"}}");
+    assert_eq!(asked(up.clone()).await, 0.0, "taken out");
+    // Restarted on its port: back after its time out, by a trial request.
+    process = example_upstream(third).await;
+    let back = asked(requests.clone()).await;
+    eventually(Duration::from_secs(10), || {
+        let r = requests.clone();
+        async move { asked(r).await > back + 50.0 }
+    })
+    .await;
+    stop.cancel();
+    let statuses = running.await.unwrap();
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "every request answered by a live target: {statuses:?}"
+    );
+    assert_eq!(asked(up).await, 1.0, "back in");
+    let failures = format!("quotagate_upstream_target_failures_total{{target=\"http://{third}\"}}");
+    assert!(asked(failures).await >= 1.0);
+    let status = support::get(&format!("http://{}/status", gw.admin), &[])
+        .await
+        .json();
+    let targets = status["upstream"]["targets"].as_array().unwrap().clone();
+    assert_eq!(targets.len(), 3);
+    assert!(targets.iter().all(|t| t["up"] == true), "{targets:?}");
+    drop(process);
+}
+
+/// A target that answers its health check with 503 is taken out by the checks alone, and put back
+/// when it passes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_health_checks_take_a_failing_target_out_until_it_passes() {
+    let good = Upstream::start().await;
+    let sick = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sick_addr = listener.local_addr().unwrap();
+    let answers = sick.clone();
+    // Answers 503 while sick, 200 otherwise, to every request (one per connection).
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let status = match answers.load(std::sync::atomic::Ordering::Relaxed) {
+                true => "503 Service Unavailable",
+                false => "200 OK",
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    let mut c = Config::default();
+    c.upstream.url = format!("{},http://{sick_addr}", good.url());
+    c.upstream.health_path = "/healthz".into();
+    c.upstream.health_interval_ms = 100;
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    let up = format!("quotagate_upstream_target_up{{target=\"http://{sick_addr}\"}}");
+    let admin = gw.admin;
+    eventually(Duration::from_secs(10), || {
+        let up = up.clone();
+        async move { scrape(admin).await.get(&up) == Some(&0.0) }
+    })
+    .await;
+    for _ in 0..20 {
+        let r = support::get(&gw.url("/users/1"), &[("x-api-key", "LOAD")]).await;
+        assert_eq!(r.status, 200, "only the healthy target is asked");
+    }
+    assert_eq!(
+        good.requests()
+            .iter()
+            .filter(|r| r.path_and_query == "/users/1")
+            .count(),
+        20
+    );
+    sick.store(false, std::sync::atomic::Ordering::Relaxed);
+    eventually(Duration::from_secs(10), || {
+        let up = up.clone();
+        async move { scrape(admin).await.get(&up) == Some(&1.0) }
+    })
+    .await;
 }

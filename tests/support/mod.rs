@@ -259,8 +259,18 @@ impl Upstream {
     /// An upstream with these connection settings (`header_read_timeout` also closes idle
     /// keep-alive connections).
     pub async fn start_with(settings: quotagate::server::HttpSettings) -> Upstream {
-        let open = prometheus_client::metrics::gauge::Gauge::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::serve(listener, settings, None).await
+    }
+
+    /// An upstream on `listener` (a port of a stopped one: a restart), over TLS with `tls`
+    /// (HTTP/1.1 and HTTP/2 by ALPN).
+    pub async fn serve(
+        listener: tokio::net::TcpListener,
+        settings: quotagate::server::HttpSettings,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Upstream {
+        let open = prometheus_client::metrics::gauge::Gauge::default();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let token = CancellationToken::new();
@@ -274,6 +284,7 @@ impl Upstream {
             settings,
             quotagate::server::Executor {
                 open_connections: Some(open.clone()),
+                tls,
                 ..Default::default()
             },
             handler,
