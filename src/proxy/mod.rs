@@ -303,7 +303,7 @@ impl Proxy {
         };
         let req = Request::from_parts(
             parts,
-            Either::Left(Limited::new(body, self.policy.max_body_bytes as usize)),
+            Limited::new(body, self.policy.max_body_bytes as usize),
         );
         match self.upstream.send(req, needs).await {
             Ok(mut resp) => {

@@ -43,7 +43,7 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
-    pub(super) fn new(reason: impl std::fmt::Display) -> ConnectError {
+    fn new(reason: impl std::fmt::Display) -> ConnectError {
         ConnectError {
             timed_out: false,
             reason: reason.to_string(),
