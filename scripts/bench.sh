@@ -13,7 +13,8 @@
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
 # requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
-# the upstream; HAProxy: 1 thread). Then the added latency: a fixed-rate load with oha
+# the upstream; HAProxy: 1 thread). Two rows each for nginx and quotagate balance over two upstream
+# targets (a second example upstream), beside their one-target rows. Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
 # idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
 # Prints the tables and appends them, with the machine and the command, to docs/benchmarks.md
@@ -63,10 +64,13 @@ LUA
 UP_PORT=$(free_port)
 "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
 UP_PID=$!
+# A second upstream target, for the rows that balance over two.
+UP2_PORT=$(free_port)
+"$BIN" example-upstream --listen "127.0.0.1:$UP2_PORT" 2>/dev/null & PIDS+=($!)
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 REDIS_PID=$!
-wait_port "$UP_PORT"; wait_port "$REDIS_PORT"
+wait_port "$UP_PORT"; wait_port "$UP2_PORT"; wait_port "$REDIS_PORT"
 
 # Result lines: round|name|rps|us_per_request|p50|p99|rejected|redis_us_per_request
 RESULTS=()
@@ -105,8 +109,10 @@ gateway() {
   stop_gateway
 }
 
-# start_nginx: starts nginx (1 worker) in front of the upstream; sets NGINX_PID and NGINX_PORT.
+# start_nginx [SERVERS]: starts nginx (1 worker) in front of the upstream (or the upstream block's
+# SERVERS, round robin); sets NGINX_PID and NGINX_PORT.
 start_nginx() {
+  local servers=${1:-"server 127.0.0.1:$UP_PORT;"}
   NGINX_PORT=$(free_port)
   mkdir -p "$WORK/nginx"
   cat > "$WORK/nginx/nginx.conf" <<CONF
@@ -119,7 +125,7 @@ http {
   access_log off;
   client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
   fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  upstream api { server 127.0.0.1:$UP_PORT; keepalive 128; }
+  upstream api { $servers keepalive 128; }
   server {
     listen 127.0.0.1:$NGINX_PORT;
     location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
@@ -133,6 +139,9 @@ CONF
 nginx_row() {
   start_nginx
   measure "nginx proxy_pass (1 worker)" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
+  kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
+  start_nginx "server 127.0.0.1:$UP_PORT; server 127.0.0.1:$UP2_PORT;"
+  measure "nginx proxy_pass (1 worker), 2 targets round robin" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
 }
 
@@ -174,6 +183,11 @@ for ROUND in $(seq "$ROUNDS"); do
   gateway "quotagate, limits off" MANY --set limits.enabled=false
   gateway "quotagate, memory store, 1000 keys under limit" MANY
   gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
+  TWO="http://127.0.0.1:$UP_PORT,http://127.0.0.1:$UP2_PORT"
+  gateway "quotagate, memory store, 1 worker, 2 targets round robin" MANY --set server.workers=1 \
+    --set "upstream.url=$TWO" --set upstream.balance=round_robin
+  gateway "quotagate, memory store, 1 worker, 2 targets least requests" MANY --set server.workers=1 \
+    --set "upstream.url=$TWO"
   gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
   gateway "quotagate, memory store, one key over its limit" HOG
   gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
