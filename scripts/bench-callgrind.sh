@@ -5,6 +5,7 @@
 # prints (Ir(2500) - Ir(500)) / 2000, so start-up and shutdown cancel out. Compare two builds with
 # the same arguments, e.g. `--set limits.enabled=false` or `--store redis --redis-url URL`.
 # WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit.
+# TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate.
@@ -20,12 +21,18 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # instructions N: total instructions of a gateway that served N requests.
 instructions() {
-  local n=$1 up gw upid gpid
+  local n=$1 up gw upid gpid up2 up2pid="" url
   shift
   up=$(free_port); gw=$(free_port)
   "$BIN" example-upstream --listen "127.0.0.1:$up" 2>/dev/null & upid=$!
+  url="http://127.0.0.1:$up"
+  if [ "${TARGETS:-1}" = 2 ]; then
+    up2=$(free_port)
+    "$BIN" example-upstream --listen "127.0.0.1:$up2" 2>/dev/null & up2pid=$!
+    url="$url,http://127.0.0.1:$up2"
+  fi
   valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
-    --upstream "http://127.0.0.1:$up" --catalog "$W/catalog.json" --set log.level=warn \
+    --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
   python3 - "$gw" "$n" <<'PY'
@@ -37,7 +44,7 @@ for _ in range(int(sys.argv[2])):
     assert r.status == 200, r.status
 PY
   kill "$gpid"; wait "$gpid" 2>/dev/null || true
-  kill "$upid"; wait "$upid" 2>/dev/null || true
+  kill "$upid" $up2pid; wait "$upid" $up2pid 2>/dev/null || true
   grep -E "^(summary|totals):" "$W/cg.out" | head -1 | awk '{print $2}'
 }
 
