@@ -22,8 +22,9 @@ pub struct Health {
     ejections: AtomicU32,
     /// Out until this time (ms); 0: in.
     out_until: AtomicU64,
-    /// Out until then, its one trial request is under way.
-    trial: AtomicBool,
+    /// Its time out over, its trial request is under way until this time (ms; 0: none). A trial
+    /// whose request vanished (the client went away) leaves room for another after it.
+    trial_until: AtomicU64,
     /// The last active check failed.
     check_failed: AtomicBool,
 }
@@ -62,7 +63,9 @@ impl Health {
         }
         match self.out_until.load(Ordering::Relaxed) {
             0 => Standing::In,
-            until if now_ms < until || self.trial.load(Ordering::Relaxed) => Standing::Out,
+            until if now_ms < until || now_ms < self.trial_until.load(Ordering::Relaxed) => {
+                Standing::Out
+            }
             _ => Standing::Trial,
         }
     }
@@ -72,9 +75,17 @@ impl Health {
         !self.check_failed.load(Ordering::Relaxed) && self.out_until.load(Ordering::Relaxed) == 0
     }
 
-    /// Claims the trial of a target in [`Standing::Trial`]: true for exactly one caller.
-    pub fn claim_trial(&self) -> bool {
-        !self.trial.swap(true, Ordering::AcqRel)
+    /// Claims the trial of a target in [`Standing::Trial`] for `ttl` (the longest a request may
+    /// take): true for exactly one caller until the trial ends or its time passes.
+    pub fn claim_trial(&self, now_ms: u64, ttl: Duration) -> bool {
+        let current = self.trial_until.load(Ordering::Relaxed);
+        if now_ms < current {
+            return false;
+        }
+        let until = now_ms.saturating_add(ttl.as_millis() as u64).max(1);
+        self.trial_until
+            .compare_exchange(current, until, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// A request got through to the target (a response, of any status).
@@ -87,7 +98,7 @@ impl Health {
         }
         self.ejections.store(0, Ordering::Relaxed);
         self.out_until.store(0, Ordering::Relaxed);
-        self.trial.store(false, Ordering::Release);
+        self.trial_until.store(0, Ordering::Release);
         Succeeded::Back
     }
 
@@ -97,8 +108,11 @@ impl Health {
             .failures
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        let on_trial = self.out_until.load(Ordering::Relaxed) != 0;
-        if eject_after == 0 || (!on_trial && in_a_row < eject_after) {
+        // While out, failures of requests sent before (or sent because every target is out) are
+        // counted only: the time out doubles per failed trial, not per failure.
+        let out_until = self.out_until.load(Ordering::Relaxed);
+        let out = out_until != 0;
+        if eject_after == 0 || (out && now_ms < out_until) || (!out && in_a_row < eject_after) {
             return Failed::Counted { in_a_row };
         }
         let n = self.ejections.fetch_add(1, Ordering::Relaxed).min(16);
@@ -107,7 +121,7 @@ impl Health {
             now_ms.saturating_add(out.as_millis() as u64).max(1),
             Ordering::Relaxed,
         );
-        self.trial.store(false, Ordering::Release);
+        self.trial_until.store(0, Ordering::Release);
         Failed::Ejected(out)
     }
 
@@ -181,6 +195,40 @@ mod tests {
     use super::*;
 
     const EJECT: Duration = Duration::from_secs(10);
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn failures_while_out_do_not_double_the_time_out() {
+        let h = Health::default();
+        for _ in 0..3 {
+            h.failure(0, 3, EJECT);
+        }
+        for t in [1, 5_000, 9_999] {
+            assert!(
+                matches!(h.failure(t, 3, EJECT), Failed::Counted { .. }),
+                "requests sent before it went out fail too"
+            );
+        }
+        assert_eq!(h.standing(10_000), Standing::Trial, "still 10 s, not 80");
+        assert!(h.claim_trial(10_000, TTL));
+        assert_eq!(
+            h.failure(10_500, 3, EJECT),
+            Failed::Ejected(EJECT * 2),
+            "a failed trial: out again, twice as long"
+        );
+    }
+
+    #[test]
+    fn a_trial_whose_request_vanished_makes_room_for_another() {
+        let h = Health::default();
+        for _ in 0..3 {
+            h.failure(0, 3, EJECT);
+        }
+        assert!(h.claim_trial(10_000, TTL));
+        assert_eq!(h.standing(39_999), Standing::Out);
+        assert_eq!(h.standing(40_000), Standing::Trial);
+        assert!(h.claim_trial(40_000, TTL));
+    }
 
     #[test]
     fn a_target_goes_out_after_failures_in_a_row_and_back_after_one_trial() {
@@ -195,8 +243,8 @@ mod tests {
         assert_eq!(h.standing(10_999), Standing::Out);
         assert!(!h.is_in());
         assert_eq!(h.standing(11_000), Standing::Trial);
-        assert!(h.claim_trial());
-        assert!(!h.claim_trial(), "one trial at a time");
+        assert!(h.claim_trial(11_000, TTL));
+        assert!(!h.claim_trial(11_000, TTL), "one trial at a time");
         assert_eq!(h.standing(11_000), Standing::Out, "while its trial is out");
         assert_eq!(h.success(), Succeeded::Back);
         assert_eq!(h.standing(11_000), Standing::In);
@@ -215,7 +263,7 @@ mod tests {
         for _ in 0..7 {
             now = h.out_until.load(Ordering::Relaxed);
             assert_eq!(h.standing(now), Standing::Trial);
-            assert!(h.claim_trial());
+            assert!(h.claim_trial(now, TTL));
             match h.failure(now, 3, EJECT) {
                 Failed::Ejected(d) => outs.push(d.as_millis() as u64),
                 other => panic!("a failed trial ejects at once: {other:?}"),

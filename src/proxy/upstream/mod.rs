@@ -514,7 +514,10 @@ impl balance::Targets for Now<'_> {
         self.0.targets[i].health.standing(self.1)
     }
     fn claim(&self, i: usize) -> bool {
-        self.0.targets[i].health.claim_trial()
+        // A trial takes at most the connect and response timeouts, tried a second time.
+        let u = self.0;
+        let ttl = (u.connector.timeout + u.response_timeout) * 2;
+        u.targets[i].health.claim_trial(self.1, ttl)
     }
     fn busy(&self, i: usize) -> usize {
         self.0.targets[i].in_flight.get().max(0) as usize
