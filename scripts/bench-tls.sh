@@ -14,8 +14,9 @@ DURATION=${1:-10}
 CONNS=${2:-64}
 ensure_debian_packages wrk:wrk nginx:nginx-light openssl:openssl
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-cargo build --release --quiet
-BIN=target/release/quotagate
+# QUOTAGATE_BIN=PATH measures another build (an A/B of two binaries, run one after the other).
+if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
+BIN=${QUOTAGATE_BIN:-target/release/quotagate}
 bench_workdir
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench \

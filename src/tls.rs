@@ -213,6 +213,9 @@ impl Tls {
         let mut config = builder.with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.ignore_client_order = true;
+        // One ticket per handshake, as OpenSSL sends after a resumption (rustls: 2 by default):
+        // each costs an encryption and a record on every new connection.
+        config.send_tls13_tickets = 1;
         let tls = Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             resolver,
