@@ -55,3 +55,28 @@ bench_workdir() {
   PIDS=()
   trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 }
+
+# nginx_conf SERVERS LISTEN [SERVER_LINES]: writes $WORK/nginx/nginx.conf: one worker, no logs,
+# proxy_pass with keep-alive to the upstream block's SERVERS, listening on LISTEN (e.g.
+# "127.0.0.1:8080 ssl"), with SERVER_LINES (certificates) in the server block.
+nginx_conf() {
+  mkdir -p "$WORK/nginx"
+  cat > "$WORK/nginx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log stderr warn;
+events { worker_connections 10240; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  upstream api { $1 keepalive 128; }
+  server {
+    listen $2;
+    ${3:-}
+    location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+}

@@ -34,26 +34,8 @@ UP=$(free_port)
 wait_port "$UP"
 
 NG=$(free_port)
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log stderr warn;
-events { worker_connections 10240; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  upstream api { server 127.0.0.1:$UP; keepalive 128; }
-  server {
-    listen 127.0.0.1:$NG ssl;
-    ssl_certificate $WORK/cert.pem;
-    ssl_certificate_key $WORK/key.pem;
-    location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
+nginx_conf "server 127.0.0.1:$UP;" "127.0.0.1:$NG ssl" \
+  "ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;"
 "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGPID=$!; PIDS+=($NGPID)
 GW=$(free_port)
 "$BIN" --listen "127.0.0.1:$GW" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \

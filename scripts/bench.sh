@@ -114,24 +114,7 @@ gateway() {
 start_nginx() {
   local servers=${1:-"server 127.0.0.1:$UP_PORT;"}
   NGINX_PORT=$(free_port)
-  mkdir -p "$WORK/nginx"
-  cat > "$WORK/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log stderr warn;
-events { worker_connections 10240; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  upstream api { $servers keepalive 128; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT;
-    location / { proxy_pass http://api; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
+  nginx_conf "$servers" "127.0.0.1:$NGINX_PORT"
   "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGINX_PID=$!
   wait_port "$NGINX_PORT"
 }
