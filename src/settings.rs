@@ -117,6 +117,8 @@ fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
         prefix: c.key_prefix.clone(),
         time_source: c.time_source,
         connections: 1,
+        lease: c.lease,
+        lease_max_units: positive_units("store.lease_max_units", c.lease_max_units)?,
     };
     let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
     Ok(match c.kind {
@@ -127,6 +129,14 @@ fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
             probe_interval,
         },
     })
+}
+
+/// A count option that must be above 0.
+fn positive_units(name: &str, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::option(name, "must be above 0"));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

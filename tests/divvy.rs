@@ -150,6 +150,8 @@ impl Port {
                     prefix: "unused".into(),
                     time_source: TimeSource::Local,
                     connections: 2,
+                    lease: Default::default(),
+                    lease_max_units: 1000,
                 })
                 .unwrap()
                 .with_thread_slot(quotagate::workers::current);

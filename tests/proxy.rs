@@ -575,6 +575,10 @@ async fn two_instances_on_one_redis_enforce_one_limit_exactly_with_clocks_30s_ap
     let redis = RedisServer::start();
     let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
     c.store.time_source = TimeSource::Redis;
+    // Exactly 50 of 200: with leases, units one instance leased and had no request left for
+    // would be refused to the other (tests/store.rs and tests/cli.rs check leases across
+    // instances).
+    c.store.lease = quotagate_store::LeaseMode::Off;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

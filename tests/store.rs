@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use quotagate_engine::limiter::{Limit, Outcome, Quota, Window, WindowSet};
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
-    CounterKey, FailurePolicy, FixedDecision, RedisMode, RedisOptions, RedisStore, RedisTarget,
-    Store, TimeSource, Verdict,
+    CounterKey, FailurePolicy, FixedDecision, LeaseMode, RedisMode, RedisOptions, RedisStore,
+    RedisTarget, Store, TimeSource, Verdict,
 };
 use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
@@ -20,15 +20,24 @@ const T0: u64 = 1_700_000_040;
 /// A store under test, plus the redis-server behind it (if any), kept alive for the test.
 struct Subject {
     store: Store,
+    /// Tells apart the keys of cases that name Redis keys themselves (fixed windows), run more
+    /// than once on one deployment.
+    tag: String,
     _redis: Option<RedisServer>,
 }
 
 /// A store on a shared topology (cluster, TLS server), with a key prefix of its own so that the
 /// cases run one after another on one deployment without seeing each other's counters.
 fn subject_on(target: RedisTarget, prefix: &str) -> Subject {
+    subject_leased_on(target, prefix, LeaseMode::Off)
+}
+
+/// [`subject_on`] with leases `lease`.
+fn subject_leased_on(target: RedisTarget, prefix: &str, lease: LeaseMode) -> Subject {
     let options = RedisOptions {
         target,
-        prefix: format!("qg-{prefix}"),
+        lease,
+        prefix: format!("qg-{prefix}-{lease:?}"),
         // Connecting to a cluster reads its topology first: more than one round trip.
         timeout: Duration::from_secs(2),
         ..redis_options("redis://unused".into(), TimeSource::Local)
@@ -39,6 +48,7 @@ fn subject_on(target: RedisTarget, prefix: &str) -> Subject {
             FailurePolicy::Closed,
             Duration::from_millis(50),
         ),
+        tag: format!("{lease:?}"),
         _redis: None,
     }
 }
@@ -118,21 +128,38 @@ fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
         prefix: "qgtest".into(),
         time_source,
         connections: 1,
+        lease: LeaseMode::Off,
+        lease_max_units: 1000,
     }
 }
 
 fn memory() -> Subject {
     Subject {
         store: Store::memory(),
+        tag: String::new(),
         _redis: None,
     }
 }
 
 fn redis() -> Subject {
+    redis_with(LeaseMode::Off)
+}
+
+/// Leases on: busy counters decide in memory (single instance: every answer the same).
+fn redis_leased() -> Subject {
+    redis_with(LeaseMode::Auto)
+}
+
+fn redis_with(lease: LeaseMode) -> Subject {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&redis_options(server.url(), TimeSource::Local)).unwrap();
+    let options = RedisOptions {
+        lease,
+        ..redis_options(server.url(), TimeSource::Local)
+    };
+    let store = RedisStore::connect(&options).unwrap();
     Subject {
         store: Store::redis(store, FailurePolicy::Closed, Duration::from_millis(50)),
+        tag: String::new(),
         _redis: Some(server),
     }
 }
@@ -142,11 +169,15 @@ macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
         mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
-        /// Every case on one 3-master Redis Cluster (started once: it takes seconds).
+        mod on_redis_leased { $( #[tokio::test] async fn $case() { super::$case(super::redis_leased()).await } )* }
+        /// Every case on one 3-master Redis Cluster (started once: it takes seconds), with leases
+        /// off and on.
         #[tokio::test]
         async fn on_cluster_every_case() {
             let cluster = RedisCluster::start(3, 0);
-            $( $case(subject_on(cluster_target(&cluster), stringify!($case))).await; )*
+            for lease in [LeaseMode::Off, LeaseMode::Auto] {
+                $( $case(subject_leased_on(cluster_target(&cluster), stringify!($case), lease)).await; )*
+            }
         }
         /// Every case on a sentinel-managed master.
         #[tokio::test]
@@ -213,7 +244,8 @@ on_every_store!(
 /// The fixed windows (Divvy's, and the rate-limit service's aligned ones): a hit of `cost` takes
 /// credit only when all of it fits; a cost of 0 checks.
 async fn fixed_windows_take_a_cost_only_when_it_fits(s: Subject) {
-    let hit = |cost| s.store.hit_fixed("{fixed-case}:a", 5, 60, cost, 1_000);
+    let key = format!("{{fixed-case-{}}}:a", s.tag);
+    let hit = |cost| s.store.hit_fixed(&key, 5, 60, cost, 1_000);
     let got = |v: Verdict<FixedDecision>| match v {
         Verdict::Decided(d) => {
             assert!((1..=60).contains(&d.reset), "{d:?}");
@@ -780,8 +812,10 @@ async fn kill_9_of_a_cluster_master_under_load() {
 async fn on_a_cluster_two_instances_admit_exactly_the_limit_and_keys_spread_over_every_master() {
     let cluster = RedisCluster::start(3, 0);
     for run in 0..3 {
-        two_instances_share_one_limit_exactly(cluster_target(&cluster), &format!("shared-{run}"))
-            .await;
+        for lease in [LeaseMode::Off, LeaseMode::Auto] {
+            let name = format!("shared-{run}-{lease:?}");
+            two_instances_share_one_limit_exactly(cluster_target(&cluster), &name, lease).await;
+        }
     }
     // Several windows on one key in one script call: one slot, no CROSSSLOT.
     let s = subject_on(cluster_target(&cluster), "spread");
@@ -795,8 +829,8 @@ async fn on_a_cluster_two_instances_admit_exactly_the_limit_and_keys_spread_over
     assert_eq!(masters.len(), 3);
     let counts: Vec<u64> = masters.iter().map(|&p| cluster.dbsize(p)).collect();
     // 3000 keys x 3 hashes (a minute hash and one per other window), plus the minute hashes of the
-    // three shared counters above; about a third on each master.
-    assert_eq!(counts.iter().sum::<u64>(), 9003, "{counts:?}");
+    // six shared counters above; about a third on each master.
+    assert_eq!(counts.iter().sum::<u64>(), 9006, "{counts:?}");
     assert!(
         counts.iter().all(|&n| n > 2000),
         "every master holds a share: {counts:?}"
@@ -809,17 +843,20 @@ async fn on_a_cluster_two_instances_admit_exactly_the_limit_and_keys_spread_over
 #[tokio::test]
 async fn instances_share_one_limit_exactly_even_with_clocks_30s_apart() {
     let server = RedisServer::start();
-    two_instances_share_one_limit_exactly(RedisTarget::single(&server.url()).unwrap(), "shared")
-        .await;
+    for lease in [LeaseMode::Off, LeaseMode::Auto] {
+        let target = RedisTarget::single(&server.url()).unwrap();
+        two_instances_share_one_limit_exactly(target, &format!("shared-{lease:?}"), lease).await;
+    }
 }
 
 /// Two instances, clocks 30 s apart, 200 concurrent requests (100 each) on a limit of 50 for the
-/// counter `name`: exactly 50 pass.
-async fn two_instances_share_one_limit_exactly(target: RedisTarget, name: &str) {
+/// counter `name`: exactly 50 pass; with leases, 50 less what is still leased and unused.
+async fn two_instances_share_one_limit_exactly(target: RedisTarget, name: &str, lease: LeaseMode) {
     let connect = || {
         let options = RedisOptions {
             target: target.clone(),
             timeout: Duration::from_secs(2),
+            lease,
             ..redis_options("redis://unused".into(), TimeSource::Redis)
         };
         Arc::new(Store::redis(
@@ -855,7 +892,58 @@ async fn two_instances_share_one_limit_exactly(target: RedisTarget, name: &str) 
         }
     }
     remaining.sort_unstable();
-    assert_eq!(remaining, (0..50).collect::<Vec<_>>());
+    if lease == LeaseMode::Off {
+        assert_eq!(remaining, (0..50).collect::<Vec<_>>());
+        return;
+    }
+    // Units leased and neither used nor given back yet are counted in Redis: they and the
+    // admitted requests make the limit exactly.
+    let unused: u64 = [&a, &b]
+        .iter()
+        .map(|s| {
+            let st = s.stats().unwrap();
+            st.units_leased.get() - st.units_used.get() - st.units_given_back.get()
+        })
+        .sum();
+    assert_eq!(remaining.len() as u64 + unused, 50, "{remaining:?}");
+    assert!(remaining.iter().all(|&r| r < 50), "{remaining:?}");
+}
+
+/// One instance with leases: a key hit 400 times in one second takes a few leases and decides
+/// the rest in memory, every answer the reference's; the next second gives the rest back in the
+/// same call that takes the next lease, and the window stays exact across the minute.
+#[tokio::test]
+async fn a_busy_key_decides_from_leases_with_the_references_answers() {
+    let s = redis_leased();
+    let stats = s.store.stats().unwrap().clone();
+    let k = key("busy");
+    let limits = [lim(1500, 60), lim(2000, 5)];
+    let mut reference = WindowSet::default();
+    let mut now_ms = (T0 + 58) * 1000;
+    for step in 0..2400u64 {
+        // 400 a second, then a pause of half a second every 600 requests.
+        now_ms += if step % 600 == 599 { 500 } else { 2 };
+        let cost = 1 + step % 3 / 2;
+        let want = reference.hit(&limits, cost, now_ms);
+        let got = s.hit_all(&k, &limits, cost, now_ms).await;
+        assert_eq!(got, want, "step {step}, now {now_ms}");
+    }
+    let redis_calls = stats.decided_by_redis.get();
+    let local = stats.decided_by_lease.get();
+    assert!(
+        local > 800,
+        "most decided here: {local} local, {redis_calls} Redis"
+    );
+    assert!(stats.units_given_back.get() > 0, "some given back");
+    // Nothing left over: Redis holds what was admitted, and a lease still out.
+    let leased_out =
+        stats.units_leased.get() - stats.units_used.get() - stats.units_given_back.get();
+    let peek = s.store.peek(&k, &limits, 1, now_ms).await.unwrap();
+    let want = reference.peek(&limits, 1, now_ms);
+    assert_eq!(
+        peek.quotas()[0].remaining + leased_out,
+        want.quotas()[0].remaining
+    );
 }
 
 #[tokio::test]

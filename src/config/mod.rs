@@ -508,6 +508,12 @@ pub struct StoreConfig {
     /// Whose clock places requests in seconds: `redis` (one clock for all instances) or `local`.
     /// Default: `redis`.
     pub time_source: TimeSource,
+    /// `auto`: a busy counter takes a lease of units from Redis and decides in memory until its
+    /// bucket ends, never admitting more than the limit ([stores](docs/stores.md)); `off`: one
+    /// Redis call per decision. Default: `auto`.
+    pub lease: quotagate_store::LeaseMode,
+    /// Units one lease holds at most. Default: 1000.
+    pub lease_max_units: u64,
 }
 
 impl Default for StoreConfig {
@@ -528,6 +534,8 @@ impl Default for StoreConfig {
             pool_size: 16,
             key_prefix: quotagate_store::keys::DEFAULT_PREFIX.into(),
             time_source: TimeSource::Redis,
+            lease: quotagate_store::LeaseMode::Auto,
+            lease_max_units: 1000,
         }
     }
 }

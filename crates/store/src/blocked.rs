@@ -31,6 +31,10 @@ struct Block {
     cost: u64,
     /// The script's time (Unix microseconds) from which the window accepts again.
     until_us: i64,
+    /// Trusted until this time: the block's end, or with leases the end of the bucket it was
+    /// computed in (a lease given back may make room sooner, but every lease of a bucket is given
+    /// back by the end of the next).
+    trust_until_us: i64,
 }
 
 /// Remembered refusals of one Redis store.
@@ -96,8 +100,8 @@ impl BlockCache {
                 (us - MARGIN_US, us + MARGIN_US)
             }
         };
-        if latest >= block.until_us {
-            if earliest >= block.until_us {
+        if latest >= block.trust_until_us {
+            if earliest >= block.trust_until_us {
                 blocks.remove(key);
             }
             return None;
@@ -116,6 +120,14 @@ impl BlockCache {
         })
     }
 
+    /// Forgets `key`'s block (a lease was just granted on it: its window has room).
+    pub fn remove(&self, key: &CounterKey) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
     /// Forgets the blocks of every counter whose name starts with `prefix` (its counts were reset).
     pub fn forget(&self, prefix: &str) {
         self.blocks
@@ -124,14 +136,24 @@ impl BlockCache {
             .retain(|k, _| !k.as_str().starts_with(prefix));
     }
 
-    /// Remembers a refusal Redis gave at script time `now_ms`, to last `retry_ms`.
-    pub fn remember(&self, key: &CounterKey, limit: &Limit, cost: u64, now_ms: i64, retry_ms: i64) {
+    /// Remembers a refusal Redis gave at script time `now_ms`, to last `retry_ms`, trusted until
+    /// script time `trust_ms` at most.
+    pub fn remember(
+        &self,
+        key: &CounterKey,
+        limit: &Limit,
+        cost: u64,
+        now_ms: i64,
+        retry_ms: i64,
+        trust_ms: i64,
+    ) {
         let until_us = now_ms.saturating_add(retry_ms).saturating_mul(1000);
+        let trust_until_us = trust_ms.saturating_mul(1000).min(until_us);
         let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
         if blocks.len() >= MAX_BLOCKS && !blocks.contains_key(key) {
             // Anything that ended by `now` is certainly over.
             let now_us = now_ms.saturating_mul(1000);
-            blocks.retain(|_, b| b.until_us > now_us);
+            blocks.retain(|_, b| b.trust_until_us > now_us);
             if blocks.len() >= MAX_BLOCKS {
                 return;
             }
@@ -142,6 +164,7 @@ impl BlockCache {
                 limit: *limit,
                 cost,
                 until_us,
+                trust_until_us,
             },
         );
     }
@@ -170,7 +193,7 @@ mod tests {
     #[test]
     fn with_the_callers_clock_the_answer_is_exact_until_the_block_ends() {
         let c = BlockCache::default();
-        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000);
+        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000, i64::MAX);
         let d = c.check(&key("a"), &L5, 1, Some(1_000_000)).unwrap();
         assert_eq!(
             (d.allowed, d.retry_after, d.reset, d.remaining),
@@ -192,7 +215,7 @@ mod tests {
     #[test]
     fn another_limit_drops_the_block() {
         let c = BlockCache::default();
-        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000);
+        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000, i64::MAX);
         assert!(
             c.check(&key("a"), &Limit::per_minute(6), 1, Some(1_000_000))
                 .is_none()
@@ -201,7 +224,7 @@ mod tests {
             c.check(&key("a"), &L5, 1, Some(1_000_000)).is_none(),
             "dropped"
         );
-        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000);
+        c.remember(&key("a"), &L5, 1, 1_000_000, 7_000, i64::MAX);
         assert!(
             c.check(&key("a"), &L5, 2, Some(1_000_000)).is_none(),
             "another cost"
@@ -211,12 +234,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_redis_clock_only_away_from_second_boundaries() {
         let c = BlockCache::default();
-        c.remember(&key("a"), &L5, 1, 1_000_000, 10_000);
+        c.remember(&key("a"), &L5, 1, 1_000_000, 10_000, i64::MAX);
         assert!(
             c.check(&key("a"), &L5, 1, None).is_none(),
             "no Redis time seen yet"
         );
-        c.remember(&key("a"), &L5, 1, 1_000_000, 10_000);
+        c.remember(&key("a"), &L5, 1, 1_000_000, 10_000, i64::MAX);
         // Redis said 1000.5 s just now: safely inside second 1000.
         c.observe_redis_time(1000, 500_000);
         assert_eq!(
@@ -232,11 +255,11 @@ mod tests {
     fn the_cache_is_bounded() {
         let c = BlockCache::default();
         for i in 0..MAX_BLOCKS + 10 {
-            c.remember(&key(&i.to_string()), &L5, 1, 1_000_000, 10_000);
+            c.remember(&key(&i.to_string()), &L5, 1, 1_000_000, 10_000, i64::MAX);
         }
         assert_eq!(c.len(), MAX_BLOCKS);
         // Once the old blocks are long over, they make room.
-        c.remember(&key("late"), &L5, 1, 2_000_000, 10_000);
+        c.remember(&key("late"), &L5, 1, 2_000_000, 10_000, i64::MAX);
         assert_eq!(c.len(), 1);
     }
 }

@@ -24,6 +24,7 @@ pub mod connect;
 mod error;
 mod failover;
 pub mod keys;
+pub mod lease;
 pub mod memory;
 pub mod redis;
 pub mod script;
@@ -38,6 +39,7 @@ pub use announce::Announcer;
 pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
+pub use lease::{LeaseMode, StoreStats};
 pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 pub use target::{RedisMode, RedisTarget};
 
@@ -254,7 +256,15 @@ impl Store {
 
     /// A Redis store. `probe_interval` is how often a down Redis is pinged.
     pub fn redis(store: RedisStore, policy: FailurePolicy, probe_interval: Duration) -> Store {
-        Failover::new(Backend::Redis(Arc::new(store)), policy, probe_interval)
+        Failover::new(Backend::Redis(store.shared()), policy, probe_interval)
+    }
+
+    /// What the Redis store counts about its decisions and leases (`None` on memory).
+    pub fn stats(&self) -> Option<&StoreStats> {
+        match &**self.backend() {
+            Backend::Memory(_) => None,
+            Backend::Redis(r) => Some(r.stats()),
+        }
     }
 
     /// `memory` or `redis`.

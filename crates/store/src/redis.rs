@@ -12,7 +12,7 @@
 //! script and retrying, inside `invoke_async`.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -21,12 +21,14 @@ use redis::Script;
 use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{CounterKey, api_key_pattern};
+use super::lease::{GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
 use super::memory::FixedDecision;
 use super::script::{
-    Fields, WindowCall, WindowReply, minute_of, peek_keys, peek_windows, read_divvy_reply,
+    Fields, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
+    read_divvy_reply,
 };
 use super::{CounterStore, StoreError};
-use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome};
+use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota};
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
@@ -105,6 +107,19 @@ pub struct RedisOptions {
     /// Multiplexed connections kept for the hot path: one per proxy worker
     /// (see [`RedisStore::with_thread_slot`]), so a worker's calls never wait on another thread. Default: 1.
     pub connections: usize,
+    /// Whether busy counters take leases ([`crate::lease`]). Default: auto.
+    pub lease: LeaseMode,
+    /// Units one lease holds at most. Default: 1000.
+    pub lease_max_units: u64,
+}
+
+/// What one window script call answered.
+struct Called {
+    outcome: Outcome,
+    /// Units granted as a lease (0: none).
+    grant: u64,
+    redis_now_ms: i64,
+    resets_ms: [i64; MAX_LIMITS],
 }
 
 /// One multiplexed connection the hot path uses.
@@ -128,6 +143,22 @@ fn is_broken(e: &redis::RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
+/// A call taking a lease for `key`: until it is settled, the counter's other requests wait for
+/// it; dropped unsettled, it lets them go.
+struct Taking<'a> {
+    leases: &'a Leases,
+    key: &'a CounterKey,
+    armed: bool,
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leases.abandon(self.key);
+        }
+    }
+}
+
 /// The Redis store.
 pub struct RedisStore {
     /// As configured.
@@ -143,6 +174,11 @@ pub struct RedisStore {
     offset: AtomicI64,
     /// Counters known to be over their limit: answered without a round trip.
     blocked: BlockCache,
+    /// Busy counters' leases (`None`: `store.lease = off`).
+    leases: Option<Leases>,
+    stats: StoreStats,
+    /// This store, for the timers that give leases back (set when it is shared, [`RedisStore::shared`]).
+    me: OnceLock<Weak<RedisStore>>,
     /// Which hot-path connection the calling thread uses (see [`RedisStore::with_thread_slot`]).
     thread_slot: fn() -> usize,
 }
@@ -170,8 +206,28 @@ impl RedisStore {
             time_source: opts.time_source,
             offset: AtomicI64::new(0),
             blocked: BlockCache::default(),
+            leases: (opts.lease == LeaseMode::Auto)
+                .then(|| Leases::new(opts.lease_max_units, StoreStats::default())),
+            stats: StoreStats::default(),
+            me: OnceLock::new(),
             thread_slot: || 0,
         })
+    }
+
+    /// The store, shared: leases left unused are then given back by a timer at their bucket's
+    /// end (without it, by the counter's next call).
+    pub fn shared(self) -> Arc<RedisStore> {
+        let store = Arc::new(self);
+        let _ = store.me.set(Arc::downgrade(&store));
+        store
+    }
+
+    /// What this store counts about its decisions and leases.
+    pub fn stats(&self) -> &StoreStats {
+        match &self.leases {
+            Some(l) => &l.stats,
+            None => &self.stats,
+        }
     }
 
     /// Has each thread use hot-path connection `thread_slot() % connections`: the application
@@ -269,19 +325,191 @@ impl RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        if let [l] = limits
-            && !l.shadow
-        {
-            let caller_ms = match self.time_source {
-                TimeSource::Redis => None,
-                TimeSource::Local => Some(i64::try_from(now_ms).unwrap_or(i64::MAX / 2)),
-            };
-            if let Some(q) = self.blocked.check(key, l, cost, caller_ms) {
-                return Ok(Outcome::new(false, false, &[q]));
+        let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        if let Some(q) = self.check_blocked(key, limits, cost, now_ms) {
+            self.stats().decided_by_block.inc();
+            return Ok(Outcome::new(false, false, &[q]));
+        }
+        match &self.leases {
+            Some(leases) => {
+                self.bounded(self.hit_leased(leases, key, limits, cost, now_ms))
+                    .await
+            }
+            None => {
+                let call = self.run_window_script(key, limits, cost, now_ms, None);
+                self.bounded(call).await.map(|c| c.outcome)
             }
         }
-        self.bounded(self.run_window_script(key, limits, cost, now_ms))
-            .await
+    }
+
+    /// A refusal remembered for `key`, if one applies now.
+    fn check_blocked(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<Quota> {
+        let [l] = limits else { return None };
+        if l.shadow {
+            return None;
+        }
+        let caller_ms = match self.time_source {
+            TimeSource::Redis => None,
+            TimeSource::Local => Some(i64::try_from(now_ms).unwrap_or(i64::MAX / 2)),
+        };
+        self.blocked.check(key, l, cost, caller_ms)
+    }
+
+    /// The lease clock now: the caller's milliseconds with its clock, else this store's own.
+    fn lease_now_us(&self, leases: &Leases, now_ms: u64) -> i64 {
+        match self.time_source {
+            TimeSource::Local => i64::try_from(now_ms)
+                .unwrap_or(i64::MAX / 2000)
+                .saturating_mul(1000),
+            TimeSource::Redis => leases.elapsed_us(),
+        }
+    }
+
+    /// [`RedisStore::hit_sliding`] with leases: decided from the counter's lease when it has
+    /// units left in its bucket, else by a script call that gives back what an ended lease left
+    /// and, for a busy counter, takes the next.
+    async fn hit_leased(
+        &self,
+        leases: &Leases,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let mut waited = false;
+        let (args, give_apart, fetching) = loop {
+            match leases.plan(key, limits, cost, self.lease_now_us(leases, now_ms)) {
+                Plan::Local(o) => return Ok(o),
+                // Another request of this counter is taking a lease: its answer will likely
+                // decide this one too. Once only; then Redis decides.
+                Plan::Wait(mut taking) if !waited => {
+                    waited = true;
+                    let _ = taking.changed().await;
+                }
+                Plan::Wait(_) => break (None, None, false),
+                Plan::Ask {
+                    args,
+                    give_apart,
+                    fetching,
+                } => break (args, give_apart, fetching),
+            }
+        };
+        // Whatever ends this call (an error, a timeout, the client leaving), the counter's
+        // other requests must not keep waiting for it.
+        let mut taking = Taking {
+            leases,
+            key,
+            armed: fetching,
+        };
+        if let Some(g) = give_apart {
+            self.give_back(key, g, now_ms).await?;
+        }
+        let sent_us = leases.elapsed_us();
+        // A give-back in a failed call may or may not have happened: its units stay counted at
+        // worst, until they leave the window (refusing early, never too much).
+        let called = self
+            .run_window_script(key, limits, cost, now_ms, args)
+            .await?;
+        if let Some(a) = args
+            && a.give > 0
+        {
+            leases.gave_back(a.give);
+        }
+        let granted = (called.grant > 0).then(|| {
+            let at_ms = called.redis_now_ms;
+            let end_ms = bucket_end_ms(limits, u64::try_from(at_ms).unwrap_or(0));
+            let end_ms = i64::try_from(end_ms).unwrap_or(i64::MAX / 2000);
+            let mut reset_at_us = [0; MAX_LIMITS];
+            let (until_us, base_us) = match self.time_source {
+                TimeSource::Local => (end_ms * 1000, at_ms * 1000),
+                // Redis read its clock after the call left: the lease ends here no later than
+                // its bucket ends there. Resets are counted from the reply's arrival: never
+                // reported sooner than they come.
+                TimeSource::Redis => (sent_us + (end_ms - at_ms) * 1000, leases.elapsed_us()),
+            };
+            for (r, ms) in reset_at_us.iter_mut().zip(called.resets_ms) {
+                *r = base_us + ms * 1000;
+            }
+            Granted {
+                units: called.grant,
+                at_ms,
+                until_us,
+                reset_at_us,
+            }
+        });
+        let lease = leases.settle(key, limits, cost, fetching, Some(&called.outcome), granted);
+        taking.armed = false;
+        let Some(g) = granted else {
+            return Ok(called.outcome);
+        };
+        self.blocked.remove(key);
+        if let Some(id) = lease
+            && self.time_source == TimeSource::Redis
+        {
+            self.give_back_at(key, id, g.until_us, leases);
+        }
+        // This instance's own leased units are room for its next requests.
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        for (q, had) in quotas.iter_mut().zip(called.outcome.quotas()) {
+            *q = Quota {
+                remaining: had.remaining + g.units,
+                ..*had
+            };
+        }
+        Ok(Outcome::new(
+            called.outcome.allowed,
+            called.outcome.shadow_limited,
+            &quotas[..limits.len()],
+        ))
+    }
+
+    /// Gives lease `id` of `key` back at lease-clock `until_us` (its bucket's end), unless a call
+    /// has done it by then.
+    fn give_back_at(&self, key: &CounterKey, id: u64, until_us: i64, leases: &Leases) {
+        let Some(me) = self.me.get().cloned() else {
+            return;
+        };
+        let at = leases.instant_of(until_us);
+        let key = key.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let Some(store) = me.upgrade() else { return };
+            let Some(g) = store.leases.as_ref().and_then(|l| l.expire(&key, id)) else {
+                return;
+            };
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            if let Err(e) = store.bounded(store.give_back(&key, g, now_ms)).await {
+                tracing::debug!(error = %e, "giving a lease back failed; its units stay counted until they leave the window");
+            }
+        });
+    }
+
+    /// Gives back `g`'s units (a call of its own, with the limits the lease was counted in).
+    async fn give_back(
+        &self,
+        key: &CounterKey,
+        g: GiveBack,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let args = LeaseArgs {
+            want: 0,
+            give: g.units,
+            given_at_ms: g.at_ms,
+        };
+        self.run_window_script(key, g.limits.as_slice(), 0, now_ms, Some(args))
+            .await?;
+        if let Some(l) = &self.leases {
+            l.gave_back(g.units);
+        }
+        Ok(())
     }
 
     async fn run_window_script(
@@ -290,8 +518,8 @@ impl RedisStore {
         limits: &[Limit],
         cost: u64,
         now_ms: u64,
-    ) -> Result<Outcome, StoreError> {
-        let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        lease: Option<LeaseArgs>,
+    ) -> Result<Called, StoreError> {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
         let window = WindowCall::new(&self.prefix, key, limits);
         // Two tries: the second uses the minute Redis told us about in the first.
@@ -301,7 +529,9 @@ impl RedisStore {
                 TimeSource::Local => (now, Some(now)),
             };
             let minute = minute_of(estimate);
-            let call = window.command(cost, minute, caller_ms, |k, a, b| WINDOW.call(k, a, b));
+            let call = window.command(cost, minute, caller_ms, lease, |k, a, b| {
+                WINDOW.call(k, a, b)
+            });
             let call = &call;
             let reply: String = self
                 .on_connection(|mut conn| async move { WINDOW.run(&mut conn, call).await })
@@ -310,12 +540,23 @@ impl RedisStore {
                 Some(WindowReply::WrongMinute { redis_now_ms }) => {
                     self.offset.store(redis_now_ms - now, Ordering::Relaxed);
                 }
+                Some(WindowReply::GaveBack { redis_now_ms }) => {
+                    return Ok(Called {
+                        outcome: Outcome::new(false, false, &[]),
+                        grant: 0,
+                        redis_now_ms,
+                        resets_ms: [0; MAX_LIMITS],
+                    });
+                }
                 Some(WindowReply::Decided {
                     outcome,
+                    grant,
                     redis_now_ms,
                     micros,
                     retry_ms,
+                    resets_ms,
                 }) => {
+                    self.stats().decided_by_redis.inc();
                     if let Some(micros) = micros {
                         self.offset.store(redis_now_ms - now, Ordering::Relaxed);
                         self.blocked
@@ -326,9 +567,24 @@ impl RedisStore {
                         && !outcome.allowed
                         && retry_ms > 0
                     {
-                        self.blocked.remember(key, l, cost, redis_now_ms, retry_ms);
+                        // With leases, room may come back when one is given back: by the end
+                        // of the next bucket at the latest.
+                        let trust_ms = match self.leases {
+                            None => i64::MAX,
+                            Some(_) => {
+                                let at = u64::try_from(redis_now_ms).unwrap_or(0);
+                                i64::try_from(bucket_end_ms(limits, at)).unwrap_or(i64::MAX)
+                            }
+                        };
+                        self.blocked
+                            .remember(key, l, cost, redis_now_ms, retry_ms, trust_ms);
                     }
-                    return Ok(outcome);
+                    return Ok(Called {
+                        outcome,
+                        grant,
+                        redis_now_ms,
+                        resets_ms,
+                    });
                 }
                 None => {
                     return Err(StoreError::reply(format!(
@@ -455,8 +711,12 @@ impl CounterStore for RedisStore {
     /// request's).
     async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
         let pattern = api_key_pattern(&self.prefix, api_key);
-        // Remembered rejections would otherwise outlive the counts they came from.
+        // Remembered rejections would otherwise outlive the counts they came from, and leases
+        // given back later would take from counts made after the reset.
         self.blocked.forget(&CounterKey::api_key_prefix(api_key));
+        if let Some(l) = &self.leases {
+            l.forget(&CounterKey::api_key_prefix(api_key));
+        }
         let (mut cursor, mut gone) = (0u64, 0u64);
         loop {
             let mut scan = redis::cmd("SCAN");

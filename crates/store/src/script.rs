@@ -56,15 +56,16 @@ impl<'a> WindowCall<'a> {
         }
     }
 
-    /// The command that runs `window.lua` for one request of `cost`, with the caller's estimate
-    /// of the `minute` and, for [`crate::TimeSource::Local`], its own time (`now_ms`; `None`:
-    /// Redis' `TIME`). `evalsha(keys, args, bytes)` starts the command: the script's hash and
-    /// the number of keys, with room for `args` arguments of `bytes` bytes.
+    /// The command that runs `window.lua` for one request of `cost` (0: only give `lease` back),
+    /// with the caller's estimate of the `minute` and, for [`crate::TimeSource::Local`], its own
+    /// time (`now_ms`; `None`: Redis' `TIME`). `evalsha(keys, args, bytes)` starts the command:
+    /// the script's hash and the number of keys, with room for `args` arguments of `bytes` bytes.
     pub fn command(
         &self,
         cost: u64,
         minute: i64,
         now_ms: Option<i64>,
+        lease: Option<LeaseArgs>,
         evalsha: impl FnOnce(usize, usize, usize) -> redis::Cmd,
     ) -> redis::Cmd {
         let (prefix, key, limits) = (self.prefix, self.key, self.limits);
@@ -77,8 +78,8 @@ impl<'a> WindowCall<'a> {
         // Keys, 5 arguments, 3 per limit; numbers of at most 20 digits.
         let mut cmd = evalsha(
             keys,
-            keys + 5 + 3 * limits.len(),
-            key_bytes + 20 * (5 + 3 * limits.len()),
+            keys + 8 + 3 * limits.len(),
+            key_bytes + 20 * (8 + 3 * limits.len()),
         );
         if self.minute_window {
             cmd.arg(&minutes[..]);
@@ -92,8 +93,24 @@ impl<'a> WindowCall<'a> {
         for l in limits {
             cmd.arg(l.rl).arg(l.w).arg(u8::from(l.shadow));
         }
+        // Absent unless asked: the script's straight line is for calls without them.
+        if let Some(l) = lease {
+            cmd.arg(l.want).arg(l.give).arg(l.given_at_ms);
+        }
         cmd
     }
+}
+
+/// A call's lease part (`window.lua`'s "want" and give-back arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseArgs {
+    /// Extra units wanted beyond the request's cost (granted: at most half of each window's room
+    /// after the cost).
+    pub want: u64,
+    /// Unused units of an earlier lease to subtract first, from the bucket they were counted in:
+    /// the one of `given_at_ms` (the script's time when that lease was counted).
+    pub give: u64,
+    pub given_at_ms: i64,
 }
 
 /// What `window.lua` answered.
@@ -101,26 +118,35 @@ impl<'a> WindowCall<'a> {
 pub enum WindowReply {
     /// Now's minute was not among the keys: ask again with the minute of `redis_now_ms`.
     WrongMinute { redis_now_ms: i64 },
+    /// A give-back alone (cost 0) was done.
+    GaveBack { redis_now_ms: i64 },
     /// Decided and counted.
     Decided {
         outcome: Outcome,
+        /// Units counted beyond the cost as a lease (the quotas' `remaining` counts them as used).
+        grant: u64,
         /// The time the script decided at, Unix milliseconds.
         redis_now_ms: i64,
         /// The microseconds of Redis' `TIME`; `None` when the caller gave the time.
         micros: Option<i64>,
         /// For one refused limit: milliseconds until it passes (0 or less: not known).
         retry_ms: i64,
+        /// Each limit's reset in milliseconds (what the quotas round up to seconds).
+        resets_ms: [i64; MAX_LIMITS],
     },
 }
 
 impl WindowReply {
-    /// Reads the script's reply for `limits` (as sent): `"-1 now_ms"`, or `"allowed
-    /// shadow_limited now_ms usec"` then `"fits remaining reset_ms retry_ms"` per limit. `None` for
-    /// anything else.
+    /// Reads the script's reply for `limits` (as sent): `"-1 now_ms"`, `"2 now_ms"`, or
+    /// `"allowed shadow_limited now_ms usec grant"` then `"fits remaining reset_ms retry_ms"` per
+    /// limit. `None` for anything else.
     pub fn read(reply: &str, limits: &[Limit]) -> Option<WindowReply> {
-        let mut fields = [0i64; 4 + 4 * MAX_LIMITS];
+        let mut fields = [0i64; 5 + 4 * MAX_LIMITS];
         match integers(reply, &mut fields) {
             [-1, redis_now_ms] => Some(WindowReply::WrongMinute {
+                redis_now_ms: *redis_now_ms,
+            }),
+            [2, redis_now_ms] => Some(WindowReply::GaveBack {
                 redis_now_ms: *redis_now_ms,
             }),
             [
@@ -128,10 +154,15 @@ impl WindowReply {
                 shadow_limited,
                 redis_now_ms,
                 micros,
+                grant,
                 per_limit @ ..,
             ] if per_limit.len() == 4 * limits.len() => {
                 let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
                 let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+                let mut resets_ms = [0; MAX_LIMITS];
+                for (r, f) in resets_ms.iter_mut().zip(per_limit.chunks(4)) {
+                    *r = f[2].max(0);
+                }
                 for (q, (l, f)) in quotas
                     .iter_mut()
                     .zip(limits.iter().zip(per_limit.chunks(4)))
@@ -151,9 +182,11 @@ impl WindowReply {
                         *shadow_limited == 1,
                         &quotas[..limits.len()],
                     ),
+                    grant: u64::try_from(*grant).unwrap_or(0),
                     redis_now_ms: *redis_now_ms,
                     micros: (*micros >= 0).then_some(*micros),
                     retry_ms: if limits.len() == 1 { per_limit[3] } else { -1 },
+                    resets_ms,
                 })
             }
             _ => None,
@@ -314,7 +347,7 @@ mod tests {
             micros,
             retry_ms,
             ..
-        }) = WindowReply::read("0 0 1700000000123 123456 0 0 1500 1500", &limits)
+        }) = WindowReply::read("0 0 1700000000123 123456 0 0 0 1500 1500", &limits)
         else {
             panic!("not read");
         };
@@ -323,7 +356,7 @@ mod tests {
         assert_eq!((micros, retry_ms), (Some(123_456), 1500));
         // A reply for another number of limits is not this call's.
         assert_eq!(
-            WindowReply::read("1 0 1700000000123 -1 1 9 100 -1", &[limits[0]; 2]),
+            WindowReply::read("1 0 1700000000123 -1 0 1 9 100 -1", &[limits[0]; 2]),
             None
         );
     }

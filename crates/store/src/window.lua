@@ -41,11 +41,23 @@
 -- ARGV[3]     TTL of a minute hash, in seconds
 -- ARGV[4]     cost of the request (>= 1)
 -- ARGV[5]     k, the number of limits; then rl, w, shadow (0 or 1) for each
+-- ARGV[6+3k]  (optional, a lease) extra units wanted beyond the cost: "want"
+-- ARGV[7+3k]  units of a lease to give back first, and ARGV[8+3k] the time (Unix ms) the lease
+--             was counted at; a cost of 0 only gives back
 --
 -- Returns one string (the client decodes one value instead of many): "allowed shadow_limited
--- now_ms usec" (usec: microseconds of TIME, -1 when ARGV[2] gave the time), then per limit
--- "fits remaining reset_ms retry_ms" (retry_ms -1 when none); or "-1 now_ms" when now's minute is
--- not among KEYS: the caller then retries with the minute it learned.
+-- now_ms usec grant" (usec: microseconds of TIME, -1 when ARGV[2] gave the time; grant: the extra
+-- units counted as a lease), then per limit "fits remaining reset_ms retry_ms" (retry_ms -1 when
+-- none; remaining counts the lease as used); "-1 now_ms" when now's minute is not among KEYS (the
+-- caller then retries with the minute it learned, nothing was written); "2 now_ms" after a give-back
+-- alone.
+--
+-- Leases (docs/stores.md): the request's cost plus up to `want` units, at most half the room each
+-- window has left after the cost, are counted at now's bucket, and the caller admits the extra
+-- units itself until that bucket ends. It then gives back what it did not use: subtracted from
+-- the bucket it was counted in (never below what that bucket holds), and from the window's sum
+-- while that bucket is still in the window. No lease is granted when a window's clock is ahead of
+-- now (its count would land in a later bucket than the caller expects) or a shadow limit lacks room.
 --
 -- The file reads top to bottom as its two paths: (1) one enforced 60 s limit, the common cases in
 -- one straight line, returning when it decides; (2) every other case, each limit's state read by a
@@ -99,7 +111,7 @@ end
 -- count to be searched, a block that ended) falls through, having written nothing, to the general
 -- path, which reads again and gives the same answer (the store behaviour suite and its random walks
 -- run both).
-if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
+if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' and #ARGV == 8 then
   local t = (now_ms - now_ms % 1000) / 1000
   local minute = (t - t % 60) / 60
   local idx = minute - m + 3
@@ -120,7 +132,7 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
     elseif c and c <= t and b and t < b and tonumber(st[5]) == rl - cost then
       -- Refused until second b for this room (limit - cost): nothing to read or count.
       local retry = b * 1000 - now_ms
-      return fmt('0 0 %d %d 0 0 %d %d', now_ms, usec, retry, retry)
+      return fmt('0 0 %d %d 0 0 0 %d %d', now_ms, usec, retry, retry)
     elseif not c then
       -- The first call of this minute: the window is what the previous minute's hash holds after
       -- second t-60. When that hash was last counted in at second pc, within the last 30 seconds,
@@ -156,7 +168,7 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' then
       else
         call('HSET', cur, sec, here, 'w', w, 'c', t, 'o', o)
       end
-      return fmt('1 0 %d %d 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
+      return fmt('1 0 %d %d 0 1 %d %d -1', now_ms, usec, rl - w, (o + 60) * 1000 - now_ms)
     end
   end
 end
@@ -176,6 +188,8 @@ for i = 1, k do
   if l.w == 60 then has60 = true end
   limits[i] = l
 end
+local want = tonumber(ARGV[6 + 3 * k]) or 0
+local give, given_at = tonumber(ARGV[7 + 3 * k]) or 0, tonumber(ARGV[8 + 3 * k]) or 0
 
 -- Integer division of non-negative integers, exact in doubles below 2^53.
 local function div(a, b)
@@ -348,18 +362,19 @@ local function dyn_check(l)
   l.reset = o >= 0 and (o + 60) * 1000 - nowx or 0
   -- o0: the oldest count as the hash has it, so that only a changed one is written.
   return {cur = cur, sec = sec, here = here, t = t, c = c, b = b, w = w, o = o, o0 = o0,
-    nowx = nowx}
+    nowx = nowx, behind = t * 1000 > now_ms}
 end
 
--- Counts the request in the 60 s window whose state dyn_check returned (d), with one write: the
--- count of second t (read above) and the state fields that changed.
-local function dyn_count(l, d)
+-- Counts the request's `units` (its cost and any lease) in the 60 s window whose state dyn_check
+-- returned (d), with one write: the count of second t (read above) and the state fields that
+-- changed.
+local function dyn_count(l, d, units)
   local t, o = d.t, d.o
-  local w = d.w + cost
+  local w = d.w + units
   if o < 0 then
     o = t
   end
-  local args = {d.cur, d.sec, d.here + cost, 'w', w}
+  local args = {d.cur, d.sec, d.here + units, 'w', w}
   if d.c ~= t then
     args[#args + 1] = 'c'
     args[#args + 1] = t
@@ -469,7 +484,7 @@ local function gen_check(l, key)
   end
   local nowx = math.max(now_ms, start(t))
   local g = {key = key, t = t, s = s, o = o, o0 = o0, e = e, n = n, slot = slot, here = here,
-    clear = clear, start = start, nowx = nowx, moved = moved}
+    clear = clear, start = start, nowx = nowx, moved = moved, behind = start(t) > now_ms}
   if s + cost > l.rl then
     local left, at, b, batch = s, t, o, 1
     while b <= t do
@@ -494,9 +509,9 @@ local function gen_check(l, key)
   return g
 end
 
--- Writes what gen_check found (g) back to the window's hash: the request's count when `counted`,
--- and the moved window either way.
-local function gen_write(l, g, counted)
+-- Writes what gen_check found (g) back to the window's hash: the request's `units` when
+-- `counted`, and the moved window either way.
+local function gen_write(l, g, counted, units)
   -- Anything counted leaves the window within w seconds; the margin covers clocks that differ.
   -- Set once per n buckets (about w seconds): counts written before the next refresh are at most
   -- w old when it comes due, and the TTL left then is still more than w.
@@ -504,7 +519,7 @@ local function gen_write(l, g, counted)
   local args = {g.key}
   if counted then
     local o = g.o >= 0 and g.o or g.t
-    args[2], args[3], args[4], args[5] = g.slot, g.here + cost, 's', g.s + cost
+    args[2], args[3], args[4], args[5] = g.slot, g.here + units, 's', g.s + units
     if g.moved then
       args[#args + 1] = 'c'
       args[#args + 1] = g.t
@@ -513,7 +528,7 @@ local function gen_write(l, g, counted)
       args[#args + 1] = 'o'
       args[#args + 1] = o
     end
-    l.remaining = l.rl - g.s - cost
+    l.remaining = l.rl - g.s - units
     l.reset = g.start(o + g.n) - g.nowx
   elseif g.moved then
     args[2], args[3], args[4], args[5], args[6], args[7] = 'c', g.t, 's', g.s, 'o', g.o
@@ -531,6 +546,116 @@ local function gen_write(l, g, counted)
   if refresh then
     call('EXPIRE', g.key, 2 * l.w + 60)
   end
+end
+
+-- Giving a lease back. ----------------------------------------------------------------------------
+
+-- The first second in s+1 .. c holding a count in the 60 s window (minute hashes from KEYS[i],
+-- s's), or c.
+local function dyn_next(s, c, i)
+  local x, base = s + 1, div(s, 60)
+  while x <= c do
+    local hm = div(x, 60)
+    local last = math.min(c, hm * 60 + 59)
+    local names = {}
+    for q = x, last do names[#names + 1] = q - hm * 60 end
+    for j, v in ipairs(call('HMGET', KEYS[i + hm - base], unpack(names))) do
+      if (tonumber(v) or 0) > 0 then return x + j - 1 end
+    end
+    x = last + 1
+  end
+  return c
+end
+
+-- Takes g units back from second s of the 60 s window, if s is still in it.
+local function dyn_give(s, g)
+  local i = div(s, 60) - m + 3 -- KEYS index of s's minute hash
+  if i < 2 or i > 3 then
+    return -- s's minute is more than a minute ago: s has left the window
+  end
+  local key, field = KEYS[i], fmt('%d', s - div(s, 60) * 60)
+  -- The window's state is in the next minute's hash once that one has been counted in.
+  local skey = KEYS[i + 1]
+  local st = call('HMGET', skey, 'c', 'w', 'o')
+  if not tonumber(st[1]) then
+    skey = key
+    st = call('HMGET', key, 'c', 'w', 'o')
+  end
+  local c, w, o = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if not c or not w or s > c or s < c - 59 then
+    return
+  end
+  local v = tonumber(call('HGET', key, field)) or 0
+  local d = math.min(v, g)
+  if d <= 0 then
+    return
+  end
+  call('HSET', key, field, v - d)
+  w = w - d
+  if w <= 0 then
+    w, o = 0, -1
+  elseif o == s and v == d then
+    o = dyn_next(s, c, i)
+  end
+  -- A remembered refusal may no longer hold: room came back.
+  call('HSET', skey, 'w', w, 'o', o, 'b', '0')
+end
+
+-- Takes g units back from the bucket of time at_ms of limit l's window (hash `key`), if that
+-- bucket is still in it.
+local function gen_give(l, key, at_ms, g)
+  local n = l.w >= 60 and 60 or 10 * l.w
+  local bs = div(at_ms * n, 1000 * l.w)
+  local slot = fmt('%d', bs % n)
+  local st = call('HMGET', key, 'c', 's', 'o', slot)
+  local c, s, o, v = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4]) or 0
+  if not c or not s or bs > c or bs <= c - n then
+    return
+  end
+  local d = math.min(v, g)
+  if d <= 0 then
+    return
+  end
+  if v == d then
+    call('HDEL', key, slot)
+  else
+    call('HSET', key, slot, v - d)
+  end
+  s = s - d
+  if s <= 0 then
+    s, o = 0, -1
+  elseif o == bs and v == d then
+    o = c
+    for b = bs + 1, c do
+      if (tonumber(call('HGET', key, fmt('%d', b % n))) or 0) > 0 then
+        o = b
+        break
+      end
+    end
+  end
+  call('HSET', key, 's', s, 'o', o)
+end
+
+if give > 0 then
+  if has60 then
+    local idx = div(div(now_ms, 1000), 60) - m + 3
+    if idx < 2 or idx > 4 then
+      return fmt('%d %d', -1, now_ms) -- nothing written yet
+    end
+  end
+  -- In every window the lease was counted in: the caller sends the limits it was taken with.
+  local next_key = has60 and 5 or 1
+  for _, l in ipairs(limits) do
+    if l.w == 60 then
+      dyn_give(div(given_at, 1000), give)
+    else
+      gen_give(l, KEYS[next_key], given_at, give)
+      next_key = next_key + 1
+    end
+  end
+end
+if cost == 0 then
+  return fmt('2 %d', now_ms)
 end
 
 -- Decide, then count. ----------------------------------------------------------------------------
@@ -563,18 +688,32 @@ for i, l in ipairs(limits) do
   end
 end
 
+-- A lease: at most half of the room every window (shadow ones too) has after the cost, so that
+-- near a limit leases shrink to none and decisions go back to one call each.
+local grant = 0
+if want > 0 and enforced_ok and shadow_ok then
+  grant = want
+  for i, l in ipairs(limits) do
+    if l.never or state[i].behind then
+      grant = 0
+    else
+      grant = math.min(grant, div(l.remaining - cost, 2))
+    end
+  end
+  grant = math.max(grant, 0)
+end
 for i, l in ipairs(limits) do
   local counted = enforced_ok and (shadow_ok or not l.shadow) and l.fits
   if l.never then
     -- nothing to write
   elseif l.w == 60 then
-    if counted then dyn_count(l, state[i]) end
+    if counted then dyn_count(l, state[i], cost + grant) end
   else
-    gen_write(l, state[i], counted)
+    gen_write(l, state[i], counted, cost + grant)
   end
 end
-local head = fmt('%d %d %d %d', enforced_ok and 1 or 0, (enforced_ok and not shadow_ok) and 1 or 0,
-  now_ms, usec)
+local head = fmt('%d %d %d %d %d', enforced_ok and 1 or 0, (enforced_ok and not shadow_ok) and 1 or 0,
+  now_ms, usec, grant)
 if k == 1 then
   local l = limits[1]
   return fmt('%s %d %d %d %d', head, l.fits and 1 or 0, l.remaining, l.reset, l.retry)
