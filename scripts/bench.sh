@@ -10,7 +10,7 @@
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing, builds the release binary,
 # starts the example upstream and a private redis-server, then loads every row with
-# `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, or one key far over its limit). For each row it
+# `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, one hot key, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
 # requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
 # the upstream; HAProxy: 1 thread). Two rows each for nginx and quotagate balance over two upstream
@@ -44,11 +44,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A catalog with 1000 keys far under their limits, and one key ("hog") with a limit of 10 per minute.
+# A catalog with 1000 keys far under their limits, one key ("hog") with a limit of 10 per minute and
+# one ("hot") far under its limit.
 python3 - "$WORK/catalog.json" <<'PY'
 import json, sys
 keys = [{"key": f"key-{i:04d}", "limits": [{"ep": 0, "rl": 1_000_000_000}]} for i in range(1000)]
 keys.append({"key": "hog", "limits": [{"ep": 0, "rl": 10}]})
+keys.append({"key": "hot", "limits": [{"ep": 0, "rl": 1_000_000_000}]})
 json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
            "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
@@ -81,15 +83,24 @@ measure() {
   local name=$1 port=$2 pids=$3; shift 3
   local before rbefore out after rafter
   # shellcheck disable=SC2086
-  before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID")
+  local cbefore cafter
+  before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls)
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/users/1")
   # shellcheck disable=SC2086
-  after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID")
-  RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" <<<"$out")")
+  after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls)
+  RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" "$((cafter - cbefore))" <<<"$out")")
+}
+
+# script_calls: EVALSHA commands Redis has run (the gateways' only command per decision; the
+# scripts' own inner commands are not counted).
+script_calls() {
+  redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
+    awk -F'[:=,]' '$1 == "cmdstat_evalsha" {print $3; found=1} END {if (!found) print 0}'
 }
 
 MANY=(-s "$WORK/many-keys.lua")
 HOG=(-H "X-Api-Key: hog")
+HOT=(-H "X-Api-Key: hot")
 
 # gateway NAME WRK_ARGS_NAME ARGS...: starts quotagate with ARGS, measures it, stops it.
 # start_gateway ARGS...: starts quotagate with ARGS in front of the upstream; sets GW_PID, GW_PORT.
@@ -172,6 +183,10 @@ for ROUND in $(seq "$ROUNDS"); do
   gateway "quotagate, memory store, 1 worker, 2 targets least requests" MANY --set server.workers=1 \
     --set "upstream.url=$TWO"
   gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
+  gateway "quotagate, Redis store, 1000 keys under limit, leases off" MANY "${REDIS[@]}" --set store.lease=off
+  gateway "quotagate, memory store, one hot key under limit" HOT
+  gateway "quotagate, Redis store, one hot key under limit" HOT "${REDIS[@]}"
+  gateway "quotagate, Redis store, one hot key under limit, leases off" HOT "${REDIS[@]}" --set store.lease=off
   gateway "quotagate, memory store, one key over its limit" HOG
   gateway "quotagate, Redis store, one key over its limit" HOG "${REDIS[@]}"
 done

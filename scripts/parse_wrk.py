@@ -1,13 +1,15 @@
 """Reads `wrk --latency` output on stdin; prints one result line for scripts/bench_table.py.
 
-argv: NAME CPU_TICKS_OF_THE_PROCESS REDIS_CPU_TICKS TICKS_PER_SECOND
-Output: name|requests/s|CPU us per request|p50 ms|p99 ms|share answered non-2xx|Redis CPU us per request
+argv: NAME CPU_TICKS_OF_THE_PROCESS REDIS_CPU_TICKS TICKS_PER_SECOND [REDIS_SCRIPT_CALLS]
+Output: name|requests/s|CPU us per request|p50 ms|p99 ms|share answered non-2xx|Redis CPU us per request|
+script calls per 1000 requests
 """
 import re
 import sys
 
 out = sys.stdin.read()
 name, ticks, redis_ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+calls = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 
 
 def pct(p):
@@ -25,4 +27,5 @@ if errors:
     name += f" (socket errors: {errors.group(1)})"
 us = ticks / hz * 1e6 / max(total, 1)
 redis_us = redis_ticks / hz * 1e6 / max(total, 1)
-print(f"{name}|{rps:.0f}|{us:.2f}|{pct(50):.2f}|{pct(99):.2f}|{rejected / max(total, 1):.4f}|{redis_us:.2f}")
+per_1000 = calls * 1000 / max(total, 1)
+print(f"{name}|{rps:.0f}|{us:.2f}|{pct(50):.2f}|{pct(99):.2f}|{rejected / max(total, 1):.4f}|{redis_us:.2f}|{per_1000:.2f}")

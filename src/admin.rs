@@ -274,6 +274,26 @@ impl Admin {
             "degraded": self.store.is_degraded(),
             "errors": self.store.errors.get(),
         });
+        if let Some(s) = self.store.stats() {
+            let (lease, block, redis) = (
+                s.decided_by_lease.get(),
+                s.decided_by_block.get(),
+                s.decided_by_redis.get(),
+            );
+            let all = lease + block + redis;
+            out["store"]["decisions"] = serde_json::json!({
+                "lease": lease,
+                "block": block,
+                "redis": redis,
+                "local_share": if all == 0 { 0.0 } else { (lease + block) as f64 / all as f64 },
+            });
+            out["store"]["leases"] = serde_json::json!({
+                "taken": s.leases.get(),
+                "units_leased": s.units_leased.get(),
+                "units_used": s.units_used.get(),
+                "units_given_back": s.units_given_back.get(),
+            });
+        }
         out["catalog"] = match &self.catalog {
             None => serde_json::Value::Null,
             Some(live) => {

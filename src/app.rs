@@ -103,6 +103,9 @@ impl App {
             })?,
         );
         let mut metrics = Metrics::new(store.errors.clone(), settings.gateway.is_some());
+        if let Some(stats) = store.stats() {
+            metrics.register_store(stats);
+        }
         let divvy = match &settings.divvy {
             None => None,
             Some(d) => {

@@ -253,6 +253,39 @@ impl Metrics {
         });
     }
 
+    /// Registers what the Redis store counts: decisions by where they were taken, and leases.
+    pub fn register_store(&mut self, stats: &quotagate_store::StoreStats) {
+        let r = &mut self.registry;
+        for (by, c) in [
+            ("lease", &stats.decided_by_lease),
+            ("block", &stats.decided_by_block),
+            ("redis", &stats.decided_by_redis),
+        ] {
+            r.sub_registry_with_label(("by".into(), by.into())).register(
+                "quotagate_store_decisions",
+                "Sliding-window decisions on Redis by where they were taken: from a lease or a remembered refusal (in memory), or by a script call",
+                c.clone(),
+            );
+        }
+        r.register(
+            "quotagate_store_leases",
+            "Leases granted by Redis",
+            stats.leases.clone(),
+        );
+        for (kind, c) in [
+            ("leased", &stats.units_leased),
+            ("used", &stats.units_used),
+            ("given_back", &stats.units_given_back),
+        ] {
+            r.sub_registry_with_label(("kind".into(), kind.into()))
+                .register(
+                    "quotagate_store_lease_units",
+                    "Units of leases: granted, admitted here, given back unused",
+                    c.clone(),
+                );
+        }
+    }
+
     /// Adds metrics registered elsewhere (the Divvy port's).
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry

@@ -885,3 +885,255 @@ async fn demo_story(redis: &str) {
         1.0
     );
 }
+
+// ---- leases across instances ----
+
+/// Unix time now, in microseconds.
+fn unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// A gateway process on a shared Redis with leases on (the default) and Redis' clock.
+fn leased_gateway(redis: &str, upstream: &str, catalog: &str) -> (Running, u16, u16) {
+    let (port, admin) = (free_port(), free_port());
+    let q = Running::start(&[
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--upstream",
+        upstream,
+        "--catalog",
+        catalog,
+        "--set",
+        "store.kind=redis",
+        "--set",
+        &format!("store.redis_url={redis}"),
+        "--set",
+        &format!("admin.listen=127.0.0.1:{admin}"),
+        "--set",
+        "limits.cost_header=X-Cost",
+        "--set",
+        "server.workers=1",
+    ]);
+    q.wait_for("quotagate listening");
+    (q, port, admin)
+}
+
+/// `tasks` clients, each sending a request every `every` to `port` until `until` (Unix µs), with
+/// the time it was sent in `X-Sent-Us` and a cost of 1 + (n mod `costs`). A gateway that is gone
+/// (killed) is tried again every 10 ms.
+async fn load(port: u16, tasks: usize, every: Duration, until: i64, costs: u64) {
+    let mut all = Vec::new();
+    for t in 0..tasks {
+        all.push(tokio::spawn(async move {
+            let client = support::http1_client();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = t as u64;
+            while unix_us() < until {
+                tick.tick().await;
+                n += 1;
+                let req = hyper::Request::get(format!("http://127.0.0.1:{port}/hot"))
+                    .header("X-Api-Key", "k")
+                    .header("X-Cost", (1 + n % costs).to_string())
+                    .header("X-Sent-Us", unix_us().to_string())
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                match client.request(req).await {
+                    Ok(r) => {
+                        let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }));
+    }
+    for t in all {
+        t.await.unwrap();
+    }
+}
+
+/// Admitted units by when they were admitted: each between its `X-Sent-Us` and its arrival at
+/// the upstream (both Unix µs).
+struct Admitted(Vec<(i64, i64, u64)>);
+
+impl Admitted {
+    fn of(up: &support::Upstream) -> Admitted {
+        Admitted(
+            up.requests()
+                .iter()
+                .map(|s| {
+                    let num = |h: &str| s.headers[h].to_str().unwrap().parse::<i64>().unwrap();
+                    let at =
+                        s.at.duration_since(std::time::UNIX_EPOCH)
+                            .unwrap()
+                            .as_micros();
+                    (num("x-sent-us"), at as i64, num("x-cost") as u64)
+                })
+                .collect(),
+        )
+    }
+
+    /// Units certainly admitted within [from, to) (µs): sent and arrived inside it. A lower
+    /// bound of what the gateways admitted there, short by at most the requests in flight at
+    /// either edge.
+    fn within(&self, from: i64, to: i64) -> u64 {
+        self.0
+            .iter()
+            .filter(|(lo, hi, _)| *lo >= from && *hi < to)
+            .map(|(_, _, u)| u)
+            .sum()
+    }
+
+    /// Checks every window of `w_ms` starting on a bucket boundary (`bucket_ms`) from the first
+    /// admission to the end of the load (`end`, µs): never over `limit`; and at least 90% of it
+    /// in every full window after the first, except those touching `except` (µs). Requests in
+    /// flight at a window's edge may have been admitted on either side of it: the first check
+    /// counts only those certainly inside, the second every one that may be (so neither can fail
+    /// for want of precision; a lease admitting too much or too little moves tens of units).
+    fn check(
+        &self,
+        what: &str,
+        w_ms: i64,
+        bucket_ms: i64,
+        limit: u64,
+        end: i64,
+        except: Option<(i64, i64)>,
+    ) {
+        let first = self
+            .0
+            .iter()
+            .map(|a| a.0)
+            .min()
+            .expect("something admitted");
+        let mut s = first / 1000 / bucket_ms * bucket_ms;
+        let mut full = 0;
+        while (s + w_ms) * 1000 <= end + w_ms * 1000 {
+            let (from, to) = (s * 1000, (s + w_ms) * 1000);
+            let units = self.within(from, to);
+            assert!(
+                units <= limit,
+                "{what}: {units} units admitted in [{s} ms, +{w_ms} ms), limit {limit}"
+            );
+            let spared = except.is_some_and(|(a, b)| from < b && to > a);
+            if from >= first + w_ms * 1000 && to <= end && !spared {
+                full += 1;
+                let maybe: u64 = self
+                    .0
+                    .iter()
+                    .filter(|(lo, hi, _)| *hi >= from && *lo < to)
+                    .map(|(_, _, u)| u)
+                    .sum();
+                assert!(
+                    maybe * 10 >= limit * 9,
+                    "{what}: only {units} to {maybe} units in the full window [{s} ms, +{w_ms} ms), limit {limit}; first admission {first} µs, except {except:?}"
+                );
+            }
+            s += bucket_ms;
+        }
+        assert!(full > 0, "{what}: no full window checked");
+    }
+}
+
+/// Three gateways on one Redis, each sent about three times its share of a limit for longer than
+/// two windows: no window ever holds more than the limit, every full window after the first at
+/// least 90% of it, and most decisions are taken from leases in the gateways' memory. Run twice
+/// at once: a minute window (one-second buckets) with cost 1; and a 2 s and a 10 s window
+/// (100 ms buckets) with costs 1-3, one gateway killed with -9 halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_redis_never_admit_more_than_the_limit() {
+    let redis = support::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = |name: &str, limits: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"version": {{"semver": "v1", "hash": "{name}"}}, "methods": ["GET"],
+                "paths": ["/hot"], "endpoints": [{{"p": 0, "m": 0}}],
+                "apilimits": [{{"key": "k", "limits": [{limits}]}}]}}"#
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let minute = catalog("minute.json", r#"{"ep": 0, "rl": 6000}"#);
+    // Both bind: 400 per 2 s is 2000 per 10 s.
+    let short = catalog(
+        "short.json",
+        r#"{"ep": 0, "rl": 400, "w": 2}, {"ep": 0, "rl": 2000, "w": 10}"#,
+    );
+    let (up_minute, up_short) = (
+        support::Upstream::start().await,
+        support::Upstream::start().await,
+    );
+    let gateways = |cat: &str, up: &support::Upstream| -> Vec<(Running, u16, u16)> {
+        (0..3)
+            .map(|_| leased_gateway(&redis.url(), &up.url(), cat))
+            .collect()
+    };
+    let minute_fleet = gateways(&minute, &up_minute);
+    let short_fleet = gateways(&short, &up_short);
+
+    // A minute window: 6000 a minute, about 18000 a minute sent (100/s to each), 130 s.
+    let start = unix_us();
+    let minute_end = start + 130_000_000;
+    let minute_load = futures_util::future::join_all(
+        minute_fleet
+            .iter()
+            .map(|g| load(g.1, 4, Duration::from_millis(40), minute_end, 1)),
+    );
+    // 2 s and 10 s windows, costs 1-3 (2 on average): 400 units per 2 s (2000 per 10 s), about
+    // 1200 per 2 s sent; one gateway killed after 15 s of 45.
+    let short_end = start + 45_000_000;
+    let short_load = futures_util::future::join_all(
+        short_fleet
+            .iter()
+            .map(|g| load(g.1, 4, Duration::from_millis(40), short_end, 3)),
+    );
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let at = unix_us();
+        short_fleet[0].0.signal("-KILL");
+        at
+    };
+    let (_, _, killed_at) = tokio::join!(minute_load, short_load, kill);
+
+    Admitted::of(&up_minute).check("60 s window", 60_000, 1_000, 6000, minute_end, None);
+    let short_admitted = Admitted::of(&up_short);
+    // The killed gateway's leases are lost until they leave the window: the longest window's
+    // length after it, for both (a request must fit both).
+    for (w_ms, limit) in [(2_000, 400), (10_000, 2000)] {
+        let except = Some((killed_at - w_ms * 1000, killed_at + 10_000_000));
+        short_admitted.check(
+            &format!("{w_ms} ms window"),
+            w_ms,
+            100,
+            limit,
+            short_end,
+            except,
+        );
+    }
+    // Most decisions in memory: the share of requests the gateways decided from leases.
+    let mut by = std::collections::HashMap::<String, f64>::new();
+    for g in &minute_fleet {
+        for (k, v) in support::scrape(format!("127.0.0.1:{}", g.2).parse().unwrap()).await {
+            *by.entry(k).or_default() += v;
+        }
+    }
+    let lease = by["quotagate_store_decisions_total{by=\"lease\"}"];
+    let redis_calls = by["quotagate_store_decisions_total{by=\"redis\"}"];
+    assert!(
+        lease > redis_calls,
+        "{lease} from leases, {redis_calls} by Redis"
+    );
+    for (mut g, _, _) in minute_fleet
+        .into_iter()
+        .chain(short_fleet.into_iter().skip(1))
+    {
+        g.signal("-TERM");
+        assert!(g.wait_exit().success());
+    }
+}

@@ -236,6 +236,8 @@ pub struct Seen {
     pub version: http::Version,
     pub headers: HeaderMap,
     pub body_len: usize,
+    /// When its head arrived.
+    pub at: std::time::SystemTime,
 }
 
 type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
@@ -320,6 +322,7 @@ impl Drop for Upstream {
 }
 
 async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response<UpBody> {
+    let at = std::time::SystemTime::now();
     let (parts, body) = req.into_parts();
     let body_len = body
         .collect()
@@ -337,6 +340,7 @@ async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> 
         version: parts.version,
         headers: parts.headers.clone(),
         body_len,
+        at,
     });
     let full = |status: u16, body: &str| {
         let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(
