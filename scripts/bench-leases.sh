@@ -41,11 +41,6 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --d
 REDIS_PID=$!
 wait_port "$UP_PORT"; wait_port "$REDIS_PORT"
 
-script_calls() {
-  redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
-    awk -F'[:=,]' '$1 == "cmdstat_evalsha" {print $3; found=1} END {if (!found) print 0}'
-}
-
 ROWS=()
 # run NAME KEY ARGS...: three instances with ARGS, QPS each on KEY for DURATION seconds.
 run() {
@@ -67,14 +62,14 @@ run() {
   wait_jobs
   local before rbefore cbefore after rafter cafter
   # shellcheck disable=SC2086
-  before=$(cpu_ticks ${gws[*]}); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls)
+  before=$(cpu_ticks ${gws[*]}); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls "$REDIS_PORT")
   for i in 0 1 2; do
     "$OHA" --no-tui -q "$QPS" -z "${DURATION}s" -c 16 --output-format json -H "X-Api-Key: $key" \
       "http://127.0.0.1:${ports[$i]}/users/1" >"$WORK/oha-$i.json" &
   done
   wait_jobs
   # shellcheck disable=SC2086
-  after=$(cpu_ticks ${gws[*]}); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls)
+  after=$(cpu_ticks ${gws[*]}); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls "$REDIS_PORT")
   for p in "${gws[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
   ROWS+=("$(python3 - "$name" "$((after - before))" "$((rafter - rbefore))" "$((cafter - cbefore))" "$TICKS_PER_S" "$WORK"/oha-*.json <<'PY'
 import json, sys

@@ -26,6 +26,13 @@ cpu_ticks() {
   echo "$total"
 }
 
+# script_calls PORT: EVALSHA commands the redis-server on PORT has run (the gateways' only command
+# per decision; the scripts' own inner commands, listed apart by INFO commandstats, not counted).
+script_calls() {
+  redis-cli -p "$1" info commandstats | tr -d '\r' |
+    awk -F'[:=,]' '$1 == "cmdstat_evalsha" {print $3; found=1} END {if (!found) print 0}'
+}
+
 # rss_kib PID: resident memory in KiB.
 rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 

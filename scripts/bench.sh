@@ -84,18 +84,11 @@ measure() {
   local before rbefore out after rafter
   # shellcheck disable=SC2086
   local cbefore cafter
-  before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls)
+  before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls "$REDIS_PORT")
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/users/1")
   # shellcheck disable=SC2086
-  after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls)
+  after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls "$REDIS_PORT")
   RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" "$((cafter - cbefore))" <<<"$out")")
-}
-
-# script_calls: EVALSHA commands Redis has run (the gateways' only command per decision; the
-# scripts' own inner commands are not counted).
-script_calls() {
-  redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
-    awk -F'[:=,]' '$1 == "cmdstat_evalsha" {print $3; found=1} END {if (!found) print 0}'
 }
 
 MANY=(-s "$WORK/many-keys.lua")

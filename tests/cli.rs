@@ -1041,7 +1041,7 @@ impl Admitted {
 /// two windows: no window ever holds more than the limit, every full window after the first at
 /// least 90% of it, and most decisions are taken from leases in the gateways' memory. Run twice
 /// at once: a minute window (one-second buckets) with cost 1; and a 2 s and a 10 s window
-/// (100 ms buckets) with costs 1-3, one gateway killed with -9 halfway.
+/// (100 ms buckets) with costs 1-3 for 45 s, one gateway killed with -9 after 15 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_redis_never_admit_more_than_the_limit() {
     let redis = support::RedisServer::start();

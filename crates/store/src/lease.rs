@@ -136,6 +136,9 @@ struct Entry {
     used: u64,
     prev_used: u64,
     lease: Option<Box<Lease>>,
+    /// The epoch in which Redis granted no lease (the counter is near its limit): no more are
+    /// asked for in it, so its calls keep the script's cheaper path for plain decisions.
+    dry: Option<i64>,
     /// Set while a call that asked for a lease is out: the counter's other requests wait for it
     /// rather than each calling Redis. Dropped when it returns, which wakes them.
     fetching: Option<watch::Sender<()>>,
@@ -259,7 +262,7 @@ impl Leases {
             return Plan::Wait(f.subscribe());
         }
         let rate = e.prev_used.max(e.used + cost);
-        let want = if rate >= BUSY_UNITS {
+        let want = if rate >= BUSY_UNITS && e.dry != Some(epoch) {
             rate.min(self.max_units)
         } else {
             0
@@ -313,6 +316,9 @@ impl Leases {
         let e = shard.get_mut(key)?;
         if fetching {
             e.fetching = None;
+            if granted.is_none() && outcome.is_some() {
+                e.dry = Some(e.epoch);
+            }
         }
         if outcome.is_some_and(|o| o.allowed) {
             e.used += cost;
@@ -544,6 +550,27 @@ mod tests {
     }
 
     #[test]
+    fn near_its_limit_a_counter_stops_asking_until_the_next_bucket() {
+        let l = Leases::new(1000, StoreStats::default());
+        let (k, limits) = (key(), [lim(100, 60)]);
+        for _ in 0..3 {
+            plain(&l, &k, &limits, 0);
+        }
+        // Busy: asks, and Redis grants nothing (no room for a lease).
+        let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 10));
+        assert!(args.is_some() && fetching);
+        l.settle(&k, &limits, 1, true, Some(&allowed(1)), None);
+        let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 20));
+        assert!(
+            args.is_none() && !fetching,
+            "plain calls for the rest of the bucket"
+        );
+        l.settle(&k, &limits, 1, false, Some(&allowed(0)), None);
+        let (args, _, _) = ask(l.plan(&k, &limits, 1, 1_000_000));
+        assert!(args.is_some(), "asks again in the next bucket");
+    }
+
+    #[test]
     fn a_new_catalog_gives_the_old_lease_back_apart_and_leases_are_capped() {
         let l = Leases::new(5, StoreStats::default());
         let k = key();
@@ -551,7 +578,7 @@ mod tests {
         for _ in 0..10 {
             plain(&l, &k, &old, 0);
         }
-        let (args, _, _) = ask(l.plan(&k, &old, 1, 1));
+        let (args, _, _) = ask(l.plan(&k, &old, 1, 1_000_000));
         assert_eq!(args.unwrap().want, 5, "capped");
         l.settle(
             &k,
@@ -559,10 +586,10 @@ mod tests {
             1,
             true,
             Some(&allowed(80)),
-            Some(granted(5, 0, 900_000)),
+            Some(granted(5, 1_000, 1_900_000)),
         );
         let new = [lim(50, 60)];
-        let (args, give_apart, _) = ask(l.plan(&k, &new, 1, 2));
+        let (args, give_apart, _) = ask(l.plan(&k, &new, 1, 1_000_002));
         assert_eq!(args.unwrap().give, 0);
         let g = give_apart.unwrap();
         assert_eq!((g.limits.as_slice(), g.units), (&old[..], 5));
@@ -576,7 +603,7 @@ mod tests {
         for _ in 0..5 {
             plain(&l, &k, &limits, 0);
         }
-        ask(l.plan(&k, &limits, 1, 1));
+        ask(l.plan(&k, &limits, 1, 1_000_000));
         let id = l
             .settle(
                 &k,
