@@ -53,21 +53,24 @@ run() {
       --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>>"$WORK/gw.log" & gws+=($!)
     ports+=("$port")
   done
+  PIDS+=("${gws[@]}")
   for i in 0 1 2; do wait_port "${ports[$i]}"; done
   # One second at the rate first, not counted: connections open, and every instance's counter
   # has a rate.
+  local loads=()
   for i in 0 1 2; do
-    "$OHA" --no-tui -q "$QPS" -z 1s -c 16 -H "X-Api-Key: $key" "http://127.0.0.1:${ports[$i]}/users/1" >/dev/null &
+    "$OHA" --no-tui -q "$QPS" -z 1s -c 16 -H "X-Api-Key: $key" "http://127.0.0.1:${ports[$i]}/users/1" >/dev/null & loads+=($!)
   done
-  wait_jobs
+  wait "${loads[@]}" || true
   local before rbefore cbefore after rafter cafter
   # shellcheck disable=SC2086
   before=$(cpu_ticks ${gws[*]}); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls "$REDIS_PORT")
+  loads=()
   for i in 0 1 2; do
     "$OHA" --no-tui -q "$QPS" -z "${DURATION}s" -c 16 --output-format json -H "X-Api-Key: $key" \
-      "http://127.0.0.1:${ports[$i]}/users/1" >"$WORK/oha-$i.json" &
+      "http://127.0.0.1:${ports[$i]}/users/1" >"$WORK/oha-$i.json" & loads+=($!)
   done
-  wait_jobs
+  wait "${loads[@]}" || true
   # shellcheck disable=SC2086
   after=$(cpu_ticks ${gws[*]}); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls "$REDIS_PORT")
   for p in "${gws[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
@@ -85,12 +88,11 @@ print(f"| {name} | {total:,} | {ok / max(total, 1):.0%} | {calls:,} | {calls * 1
 PY
 )")
 }
-# wait_jobs: waits for the background oha runs (not the servers in $PIDS).
-wait_jobs() { for j in $(jobs -p); do case " ${PIDS[*]} " in *" $j "*) ;; *) wait "$j" || true ;; esac; done; }
 
 run "hot key, leases on (auto)" hot
 run "hot key, leases off" hot --set store.lease=off
 run "a key at its limit (10,000/min), leases on" near
+run "a key at its limit (10,000/min), leases off" near --set store.lease=off
 
 TABLE=$(
   echo "| three instances, $QPS req/s each, ${DURATION} s | decisions | 2xx | Redis script calls | per 1000 decisions | gateways' CPU us/req | Redis CPU us/req |"

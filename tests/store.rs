@@ -946,6 +946,127 @@ async fn a_busy_key_decides_from_leases_with_the_references_answers() {
     );
 }
 
+/// Fixed windows (the Divvy port, the rate-limit service's aligned windows) lease too. Two
+/// instances hit one window of 1000 credit: first 300 hits, far under the limit (leases taken and
+/// left unused), then 3000 at once. At every point admitted hits and credit still leased make at
+/// most 1000; once every lease has ended (a second at most) Redis holds exactly the credit not
+/// admitted, and the window gives out the rest to the last unit, never one more.
+#[tokio::test]
+async fn fixed_windows_lease_and_give_every_unit_back() {
+    let server = RedisServer::start();
+    let connect = || {
+        let options = RedisOptions {
+            lease: LeaseMode::Auto,
+            ..redis_options(server.url(), TimeSource::Redis)
+        };
+        Arc::new(Store::redis(
+            RedisStore::connect(&options).unwrap(),
+            FailurePolicy::Closed,
+            Duration::from_millis(50),
+        ))
+    };
+    let (a, b) = (connect(), connect());
+    let name = "divvy:method=GET:actor:1000:60";
+    let hit = |s: &Arc<Store>| {
+        let s = s.clone();
+        async move {
+            match s.hit_fixed(name, 1000, 60, 1, 0).await {
+                Verdict::Decided(d) => d,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let unused = || -> u64 {
+        [&a, &b]
+            .iter()
+            .map(|s| {
+                let st = s.stats().unwrap();
+                st.units_leased.get() - st.units_used.get() - st.units_given_back.get()
+            })
+            .sum()
+    };
+    let mut admitted = 0u64;
+    let waves = |n: usize| {
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            let mut got = 0;
+            for _ in 0..n {
+                let tasks: Vec<_> = (0..100)
+                    .map(|i| tokio::spawn(hit(if i % 2 == 0 { &a } else { &b })))
+                    .collect();
+                for t in tasks {
+                    let d = t.await.unwrap();
+                    assert!(d.credit <= 1000 && (1..=60).contains(&d.reset), "{d:?}");
+                    got += u64::from(d.allowed);
+                }
+            }
+            got
+        }
+    };
+    admitted += waves(3).await;
+    assert_eq!(admitted, 300);
+    assert!(unused() > 0, "leases out");
+    let credit = || -> u64 { server.cli(&["GET", name]).parse().unwrap() };
+    assert_eq!(credit() + unused(), 1000 - admitted);
+    let by_lease: u64 = [&a, &b]
+        .iter()
+        .map(|s| s.stats().unwrap().decided_by_lease.get())
+        .sum();
+    assert!(by_lease > 100, "{by_lease} hits decided from leases");
+    // Every lease ends within a second and its timer gives the rest back.
+    eventually(Duration::from_secs(5), || async { unused() == 0 }).await;
+    assert_eq!(
+        credit(),
+        1000 - admitted,
+        "Redis holds what was not admitted"
+    );
+    admitted += waves(30).await;
+    assert!(admitted + unused() <= 1000, "{admitted} admitted");
+    eventually(Duration::from_secs(5), || async { unused() == 0 }).await;
+    assert_eq!(credit(), 1000 - admitted);
+    // The rest, one hit at a time: to the last unit, then no more.
+    while admitted < 1000 {
+        let d = hit(&a).await;
+        assert!(d.allowed, "refused with {admitted} admitted: {d:?}");
+        admitted += 1;
+    }
+    assert!(!hit(&a).await.allowed && !hit(&b).await.allowed);
+}
+
+/// A fixed window's lease is given back only to the window it was taken from: a window started
+/// later (the first expired) never gets credit it did not give.
+#[tokio::test]
+async fn a_fixed_lease_is_given_back_only_to_its_own_window() {
+    let server = RedisServer::start();
+    let script = include_str!("../crates/store/src/divvy.lua");
+    let eval = |args: &[&str]| {
+        let mut all = vec!["EVAL", script, "1", "w"];
+        all.extend_from_slice(args);
+        server.cli(&all)
+    };
+    // limit 100, 60 s, cost 1, wanting 80: granted 49, half of the 99 left.
+    let reply = eval(&["100", "60", "1", "80", "0", "0"]);
+    let fields: Vec<i64> = reply.split(' ').map(|f| f.parse().unwrap()).collect();
+    assert_eq!(&fields[..4], &[1, 50, 60, 49], "{reply}");
+    let expiry = fields[4].to_string();
+    // A give-back naming another window (a second later) changes nothing.
+    let later = (fields[4] + 1000).to_string();
+    assert_eq!(eval(&["100", "60", "0", "0", "30", &later]), "2");
+    assert_eq!(server.cli(&["GET", "w"]), "50");
+    // Its own: the credit comes back, the window keeps its expiry.
+    assert_eq!(eval(&["100", "60", "0", "0", "30", &expiry]), "2");
+    assert_eq!(server.cli(&["GET", "w"]), "80");
+    let ttl: u64 = server.cli(&["TTL", "w"]).parse().unwrap();
+    assert!((58..=60).contains(&ttl), "{ttl}");
+    // Never above the limit, whatever is given back.
+    assert_eq!(eval(&["100", "60", "0", "0", "30", &expiry]), "2");
+    assert_eq!(server.cli(&["GET", "w"]), "100");
+    // The window gone, a give-back starts none.
+    server.cli(&["DEL", "w"]);
+    assert_eq!(eval(&["100", "60", "0", "0", "30", &expiry]), "2");
+    assert_eq!(server.cli(&["EXISTS", "w"]), "0");
+}
+
 #[tokio::test]
 async fn lost_scripts_are_reloaded() {
     let s = redis();

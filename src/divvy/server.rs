@@ -113,8 +113,9 @@ fn ready(reply: Reply) -> Pending {
 /// polled in that order, so its store command is queued (to Redis, on the shared multiplexed
 /// connection) in request order and executed in that order, while the requests still overlap;
 /// `FuturesOrdered` hands the replies back in request order. A Redis Cluster connection does not
-/// keep its commands in order, so there a connection's hits run one after another (a fair lock,
-/// taken in request order): pipelining then saves the client round trips, not Redis ones.
+/// keep its commands in order, and with leases a hit may be decided in memory while an earlier one
+/// is on its way to Redis, so there a connection's hits run one after another (a fair lock, taken
+/// in request order): pipelining then saves the client round trips, not Redis ones.
 async fn connection(
     stream: TcpStream,
     divvy: Arc<Divvy>,

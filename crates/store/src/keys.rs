@@ -76,6 +76,20 @@ impl CounterKey {
         CounterKey(s)
     }
 
+    /// The lease table's name for the fixed window (Redis key) `name`: `=<name>`. A counter's
+    /// name starts with `{`, so none can share it.
+    pub fn fixed(name: &str) -> Self {
+        let mut s = String::with_capacity(name.len() + 1);
+        s.push('=');
+        s.push_str(name);
+        CounterKey(s)
+    }
+
+    /// The fixed window's Redis key, for a name made by [`CounterKey::fixed`].
+    pub fn fixed_name(&self) -> Option<&str> {
+        self.0.strip_prefix('=')
+    }
+
     /// The start shared by every counter of `api_key` (`{<api key>}:`).
     pub fn api_key_prefix(api_key: &[u8]) -> String {
         let mut s = String::with_capacity(api_key.len() + 3);

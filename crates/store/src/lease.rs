@@ -116,7 +116,8 @@ struct Lease {
     limits: LimitSet,
     /// Units left to admit here.
     left: u64,
-    /// The script's time it was counted at (its bucket), for the give-back.
+    /// The script's time it was counted at (its bucket), or a fixed window's expiry (which names
+    /// the window), for the give-back.
     at_ms: i64,
     /// Spent only before this instant (lease clock, microseconds).
     until_us: i64,

@@ -276,10 +276,12 @@ impl Store {
     /// connection's hits), whatever the backend.
     pub fn sequence(&self) -> Sequence {
         // Calls reach memory, and one Redis connection, in the order they are first polled; a
-        // Redis Cluster's connection sends each command on its own, so there they wait in line.
+        // Redis Cluster's connection sends each command on its own, and with leases a call may
+        // be decided here while an earlier one is still on its way to Redis: there they wait in
+        // line.
         let in_line = match &**self.backend() {
             Backend::Memory(_) => false,
-            Backend::Redis(r) => r.target().mode == RedisMode::Cluster,
+            Backend::Redis(r) => r.target().mode == RedisMode::Cluster || r.leases_on(),
         };
         Sequence(in_line.then(|| Arc::new(tokio::sync::Mutex::new(()))))
     }

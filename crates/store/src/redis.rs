@@ -24,8 +24,8 @@ use super::keys::{CounterKey, api_key_pattern};
 use super::lease::{GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
 use super::memory::FixedDecision;
 use super::script::{
-    Fields, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
-    read_divvy_reply,
+    Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
+    read_divvy_lease_reply, read_divvy_reply,
 };
 use super::{CounterStore, StoreError};
 use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota};
@@ -159,6 +159,72 @@ impl Drop for Taking<'_> {
     }
 }
 
+/// What a call asks of Redis when its counter's lease cannot decide it: lease arguments, an old
+/// lease to give back apart, and whether it takes a lease for the others.
+type Ask = (Option<LeaseArgs>, Option<GiveBack>, bool);
+
+/// Plans a request on a leased counter: `Ok` when its lease decided it here, else what to ask
+/// Redis. `now_us`: the lease clock (read again after a wait).
+async fn plan_leased(
+    leases: &Leases,
+    key: &CounterKey,
+    limits: &[Limit],
+    cost: u64,
+    now_us: impl Fn() -> i64,
+) -> Result<Outcome, Ask> {
+    let mut waited = false;
+    loop {
+        match leases.plan(key, limits, cost, now_us()) {
+            Plan::Local(o) => return Ok(o),
+            // Another request of this counter is taking a lease: its answer will likely decide
+            // this one too. Once only; then Redis decides.
+            Plan::Wait(mut taking) if !waited => {
+                waited = true;
+                let _ = taking.changed().await;
+            }
+            Plan::Wait(_) => return Err((None, None, false)),
+            Plan::Ask {
+                args,
+                give_apart,
+                fetching,
+            } => return Err((args, give_apart, fetching)),
+        }
+    }
+}
+
+/// The limit a fixed window's lease is planned with: its credit, and a minute window's bucket
+/// (one second) whatever the window's length. A lease on a fixed window is spent for at most a
+/// second and never past the window's end; its rate is counted per second.
+fn fixed_lease_limits(limit: u64) -> [Limit; 1] {
+    [Limit {
+        rl: limit,
+        w: 60,
+        shadow: false,
+    }]
+}
+
+/// A fixed window's answer as a quota (what the lease table keeps).
+fn fixed_outcome(limit: u64, d: &FixedDecision) -> Outcome {
+    let q = Quota {
+        allowed: d.allowed,
+        limit,
+        remaining: d.credit,
+        reset: u64::try_from(d.reset).unwrap_or(0),
+        retry_after: None,
+    };
+    Outcome::new(d.allowed, false, &[q])
+}
+
+/// The fixed window's answer for a quota decided from its lease.
+fn fixed_of(o: &Outcome) -> FixedDecision {
+    let q = o.quotas()[0];
+    FixedDecision {
+        allowed: o.allowed,
+        credit: q.remaining,
+        reset: i64::try_from(q.reset).unwrap_or(i64::MAX),
+    }
+}
+
 /// The Redis store.
 pub struct RedisStore {
     /// As configured.
@@ -220,6 +286,11 @@ impl RedisStore {
         let store = Arc::new(self);
         let _ = store.me.set(Arc::downgrade(&store));
         store
+    }
+
+    /// Are busy counters decided from leases (`store.lease = auto`)?
+    pub fn leases_on(&self) -> bool {
+        self.leases.is_some()
     }
 
     /// What this store counts about its decisions and leases.
@@ -382,23 +453,13 @@ impl RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        let mut waited = false;
-        let (args, give_apart, fetching) = loop {
-            match leases.plan(key, limits, cost, self.lease_now_us(leases, now_ms)) {
-                Plan::Local(o) => return Ok(o),
-                // Another request of this counter is taking a lease: its answer will likely
-                // decide this one too. Once only; then Redis decides.
-                Plan::Wait(mut taking) if !waited => {
-                    waited = true;
-                    let _ = taking.changed().await;
-                }
-                Plan::Wait(_) => break (None, None, false),
-                Plan::Ask {
-                    args,
-                    give_apart,
-                    fetching,
-                } => break (args, give_apart, fetching),
-            }
+        let (args, give_apart, fetching) = match plan_leased(leases, key, limits, cost, || {
+            self.lease_now_us(leases, now_ms)
+        })
+        .await
+        {
+            Ok(o) => return Ok(o),
+            Err(ask) => ask,
         };
         // Whatever ends this call (an error, a timeout, the client leaving), the counter's
         // other requests must not keep waiting for it.
@@ -504,8 +565,15 @@ impl RedisStore {
             give: g.units,
             given_at_ms: g.at_ms,
         };
-        self.run_window_script(key, g.limits.as_slice(), 0, now_ms, Some(args))
-            .await?;
+        match (key.fixed_name(), g.limits.as_slice()) {
+            (Some(name), [l]) => {
+                self.fixed_script(name, l.rl, 1, 0, Some(args)).await?;
+            }
+            _ => {
+                self.run_window_script(key, g.limits.as_slice(), 0, now_ms, Some(args))
+                    .await?;
+            }
+        }
         if let Some(l) = &self.leases {
             l.gave_back(g.units);
         }
@@ -598,6 +666,107 @@ impl RedisStore {
         ))
     }
 
+    /// [`RedisStore::hit_fixed_script`] with leases: decided from the window's lease while it
+    /// has credit left (for at most a second, never past the window's end), else by a script
+    /// call that gives back what an ended lease left and, for a busy window, takes the next.
+    async fn hit_fixed_leased(
+        &self,
+        leases: &Leases,
+        name: &str,
+        limit: u64,
+        reset: u64,
+        cost: u64,
+    ) -> Result<FixedDecision, StoreError> {
+        // Fixed windows live by Redis' expiry: their leases keep this store's own clock.
+        let key = &CounterKey::fixed(name);
+        let limits = &fixed_lease_limits(limit);
+        let (args, give_apart, fetching) =
+            match plan_leased(leases, key, limits, cost, || leases.elapsed_us()).await {
+                Ok(o) => return Ok(fixed_of(&o)),
+                Err(ask) => ask,
+            };
+        let mut taking = Taking {
+            leases,
+            key,
+            armed: fetching,
+        };
+        if let Some(g) = give_apart {
+            self.give_back(key, g, 0).await?;
+        }
+        let sent_us = leases.elapsed_us();
+        let args = args.unwrap_or_default();
+        let reply = self
+            .fixed_script(name, limit, reset, cost, Some(args))
+            .await?;
+        if args.give > 0 {
+            leases.gave_back(args.give);
+        }
+        let FixedReply::Decided {
+            decision,
+            grant,
+            expiry_ms,
+            pttl_ms,
+        } = reply
+        else {
+            return Err(StoreError::reply(
+                "a give-back where a decision was due".into(),
+            ));
+        };
+        self.stats().decided_by_redis.inc();
+        let granted = (grant > 0 && pttl_ms > 0).then(|| {
+            // Redis read its clock after the call left: the lease ends here before the window
+            // ends there. Resets count from the reply's arrival, less half a second: the local
+            // answers round up what Redis' TTL rounds to the nearest second.
+            let reset_us = leases.elapsed_us() + pttl_ms * 1000 - 500_000;
+            Granted {
+                units: grant,
+                at_ms: expiry_ms,
+                until_us: sent_us + pttl_ms.min(1000) * 1000,
+                reset_at_us: [reset_us; MAX_LIMITS],
+            }
+        });
+        let outcome = fixed_outcome(limit, &decision);
+        let lease = leases.settle(key, limits, cost, fetching, Some(&outcome), granted);
+        taking.armed = false;
+        let Some(g) = granted else {
+            return Ok(decision);
+        };
+        if let Some(id) = lease {
+            self.give_back_at(key, id, g.until_us, leases);
+        }
+        // This instance's own leased credit is credit for its next hits.
+        Ok(FixedDecision {
+            credit: decision.credit + g.units,
+            ..decision
+        })
+    }
+
+    /// `divvy.lua` with lease arguments (`args.want` 0 and `cost` 0: a give-back alone).
+    async fn fixed_script(
+        &self,
+        name: &str,
+        limit: u64,
+        reset: u64,
+        cost: u64,
+        args: Option<LeaseArgs>,
+    ) -> Result<FixedReply, StoreError> {
+        let args = args.unwrap_or_default();
+        let mut call = DIVVY.call(1, 7, name.len() + 120);
+        call.arg(name)
+            .arg(limit)
+            .arg(reset)
+            .arg(cost)
+            .arg(args.want)
+            .arg(args.give)
+            .arg(args.given_at_ms);
+        let call = &call;
+        let reply: String = self
+            .on_connection(|mut conn| async move { DIVVY.run(&mut conn, call).await })
+            .await?;
+        read_divvy_lease_reply(&reply)
+            .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))
+    }
+
     /// One hit of `cost` on the fixed window `key` (`limit` and `reset` both above 0).
     async fn hit_fixed_script(
         &self,
@@ -613,8 +782,10 @@ impl RedisStore {
             let reply: String = self
                 .on_connection(|mut conn| async move { DIVVY.run(&mut conn, call).await })
                 .await?;
-            read_divvy_reply(&reply)
-                .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))
+            let decision = read_divvy_reply(&reply)
+                .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))?;
+            self.stats().decided_by_redis.inc();
+            Ok(decision)
         };
         self.bounded(fut).await
     }
@@ -664,7 +835,14 @@ impl CounterStore for RedisStore {
         cost: u64,
         _now: u64,
     ) -> Result<FixedDecision, StoreError> {
-        self.hit_fixed_script(key, limit, reset, cost).await
+        match &self.leases {
+            // A check (cost 0) counts nothing: nothing to lease.
+            Some(leases) if cost > 0 => {
+                self.bounded(self.hit_fixed_leased(leases, key, limit, reset, cost))
+                    .await
+            }
+            _ => self.hit_fixed_script(key, limit, reset, cost).await,
+        }
     }
 
     /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster

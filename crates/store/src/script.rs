@@ -271,6 +271,41 @@ pub fn read_divvy_reply(reply: &str) -> Option<FixedDecision> {
     }
 }
 
+/// What `divvy.lua` answered to a call with lease arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixedReply {
+    /// A give-back alone was done.
+    GaveBack,
+    /// Decided: `grant` credit taken beyond the cost as a lease (`decision.credit` counts it as
+    /// used), from the window that expires at Unix ms `expiry_ms`, `pttl_ms` from Redis' now.
+    Decided {
+        decision: FixedDecision,
+        grant: u64,
+        expiry_ms: i64,
+        pttl_ms: i64,
+    },
+}
+
+/// Reads `divvy.lua`'s reply to a call with lease arguments: `"2"`, or `"allowed credit ttl grant
+/// expiry_ms pttl_ms"`.
+pub fn read_divvy_lease_reply(reply: &str) -> Option<FixedReply> {
+    let mut fields = [0i64; 6];
+    match integers(reply, &mut fields) {
+        [2] => Some(FixedReply::GaveBack),
+        [allowed, credit, ttl, grant, expiry_ms, pttl_ms] => Some(FixedReply::Decided {
+            decision: FixedDecision {
+                allowed: *allowed == 1,
+                credit: u64::try_from(*credit).unwrap_or(0),
+                reset: *ttl,
+            },
+            grant: u64::try_from(*grant).unwrap_or(0),
+            expiry_ms: *expiry_ms,
+            pttl_ms: *pttl_ms,
+        }),
+        _ => None,
+    }
+}
+
 /// The space-separated integers of a script's reply, in `out`; the slice of `out` they filled.
 /// Anything else (too many, not a number) is an empty slice, which no caller accepts.
 fn integers<'a>(reply: &str, out: &'a mut [i64]) -> &'a [i64] {
@@ -359,6 +394,27 @@ mod tests {
             WindowReply::read("1 0 1700000000123 -1 0 1 9 100 -1", &[limits[0]; 2]),
             None
         );
+    }
+
+    #[test]
+    fn fixed_lease_replies_name_their_window() {
+        assert_eq!(read_divvy_lease_reply("2"), Some(FixedReply::GaveBack));
+        assert_eq!(
+            read_divvy_lease_reply("1 40 59 50 1700000059400 59400"),
+            Some(FixedReply::Decided {
+                decision: FixedDecision {
+                    allowed: true,
+                    credit: 40,
+                    reset: 59
+                },
+                grant: 50,
+                expiry_ms: 1_700_000_059_400,
+                pttl_ms: 59_400,
+            })
+        );
+        // The plain reply is not a lease reply, nor the other way round.
+        assert_eq!(read_divvy_lease_reply("1 40 59"), None);
+        assert_eq!(read_divvy_reply("1 40 59 50 1700000059400 59400"), None);
     }
 
     #[test]
