@@ -4,8 +4,8 @@
 # SHAPES are CONNECTIONSxPIPELINE_DEPTH. Load: `quotagate divvy-load`, 30% of hits on a rule that
 # denies them. Rows: the original Divvy on a private redis-server (when node and its source in
 # ../shared/peers/divvy-1.7.1 are there; its dependencies are installed with npm into a scratch
-# folder, bound to loopback by a preloaded listen wrapper), `quotagate divvy` on the same Redis, and
-# on the memory store. For each: hits/s, ratio to the original in the same shape, the server's CPU
+# folder, bound to loopback by a preloaded listen wrapper), `quotagate divvy` on the same Redis (leases
+# auto and off), and on the memory store. For each: hits/s, ratio to the original in the same shape, the server's CPU
 # per hit (utime+stime from /proc) and redis-server's. Prints a table and appends it to
 # docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
@@ -67,6 +67,8 @@ start() {
                 node --require "$WORK/loopback.js" "$WORK/divvy/index.js" "$WORK/rules.ini" >/dev/null 2>&1 & ;;
     redis) PORT=$SERVER_PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT \
              "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & ;;
+    redis-off) PORT=$SERVER_PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT \
+             "$BIN" divvy "$WORK/rules.ini" --set log.level=warn --set store.lease=off >/dev/null 2>&1 & ;;
     memory) PORT=$SERVER_PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & ;;
   esac
   SERVER_PID=$!
@@ -75,7 +77,7 @@ start() {
 
 declare -A BASE
 ROWS=()
-for server in original redis memory; do
+for server in original redis redis-off memory; do
   [ "$server" = original ] && [ -z "$ORIGINAL" ] && continue
   start "$server"
   for shape in $SHAPES; do
@@ -92,7 +94,8 @@ import sys
 server, shape, out, base, us, rus = sys.argv[1:7]
 v = dict(kv.split("=") for kv in out.split())
 hits, rate = int(v["hits"]), float(v["hits_per_s"])
-name = {"original": "original Divvy 1.7.1 (node), Redis", "redis": "quotagate divvy, Redis", "memory": "quotagate divvy, memory"}[server]
+name = {"original": "original Divvy 1.7.1 (node), Redis", "redis": "quotagate divvy, Redis (leases auto)",
+        "redis-off": "quotagate divvy, Redis, leases off", "memory": "quotagate divvy, memory"}[server]
 ratio = f"{rate / float(base):.2f}x" if base else ""
 redis_col = rus if server != "memory" else ""
 print(f"| {name} | {shape} | {rate:,.0f} | {ratio} | {us} | {redis_col} | {v['p50_ms']} | {v['p99_ms']} | {int(v['allowed']) / max(hits, 1):.0%} | {v['errors']} |")
