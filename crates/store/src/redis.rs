@@ -159,37 +159,15 @@ impl Drop for Taking<'_> {
     }
 }
 
-/// What a call asks of Redis when its counter's lease cannot decide it: lease arguments, an old
-/// lease to give back apart, and whether it takes a lease for the others.
-type Ask = (Option<LeaseArgs>, Option<GiveBack>, bool);
-
-/// Plans a request on a leased counter: `Ok` when its lease decided it here, else what to ask
-/// Redis. `now_us`: the lease clock (read again after a wait).
-async fn plan_leased(
-    leases: &Leases,
-    key: &CounterKey,
-    limits: &[Limit],
-    cost: u64,
-    now_us: impl Fn() -> i64,
-) -> Result<Outcome, Ask> {
-    let mut waited = false;
-    loop {
-        match leases.plan(key, limits, cost, now_us()) {
-            Plan::Local(o) => return Ok(o),
-            // Another request of this counter is taking a lease: its answer will likely decide
-            // this one too. Once only; then Redis decides.
-            Plan::Wait(mut taking) if !waited => {
-                waited = true;
-                let _ = taking.changed().await;
-            }
-            Plan::Wait(_) => return Err((None, None, false)),
-            Plan::Ask {
-                args,
-                give_apart,
-                fetching,
-            } => return Err((args, give_apart, fetching)),
-        }
-    }
+/// A request on a leased counter: decided from its lease, or a call to make.
+enum Leased<'a> {
+    Local(Outcome),
+    /// Ask Redis with `args` (a lease wanted, an old one given back); `taking` lets the
+    /// counter's other requests go however the call ends.
+    Ask {
+        args: Option<LeaseArgs>,
+        taking: Taking<'a>,
+    },
 }
 
 /// The limit a fixed window's lease is planned with: its credit, and a minute window's bucket
@@ -442,6 +420,49 @@ impl RedisStore {
         }
     }
 
+    /// Plans a request on a leased counter: decided by its lease, or the call to make, with an
+    /// old lease counted under other limits (a new catalog) given back first. `now_us`: the
+    /// lease clock (read again after a wait); `now_ms`: the caller's, as for a script call.
+    async fn plan_leased<'a>(
+        &self,
+        leases: &'a Leases,
+        key: &'a CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_us: impl Fn() -> i64,
+        now_ms: u64,
+    ) -> Result<Leased<'a>, StoreError> {
+        let mut waited = false;
+        let (args, give_apart, fetching) = loop {
+            match leases.plan(key, limits, cost, now_us()) {
+                Plan::Local(o) => return Ok(Leased::Local(o)),
+                // Another request of this counter is taking a lease: its answer will likely
+                // decide this one too. Once only; then Redis decides.
+                Plan::Wait(mut taking) if !waited => {
+                    waited = true;
+                    let _ = taking.changed().await;
+                }
+                Plan::Wait(_) => break (None, None, false),
+                Plan::Ask {
+                    args,
+                    give_apart,
+                    fetching,
+                } => break (args, give_apart, fetching),
+            }
+        };
+        // Whatever ends this call (an error, a timeout, the client leaving), the counter's
+        // other requests must not keep waiting for it.
+        let taking = Taking {
+            leases,
+            key,
+            armed: fetching,
+        };
+        if let Some(g) = give_apart {
+            self.give_back(key, g, now_ms).await?;
+        }
+        Ok(Leased::Ask { args, taking })
+    }
+
     /// [`RedisStore::hit_sliding`] with leases: decided from the counter's lease when it has
     /// units left in its bucket, else by a script call that gives back what an ended lease left
     /// and, for a busy counter, takes the next.
@@ -453,24 +474,13 @@ impl RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        let (args, give_apart, fetching) = match plan_leased(leases, key, limits, cost, || {
-            self.lease_now_us(leases, now_ms)
-        })
-        .await
-        {
-            Ok(o) => return Ok(o),
-            Err(ask) => ask,
+        let now_us = || self.lease_now_us(leases, now_ms);
+        let planned = self.plan_leased(leases, key, limits, cost, now_us, now_ms);
+        let (args, mut taking) = match planned.await? {
+            Leased::Local(o) => return Ok(o),
+            Leased::Ask { args, taking } => (args, taking),
         };
-        // Whatever ends this call (an error, a timeout, the client leaving), the counter's
-        // other requests must not keep waiting for it.
-        let mut taking = Taking {
-            leases,
-            key,
-            armed: fetching,
-        };
-        if let Some(g) = give_apart {
-            self.give_back(key, g, now_ms).await?;
-        }
+        let fetching = taking.armed;
         let sent_us = leases.elapsed_us();
         // A give-back in a failed call may or may not have happened: its units stay counted at
         // worst, until they leave the window (refusing early, never too much).
@@ -680,19 +690,13 @@ impl RedisStore {
         // Fixed windows live by Redis' expiry: their leases keep this store's own clock.
         let key = &CounterKey::fixed(name);
         let limits = &fixed_lease_limits(limit);
-        let (args, give_apart, fetching) =
-            match plan_leased(leases, key, limits, cost, || leases.elapsed_us()).await {
-                Ok(o) => return Ok(fixed_of(&o)),
-                Err(ask) => ask,
-            };
-        let mut taking = Taking {
-            leases,
-            key,
-            armed: fetching,
+        let now_us = || leases.elapsed_us();
+        let planned = self.plan_leased(leases, key, limits, cost, now_us, 0);
+        let (args, mut taking) = match planned.await? {
+            Leased::Local(o) => return Ok(fixed_of(&o)),
+            Leased::Ask { args, taking } => (args, taking),
         };
-        if let Some(g) = give_apart {
-            self.give_back(key, g, 0).await?;
-        }
+        let fetching = taking.armed;
         let sent_us = leases.elapsed_us();
         let args = args.unwrap_or_default();
         let reply = self
