@@ -93,7 +93,11 @@ impl App {
                 "store.tls_insecure_skip_verify is on: Redis server certificates are not checked"
             );
         }
-        let store = Arc::new(Store::open(&settings.store, crate::workers::current)?);
+        let store = Arc::new(Store::open(
+            &settings.store,
+            crate::workers::current,
+            clock.clone(),
+        )?);
         let workers = Arc::new(
             Workers::start(settings.workers, "quotagate-worker").map_err(|source| {
                 StartError::Runtime {
@@ -189,7 +193,12 @@ impl App {
                 rls_files = Some((r.rules.clone(), seen));
                 let rules = crate::rls::load::load(&r.rules)
                     .map_err(|problems| ConfigError::option("rls.config", problems.to_string()))?;
-                let catalog = gateway.as_ref().map(|g| g.catalog().clone());
+                let catalog = gateway
+                    .as_ref()
+                    .map(|g| crate::rls::service::CatalogDomain {
+                        live: g.catalog().clone(),
+                        policy: g.proxy().policy().clone(),
+                    });
                 let rls = Rls::new(
                     rules,
                     store.clone(),

@@ -414,6 +414,72 @@ async fn the_service_on_redis() {
     cases(&rig).await;
 }
 
+/// The catalog domain holds a descriptor to what the gateway's admission holds its request to:
+/// the gateway's path policy (`limits.escaped_slashes = keep` routes `%2F` inside a segment) and
+/// its anonymous limits (by `remote_address`, the client's address group), on the same counters.
+#[tokio::test]
+async fn the_catalog_domain_decides_as_the_gateway_admits() {
+    let up = Upstream::start().await;
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("edge.yaml"), RULES).unwrap();
+    let mut c = Config::default();
+    c.upstream.url = up.url();
+    c.rls.config = rules.path().display().to_string();
+    c.limits.escaped_slashes = quotagate_engine::path::EscapedSlashes::Keep;
+    c.limits.anonymous = quotagate::config::Anonymous::ByAddress;
+    const ANONYMOUS: &str = r#"{
+      "version": {"semver": "1.0.0", "hash": "h1"},
+      "methods": ["GET"],
+      "paths": ["/users/{id}"],
+      "endpoints": [{"p": 0, "m": 0}],
+      "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 3}]}],
+      "anonymous": [{"ep": 0, "rl": 2}]
+    }"#;
+    let gw = TestGateway::start(c, ANONYMOUS, FakeClock::new(T0)).await;
+    let mut c = client(gw.rls.unwrap());
+    let cat = |entries: &[(&str, &str)]| request("quotagate", vec![descriptor(entries)]);
+
+    // An escaped slash inside a segment, kept as the gateway keeps it: one counter for both.
+    let escaped = [
+        ("api_key", "K1"),
+        ("method", "GET"),
+        ("path", "/users/a%2Fb"),
+    ];
+    assert_eq!(
+        summary(&ask(&mut c, cat(&escaped)).await),
+        [(Code::Ok, 2, 60)]
+    );
+    let url = gw.url("/users/a%2Fb");
+    assert_eq!(get(&url, &[("x-api-key", "K1")]).await.status, 200);
+    assert_eq!(
+        summary(&ask(&mut c, cat(&escaped)).await),
+        [(Code::Ok, 0, 60)]
+    );
+    assert_eq!(get(&url, &[("x-api-key", "K1")]).await.status, 429);
+
+    // No key: the anonymous limit of the client's address, shared with the gateway's requests
+    // from that address (the tests' client is 127.0.0.1).
+    let from = |addr| {
+        [
+            ("method", "GET"),
+            ("path", "/users/1"),
+            ("remote_address", addr),
+        ]
+    };
+    assert_eq!(get(&gw.url("/users/1"), &[]).await.status, 200);
+    let r = ask(&mut c, cat(&from("127.0.0.1"))).await;
+    assert_eq!(summary(&r), [(Code::Ok, 0, 60)]);
+    assert_eq!(get(&gw.url("/users/1"), &[]).await.status, 429);
+    assert_eq!(
+        summary(&ask(&mut c, cat(&from("192.0.2.7"))).await),
+        [(Code::Ok, 1, 60)],
+        "another address, another counter"
+    );
+    // Neither a key nor an address: not of the catalog domain's shape, and no rule of its own.
+    let r = ask(&mut c, cat(&[("method", "GET"), ("path", "/users/1")])).await;
+    assert!(r.statuses[0].current_limit.is_none());
+}
+
 #[tokio::test]
 async fn health_answers_serving() {
     let rig = start(None, false).await;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quotagate_engine::clock::Clock;
-use quotagate_store::{Store, Verdict};
+use quotagate_engine::limiter::Limit;
+use quotagate_store::{CounterKey, Store, Verdict};
 
 use super::metrics::{DivvyMetrics, Statsd};
 use super::protocol::{ProtoError, Reply};
@@ -45,10 +46,10 @@ impl Divvy {
     /// answers.
     pub async fn hit(&self, operation: &HashMap<String, String>) -> Reply {
         let started = Instant::now();
-        let now = self.clock.now();
+        let now_ms = self.clock.now_ms();
         let mut reply = Reply::Err(ProtoError::Unknown("no rule matched".into()));
         for rule in self.rules.matching(operation) {
-            reply = self.evaluate(rule, operation, now).await;
+            reply = self.evaluate(rule, operation, now_ms).await;
             if let Reply::Ok { allowed, .. } = reply {
                 self.metrics.hit(
                     rule.index,
@@ -63,7 +64,14 @@ impl Divvy {
         reply
     }
 
-    async fn evaluate(&self, rule: &Rule, operation: &HashMap<String, String>, now: u64) -> Reply {
+    /// One rule's answer. A rule of 0 credit or 0 seconds is answered as the original Divvy
+    /// does, without a window: `OK false 0 -1` (never), `OK true <credit> 0` (always).
+    async fn evaluate(
+        &self,
+        rule: &Rule,
+        operation: &HashMap<String, String>,
+        now_ms: u64,
+    ) -> Reply {
         if rule.credit_limit == 0 {
             return Reply::Ok {
                 allowed: false,
@@ -78,23 +86,17 @@ impl Divvy {
                 reset: 0,
             };
         }
-        let key = format!(
-            "divvy:{}:{}:{}:{}",
-            rule.bucket(),
-            rule.actor(operation),
-            rule.credit_limit,
-            rule.reset_seconds
-        );
-        match self
-            .store
-            .hit_fixed(&key, rule.credit_limit, rule.reset_seconds, 1, now)
-            .await
-        {
-            Verdict::Decided(d) | Verdict::Local(d) => Reply::Ok {
-                allowed: d.allowed,
-                credit: d.credit,
-                reset: d.reset,
-            },
+        let counter = CounterKey::divvy(&rule.bucket(), rule.actor(operation));
+        let limit = Limit::fixed(rule.credit_limit, rule.reset_seconds);
+        match self.store.hit(&counter, &[limit], 1, now_ms).await {
+            Verdict::Decided(o) | Verdict::Local(o) => {
+                let q = o.quotas()[0];
+                Reply::Ok {
+                    allowed: o.allowed,
+                    credit: q.remaining,
+                    reset: i64::try_from(q.reset).unwrap_or(i64::MAX),
+                }
+            }
             Verdict::Open => Reply::Ok {
                 allowed: true,
                 credit: rule.credit_limit,

@@ -19,7 +19,7 @@ use super::client;
 use super::settings::Policy;
 use crate::catalog::{Endpoint, LimitLookup, Snapshot};
 use crate::config::Uncovered;
-use quotagate_engine::limiter::{Limits, Rate};
+use quotagate_engine::limiter::{Limit, Limits, Rate};
 use quotagate_engine::path;
 use quotagate_store::{CounterKey, Verdict};
 
@@ -162,36 +162,27 @@ pub enum Step<'s, 'r> {
 /// A request that has a limit: the store decides.
 #[derive(Debug)]
 pub struct Pending<'s, 'r> {
-    /// The API key, as sent (empty for an anonymous request).
-    pub key: &'r [u8],
-    /// An anonymous request: the client's address group.
-    pub anonymous: Option<ipnet::IpNet>,
-    pub endpoint: &'s Endpoint,
+    pub held: Held<'s, 'r>,
     /// Its limits here (all shadow under `limits.shadow`).
     pub limits: Limits<'s>,
     /// Units of every limit it uses.
     pub cost: u64,
-    /// The endpoint's canonical path for this request.
-    path: String,
 }
 
 impl<'s> Pending<'s, '_> {
     /// The counter this request is counted in.
     pub fn counter(&self) -> CounterKey {
-        match &self.anonymous {
-            Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
-            None => CounterKey::new(self.key, &self.endpoint.name),
-        }
+        self.held.counter()
     }
 
     /// The second half: the store's verdict turned into the admission.
     pub fn conclude(self, verdict: Verdict) -> Admission<'s> {
-        let endpoint = self.endpoint;
+        let endpoint = self.held.endpoint;
         let outcome = match verdict {
             Verdict::Decided(o) | Verdict::Local(o) => o,
             Verdict::Open => {
                 let target = Target {
-                    path: self.path,
+                    path: self.held.path,
                     method: Some(endpoint.method.clone()),
                     limit: None,
                 };
@@ -222,7 +213,7 @@ impl<'s> Pending<'s, '_> {
                 Decision::Allowed
             };
             let target = Target {
-                path: self.path,
+                path: self.held.path,
                 method: Some(endpoint.method.clone()),
                 limit: Some(rate),
             };
@@ -293,34 +284,84 @@ pub fn admit<'s, 'r>(
         return Step::Done(Admission::forward(Decision::Unlimited, None, target));
     }
     let key = passed!(api_key(head, policy));
-    let path = passed!(
-        path::normalize(head.uri.path(), policy.escaped_slashes).map_err(|e| {
-            Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
-        })
-    );
+    let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
+    let held = passed!(hold(
+        policy,
+        catalog,
+        head.method.as_str(),
+        head.uri.path(),
+        key,
+        client
+    ));
+    counted(head, policy, held)
+}
+
+/// What a request is held to: its endpoint, its counter's owner and its limits there.
+#[derive(Debug)]
+pub struct Held<'s, 'r> {
+    pub endpoint: &'s Endpoint,
+    /// The API key, as sent (empty for an anonymous request).
+    pub key: &'r [u8],
+    /// An anonymous request: the client's address group.
+    pub anonymous: Option<ipnet::IpNet>,
+    /// Its limits here, as the catalog has them (before `limits.shadow`).
+    pub limits: &'s [Limit],
+    /// The endpoint's canonical path for this request.
+    pub path: String,
+}
+
+impl Held<'_, '_> {
+    /// The counter this request is counted in.
+    pub fn counter(&self) -> CounterKey {
+        match &self.anonymous {
+            Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
+            None => CounterKey::new(self.key, &self.endpoint.name),
+        }
+    }
+}
+
+/// Steps 3 to 5: the counter and limits a request of `method` on `raw_path` is held to, by its
+/// API key (`None`: anonymous, by the address `client()` gives), in `catalog` under `policy`.
+/// The gateway's admission and the rate-limit service's catalog domain both ask here. `Err`: the
+/// admission decided without a count.
+#[allow(clippy::result_large_err)]
+pub fn hold<'s, 'r>(
+    policy: &Policy,
+    catalog: Option<&'s Snapshot>,
+    method: &str,
+    raw_path: &str,
+    key: Option<&'r [u8]>,
+    client: impl FnOnce() -> std::net::IpAddr,
+) -> Result<Held<'s, 'r>, Admission<'s>> {
+    let path = path::normalize(raw_path, policy.escaped_slashes).map_err(|e| {
+        Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
+    })?;
     let Some(catalog) = catalog else {
-        return Step::Done(Admission::reject(
+        return Err(Admission::reject(
             Decision::NotReady,
             StatusCode::SERVICE_UNAVAILABLE,
             "no catalog is loaded yet; try again shortly",
         ));
     };
-    let Some(route) = catalog.route(head.method.as_str(), &path) else {
-        return Step::Done(unknown_endpoint(head, policy, &path));
+    let Some(route) = catalog.route(method, &path) else {
+        return Err(unknown_endpoint(method, policy, &path));
     };
     let endpoint = &catalog.endpoints()[route.endpoint];
     let Some(key) = key else {
         // Anonymous limits depend on the endpoint: decided now that it is known.
         if endpoint.anonymous.is_empty() {
-            return Step::Done(Admission {
+            return Err(Admission {
                 endpoint: Some(endpoint),
                 ..missing_key(policy)
             });
         }
-        let client = client::client_address(peer, &head.headers, &policy.trusted_proxies);
-        let group = client::group(client, policy.ipv6_prefix);
-        let limits = &endpoint.anonymous;
-        return counted(head, policy, endpoint, b"", limits, Some(group), route.path);
+        return Ok(Held {
+            endpoint,
+            key: b"",
+            anonymous: Some(client::group(client(), policy.ipv6_prefix)),
+            limits: &endpoint.anonymous,
+            path: route.path,
+        });
     };
     let limits = match catalog.limit(key, route.endpoint) {
         LimitLookup::Limits(l) => l,
@@ -329,11 +370,17 @@ pub fn admit<'s, 'r>(
             if let Action::Reject(r) = &mut a.action {
                 r.unknown_key = true;
             }
-            return Step::Done(a);
+            return Err(a);
         }
-        LimitLookup::NoLimit => return Step::Done(no_limit(policy, endpoint, route.path)),
+        LimitLookup::NoLimit => return Err(no_limit(policy, endpoint, route.path)),
     };
-    counted(head, policy, endpoint, key, limits, None, route.path)
+    Ok(Held {
+        endpoint,
+        key,
+        anonymous: None,
+        limits,
+        path: route.path,
+    })
 }
 
 /// Step 0 and 1: exactly one `Host` on HTTP/1.1, and a declared body within the limit.
@@ -394,12 +441,12 @@ fn missing_key<'s>(policy: &Policy) -> Admission<'s> {
 }
 
 /// Step 4: no endpoint of the catalog matches (`limits.unknown_endpoint`).
-fn unknown_endpoint<'s>(head: &Parts, policy: &Policy, path: &path::NormalPath) -> Admission<'s> {
+fn unknown_endpoint<'s>(method: &str, policy: &Policy, path: &path::NormalPath) -> Admission<'s> {
     match policy.unknown_endpoint {
         Uncovered::Reject => Admission::reject(
             Decision::UnknownEndpoint,
             StatusCode::NOT_FOUND,
-            format!("no endpoint matches {} {}", head.method, path.to_path()),
+            format!("no endpoint matches {method} {}", path.to_path()),
         ),
         Uncovered::Forward => Admission::forward(
             Decision::UnknownEndpoint,
@@ -433,15 +480,8 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
 }
 
 /// A request with limits: its cost, then the store decides.
-fn counted<'s, 'r>(
-    head: &'r Parts,
-    policy: &Policy,
-    endpoint: &'s Endpoint,
-    key: &'r [u8],
-    limits: &'s [quotagate_engine::limiter::Limit],
-    anonymous: Option<ipnet::IpNet>,
-    path: String,
-) -> Step<'s, 'r> {
+fn counted<'s, 'r>(head: &'r Parts, policy: &Policy, held: Held<'s, 'r>) -> Step<'s, 'r> {
+    let endpoint = held.endpoint;
     let cost = passed!(
         request_cost(head, policy, endpoint).map_err(|bad| Admission {
             endpoint: Some(endpoint),
@@ -453,12 +493,9 @@ fn counted<'s, 'r>(
         })
     );
     Step::Count(Pending {
-        key,
-        anonymous,
-        endpoint,
-        limits: Limits::new(limits, policy.shadow),
+        limits: Limits::new(held.limits, policy.shadow),
         cost,
-        path,
+        held,
     })
 }
 
@@ -543,7 +580,10 @@ mod tests {
                     Action::Forward(_) => None,
                 },
             ),
-            Step::Count(p) => panic!("wanted a decision, got a count for {}", p.endpoint.name),
+            Step::Count(p) => panic!(
+                "wanted a decision, got a count for {}",
+                p.held.endpoint.name
+            ),
         }
     }
 
@@ -643,7 +683,7 @@ mod tests {
             Step::Done(a) => panic!("{a:?}"),
         };
         assert_eq!(
-            (&*pending().limits, pending().endpoint.name.as_str()),
+            (&*pending().limits, pending().held.endpoint.name.as_str()),
             (&[Limit::per_minute(2)][..], "GET /users/{id}")
         );
         let quota = Quota {

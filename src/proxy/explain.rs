@@ -79,7 +79,7 @@ impl Proxy {
                     .await?;
                 let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
-                out["endpoint"] = pending.endpoint.name.clone().into();
+                out["endpoint"] = pending.held.endpoint.name.clone().into();
                 out["cost"] = pending.cost.into();
                 out["limits"] = pending
                     .limits

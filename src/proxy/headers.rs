@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn several_policies_are_all_reported_and_the_trio_tells_the_tightest() {
         use quotagate_engine::limiter::{Limit, Limits, Outcome};
-        let l = |rl, w, shadow| Limit { rl, w, shadow };
+        let l = |rl, w, shadow| Limit::sliding(rl, w).shadowed(shadow);
         let q = |allowed, limit, remaining, reset, retry_after| Quota {
             allowed,
             limit,

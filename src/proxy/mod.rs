@@ -97,6 +97,11 @@ impl Proxy {
         }
     }
 
+    /// The admission policy (`[limits]`).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     pub fn catalog(&self) -> &Arc<Live> {
         &self.catalog
     }
@@ -175,9 +180,9 @@ impl Proxy {
             Step::Done(admission) => admission,
             Step::Count(pending) => {
                 if self.policy.access_log {
-                    record.key = Some(match pending.anonymous {
+                    record.key = Some(match pending.held.anonymous {
                         Some(_) => "anonymous".into(),
-                        None => crate::telemetry::fingerprint(pending.key),
+                        None => crate::telemetry::fingerprint(pending.held.key),
                     });
                 }
                 let asked = Instant::now();

@@ -10,6 +10,7 @@
 //! even when another one of the same request is over its limit.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -19,15 +20,14 @@ use http::HeaderMap;
 use super::metrics::{Hit, RlsMetrics, RuleCounters};
 use super::proto::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse};
 use super::rules::{RuleSet, Unit};
-use crate::catalog::LimitLookup;
 use crate::catalog::live::Live;
 use crate::config::{HeaderSet, WindowKind};
+use crate::proxy::admission;
 use crate::proxy::headers::set_rate_limit;
+use crate::proxy::settings::Policy;
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{Limit, Limits, Outcome, Quota, Rate};
-use quotagate_engine::path::{self, EscapedSlashes};
-use quotagate_store::keys::aligned_window;
-use quotagate_store::{CounterKey, FixedDecision, Store, Verdict};
+use quotagate_store::{CounterKey, Store, Verdict};
 
 /// The service's settings (`[rls]`), checked.
 #[derive(Debug, Clone)]
@@ -42,14 +42,22 @@ pub struct RlsPolicy {
     pub window: WindowKind,
 }
 
+/// What the catalog domain decides by: the gateway's live catalog and its admission policy.
+#[derive(Clone)]
+pub struct CatalogDomain {
+    pub live: Arc<Live>,
+    pub policy: Policy,
+}
+
 /// The rate-limit service behind the gRPC port.
 pub struct Rls {
     rules: ArcSwap<Loaded>,
     pub metrics: RlsMetrics,
     store: Arc<Store>,
     clock: Arc<dyn Clock>,
-    /// The gateway's live catalog, for the catalog domain (`None`: no gateway in this process).
-    catalog: Option<Arc<Live>>,
+    /// The gateway's live catalog and policy, for the catalog domain (`None`: no gateway in this
+    /// process).
+    catalog: Option<CatalogDomain>,
     policy: RlsPolicy,
 }
 
@@ -100,8 +108,6 @@ enum Plan {
         rule_name: Option<String>,
         replaces: Vec<String>,
         stats: RuleCounters,
-        /// Counted in a clock-aligned fixed window (`rls.window = fixed`; rules and overrides).
-        fixed: bool,
     },
 }
 
@@ -118,7 +124,7 @@ impl Rls {
         rules: RuleSet,
         store: Arc<Store>,
         clock: Arc<dyn Clock>,
-        catalog: Option<Arc<Live>>,
+        catalog: Option<CatalogDomain>,
         policy: RlsPolicy,
         metrics: RlsMetrics,
     ) -> Rls {
@@ -151,17 +157,8 @@ impl Rls {
         let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
             match plan {
                 Plan::Count {
-                    counter,
-                    limits,
-                    fixed: false,
-                    ..
-                } => Some(self.count(counter, limits, ask.cost, now_ms).await),
-                Plan::Count {
-                    counter,
-                    limits,
-                    fixed: true,
-                    ..
-                } => Some(self.count_fixed(counter, limits[0], ask.cost, now_ms).await),
+                    counter, limits, ..
+                } => Some(self.store.hit(counter, limits, ask.cost, now_ms).await),
                 _ => None,
             }
         }))
@@ -185,7 +182,7 @@ impl Rls {
         if let Some((n, unit)) = ask.override_limit {
             return Plan::Count {
                 counter,
-                limits: vec![limit(n, unit, false)],
+                limits: vec![self.limit(n, unit, false)],
                 name: String::new(),
                 shown: (n, unit.proto()),
                 rule_name: None,
@@ -195,7 +192,6 @@ impl Rls {
                     .get(domain)
                     .cloned()
                     .unwrap_or_else(|| self.metrics.rule(domain, &format!("{domain}._override"))),
-                fixed: self.policy.window == WindowKind::Fixed,
             };
         }
         let Some(found) = known.and_then(|d| d.find(&ask.entries)) else {
@@ -239,37 +235,47 @@ impl Rls {
         };
         Plan::Count {
             counter,
-            limits: vec![limit(n, unit, rule.shadow)],
+            limits: vec![self.limit(n, unit, rule.shadow)],
             name: rule.name.clone(),
             shown: (n, unit.proto()),
             rule_name: (!rule.name.is_empty()).then(|| rule.name.clone()),
             replaces: rule.replaces.clone(),
             stats,
-            fixed: self.policy.window == WindowKind::Fixed,
         }
     }
 
-    /// The catalog domain: a descriptor carrying `api_key`, `method` and `path`, decided as the
-    /// gateway decides that request. `None` when the descriptor is not of that shape.
+    /// The catalog domain: a descriptor carrying `method`, `path` and `api_key` (or, for the
+    /// catalog's anonymous limits, `remote_address`), held to what the gateway's admission holds
+    /// that request to ([`admission::hold`]: the same path normal form, policy, limits and
+    /// counter). `None` when the descriptor is not of that shape.
     fn catalog_plan(&self, ask: &Ask<'_>) -> Option<Plan> {
-        let live = self.catalog.as_ref()?;
+        let gateway = self.catalog.as_ref()?;
         let get = |name: &str| ask.entries.iter().find(|(k, _)| *k == name).map(|e| e.1);
-        let (key, method, raw) = (get("api_key")?, get("method")?, get("path")?);
-        let snapshot = live.snapshot();
+        let (method, raw) = (get("method")?, get("path")?);
+        let key = get("api_key").filter(|k| !k.is_empty());
+        let client = get("remote_address").and_then(|a| a.parse::<IpAddr>().ok());
+        let policy = &gateway.policy;
+        let key = match (key, client) {
+            (None, None) => return None,
+            (Some(k), _) => Some(k.as_bytes()),
+            // As the gateway without `limits.anonymous`: a request without a key has no limit.
+            (None, Some(_)) if !policy.anonymous => return Some(Plan::Free),
+            (None, Some(_)) => None,
+        };
+        if !policy.enabled {
+            return Some(Plan::Free);
+        }
+        let snapshot = gateway.live.snapshot();
         let raw = raw.split(['?', '#']).next().unwrap_or_default();
-        let Ok(normal) = path::normalize(raw, EscapedSlashes::Reject) else {
+        let anywhere = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        let client = || client.unwrap_or(anywhere);
+        let Ok(held) = admission::hold(policy, Some(&snapshot), method, raw, key, client) else {
             return Some(Plan::Free);
         };
-        let Some(route) = snapshot.route(method, &normal) else {
-            return Some(Plan::Free);
-        };
-        let endpoint = &snapshot.endpoints()[route.endpoint];
-        let LimitLookup::Limits(limits) = snapshot.limit(key.as_bytes(), route.endpoint) else {
-            return Some(Plan::Free);
-        };
+        let (endpoint, limits) = (held.endpoint, Limits::new(held.limits, policy.shadow));
         let first = limits[0];
         Some(Plan::Count {
-            counter: CounterKey::new(key.as_bytes(), &endpoint.name),
+            counter: held.counter(),
             limits: limits.to_vec(),
             name: endpoint.name.clone(),
             shown: (
@@ -282,52 +288,18 @@ impl Rls {
                 &self.policy.catalog_domain,
                 &format!("{}.{}", self.policy.catalog_domain, endpoint.name),
             ),
-            // The gateway's own counters: always its sliding windows.
-            fixed: false,
         })
     }
 
-    /// Counts one descriptor (a cost of 0 checks without counting).
-    async fn count(
-        &self,
-        counter: &CounterKey,
-        limits: &[Limit],
-        cost: u64,
-        now_ms: u64,
-    ) -> Verdict {
-        self.store.hit(counter, limits, cost, now_ms).await
-    }
-
-    /// Counts one descriptor in its fixed window aligned to the clock, as envoyproxy/ratelimit
-    /// does: the window `[k w, (k + 1) w)` seconds of Unix time that holds now.
-    async fn count_fixed(&self, counter: &CounterKey, l: Limit, cost: u64, now_ms: u64) -> Verdict {
-        let w = u64::from(l.w);
-        let now = now_ms / 1000;
-        let index = now / w;
-        let reset = (index + 1) * w - now;
-        let quota = |allowed: bool, credit: u64, reset: u64| Quota {
-            allowed,
-            limit: l.rl,
-            remaining: credit,
-            reset,
-            retry_after: (!allowed && cost <= l.rl).then_some(reset),
-        };
-        let outcome = |q: Quota| {
-            let allowed = q.allowed || l.shadow;
-            Outcome::new(allowed, allowed && !q.allowed, &[q])
-        };
-        if l.rl == 0 {
-            // The store's fixed windows need a limit above 0; nothing to count anyway.
-            return Verdict::Decided(outcome(quota(cost == 0, 0, reset)));
+    /// A rule's limit of `n` per `unit`: a sliding window of the unit's length, or with
+    /// `rls.window = fixed` a fixed window aligned to the clock, as envoyproxy/ratelimit counts.
+    fn limit(&self, n: u32, unit: Unit, shadow: bool) -> Limit {
+        let (n, w) = (u64::from(n), unit.seconds());
+        match self.policy.window {
+            WindowKind::Sliding => Limit::sliding(n, w),
+            WindowKind::Fixed => Limit::aligned(n, w),
         }
-        let key = aligned_window(counter, l.w, index);
-        let decided = |d: FixedDecision| outcome(quota(d.allowed, d.credit, d.reset.max(1) as u64));
-        match self.store.hit_fixed(&key, l.rl, reset, cost, now).await {
-            Verdict::Decided(d) => Verdict::Decided(decided(d)),
-            Verdict::Local(d) => Verdict::Local(decided(d)),
-            Verdict::Open => Verdict::Open,
-            Verdict::Closed => Verdict::Closed,
-        }
+        .shadowed(shadow)
     }
 
     /// The response: one status per descriptor, the overall code, and the header fields.
@@ -451,10 +423,7 @@ fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderVal
         reset,
         retry_after: (!allowed).then_some(reset),
     };
-    let first = [Limit {
-        shadow: false,
-        ..limits[0]
-    }];
+    let first = [limits[0].shadowed(false)];
     let rate = Rate {
         name,
         limits: Limits::new(&first, false),
@@ -495,15 +464,6 @@ fn replace(plans: &mut [Plan]) {
         {
             *p = Plan::Free;
         }
-    }
-}
-
-/// A limit of `n` per `unit`, as a sliding window of the unit's length.
-fn limit(n: u32, unit: Unit, shadow: bool) -> Limit {
-    Limit {
-        rl: u64::from(n),
-        w: unit.seconds(),
-        shadow,
     }
 }
 

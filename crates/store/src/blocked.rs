@@ -180,11 +180,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    const L5: Limit = Limit {
-        rl: 5,
-        w: 60,
-        shadow: false,
-    };
+    const L5: Limit = Limit::per_minute(5);
 
     fn key(k: &str) -> CounterKey {
         CounterKey::new(k.as_bytes(), "GET /x")

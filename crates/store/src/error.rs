@@ -23,6 +23,8 @@ enum Cause {
     Unreachable(String),
     Redis(redis::RedisError),
     Reply(String),
+    /// A question no store answers (what, in our words): not an outage.
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -63,6 +65,18 @@ impl StoreError {
         }
     }
 
+    pub(crate) fn unsupported(what: &'static str) -> Self {
+        StoreError {
+            cause: Cause::Unsupported(what),
+        }
+    }
+
+    /// The question is one no store answers (no backend is at fault: the failure policy does not
+    /// apply).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.cause, Cause::Unsupported(_))
+    }
+
     /// The call did not finish within the store timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self.cause, Cause::Timeout)
@@ -80,6 +94,7 @@ impl fmt::Display for StoreError {
             Cause::Unreachable(why) => f.write_str(why),
             Cause::Redis(e) => write!(f, "Redis error: {e}"),
             Cause::Reply(e) => write!(f, "bad reply from Redis: {e}"),
+            Cause::Unsupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }
@@ -88,7 +103,9 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.cause {
             Cause::Config(e) | Cause::Connect { source: e, .. } | Cause::Redis(e) => Some(e),
-            Cause::Timeout | Cause::Unreachable(_) | Cause::Reply(_) => None,
+            Cause::Timeout | Cause::Unreachable(_) | Cause::Reply(_) | Cause::Unsupported(_) => {
+                None
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::memory::MemoryStore;
-use super::{CounterKey, CounterStore, FailurePolicy, FixedDecision, StoreError, Verdict};
+use super::{CounterKey, CounterStore, FailurePolicy, StoreError, Verdict};
 use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
 /// A backend plus the failure policy.
@@ -27,6 +27,8 @@ pub struct Failover<B> {
     probe_interval: Duration,
     /// Failed or timed-out store calls (a metric).
     pub errors: Counter,
+    /// A question no store answers was logged.
+    unanswerable_logged: AtomicBool,
 }
 
 impl<B: CounterStore> Failover<B> {
@@ -39,6 +41,7 @@ impl<B: CounterStore> Failover<B> {
             down: Arc::new(AtomicBool::new(false)),
             probe_interval,
             errors: Counter::default(),
+            unanswerable_logged: AtomicBool::new(false),
         }
     }
 
@@ -65,64 +68,49 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
-    /// Checks one request of `cost` units against `limits` at `now_ms` and counts it where it
-    /// belongs ([`CounterStore::hit`]).
+    /// Checks one request of `cost` units against `limits` (windows of any kind) at `now_ms` and
+    /// counts it where it belongs ([`CounterStore::hit`]).
     pub async fn hit(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Verdict {
-        // One enforced limit the request can never pass (a zero limit, a cost above it): the
-        // answer needs no store.
+        // One limit that decides alone (a request that can never pass it, an aligned window of
+        // 0): the answer needs no store.
         if let [l] = limits
-            && !l.shadow
-            && cost > l.rl
+            && let Some(o) = l.alone(cost, now_ms)
         {
-            let q = Quota {
-                limit: l.rl,
-                reset: u64::from(l.w),
-                ..Quota::zero_limit()
-            };
-            return Verdict::Decided(Outcome::new(false, false, &[q]));
+            return Verdict::Decided(o);
         }
         // The call is awaited where it is made, not passed to a helper: a future passed by value
         // into an `async fn` is stored twice, and this one is in every request's future.
         if !self.is_degraded() {
             match self.backend.hit(key, limits, cost, now_ms).await {
                 Ok(o) => return Verdict::Decided(o),
+                Err(e) if e.is_unsupported() => return self.unanswerable(&e),
                 Err(e) => self.mark_down(&e),
             }
         }
-        self.degraded(|| self.fallback.hit_now(key, limits, cost, now_ms))
+        match self.policy {
+            FailurePolicy::Local => match self.fallback.hit_now(key, limits, cost, now_ms) {
+                Ok(o) => Verdict::Local(o),
+                Err(e) => self.unanswerable(&e),
+            },
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
+        }
     }
 
     /// One request against one enforced limit of `limit` per 60 s at second `now`: the DynLimits
     /// case, [`Failover::hit`] with one limit.
     pub async fn hit_per_minute(&self, key: &CounterKey, limit: u64, now: u64) -> Verdict<Quota> {
-        let one = |o: Outcome| o.quotas()[0];
-        match self
-            .hit(key, &[Limit::per_minute(limit)], 1, now * 1000)
+        self.hit(key, &[Limit::per_minute(limit)], 1, now * 1000)
             .await
-        {
-            Verdict::Decided(o) => Verdict::Decided(one(o)),
-            Verdict::Local(o) => Verdict::Local(one(o)),
-            Verdict::Open => Verdict::Open,
-            Verdict::Closed => Verdict::Closed,
-        }
+            .map(|o| o.quotas()[0])
     }
 
-    /// [`CounterStore::hit_fixed`] under the failure policy.
-    pub async fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        cost: u64,
-        now: u64,
-    ) -> Verdict<FixedDecision> {
-        if !self.is_degraded() {
-            match self.backend.hit_fixed(key, limit, reset, cost, now).await {
-                Ok(d) => return Verdict::Decided(d),
-                Err(e) => self.mark_down(&e),
-            }
+    /// A question no store answers: refused as if the store were down under `closed`, said once.
+    fn unanswerable<D>(&self, e: &StoreError) -> Verdict<D> {
+        if !self.unanswerable_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %e, "a request asked the store what it cannot answer; refused");
         }
-        self.degraded(|| self.fallback.hit_fixed_now(key, limit, reset, cost, now))
+        Verdict::Closed
     }
 
     /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
@@ -141,16 +129,6 @@ impl<B: CounterStore> Failover<B> {
     pub async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
         let local = self.fallback.reset(api_key).await.unwrap_or(0);
         Ok(self.backend.reset(api_key).await? + local)
-    }
-
-    /// The answer while the backend is down or just failed: the failure policy (`local` answers
-    /// with `local()`).
-    fn degraded<D>(&self, local: impl FnOnce() -> D) -> Verdict<D> {
-        match self.policy {
-            FailurePolicy::Local => Verdict::Local(local()),
-            FailurePolicy::Open => Verdict::Open,
-            FailurePolicy::Closed => Verdict::Closed,
-        }
     }
 
     fn mark_down(&self, e: &StoreError) {
@@ -221,22 +199,6 @@ mod tests {
             })
         }
 
-        async fn hit_fixed(
-            &self,
-            _: &str,
-            limit: u64,
-            reset: u64,
-            _: u64,
-            _: u64,
-        ) -> Result<FixedDecision, StoreError> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            self.answer().map(|()| FixedDecision {
-                allowed: true,
-                credit: limit - 1,
-                reset: reset as i64,
-            })
-        }
-
         async fn probe(&self) -> Result<(), StoreError> {
             self.probes.fetch_add(1, Ordering::SeqCst);
             self.answer()
@@ -281,15 +243,20 @@ mod tests {
         assert!(
             matches!(local.hit_per_minute(&KEY(), 2, 100).await, Verdict::Local(q) if !q.allowed)
         );
+        let divvy = CounterKey::divvy("m=a", "x");
+        let fixed = [Limit::fixed(1, 60)];
         assert!(matches!(
-            local.hit_fixed("d", 1, 60, 1, 100).await,
-            Verdict::Local(d) if d.allowed
+            local.hit(&divvy, &fixed, 1, 100_000).await,
+            Verdict::Local(o) if o.allowed
         ));
         let open = failing(FailurePolicy::Open);
         assert_eq!(open.hit_per_minute(&KEY(), 2, 100).await, Verdict::Open);
         let closed = failing(FailurePolicy::Closed);
         assert_eq!(closed.hit_per_minute(&KEY(), 2, 100).await, Verdict::Closed);
-        assert_eq!(closed.hit_fixed("d", 1, 60, 1, 100).await, Verdict::Closed);
+        assert_eq!(
+            closed.hit(&divvy, &fixed, 1, 100_000).await,
+            Verdict::Closed
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,6 +9,8 @@
 //! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`;
 //! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<api key>}:<endpoint>:s<w>`.
 
+use quotagate_engine::limiter::{Kind, Limit, Span};
+
 /// Redis key prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "quotagate";
 
@@ -73,6 +75,19 @@ impl CounterKey {
             escape(v.as_bytes(), &mut s);
         }
         s.push_str("}:rls");
+        CounterKey(s)
+    }
+
+    /// The counter of a Divvy rule (`bucket`: its sorted operation pairs) for `actor`:
+    /// `divvy:<bucket>:<actor>`, as the original Divvy names it (unescaped), so that quotagate and
+    /// a running Divvy share counters in one Redis. It starts with neither `{` nor `=`, so no
+    /// other counter can share it.
+    pub fn divvy(bucket: &str, actor: &str) -> Self {
+        let mut s = String::with_capacity(bucket.len() + actor.len() + 8);
+        s.push_str("divvy:");
+        s.push_str(bucket);
+        s.push(':');
+        s.push_str(actor);
         CounterKey(s)
     }
 
@@ -144,11 +159,31 @@ pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
     s
 }
 
+/// The key of `counter`'s fixed window for `limit` at `span` ([`Kind::Fixed`] or
+/// [`Kind::Aligned`]): Divvy's `<counter>:<limit>:<seconds>` for a window from its first hit
+/// (with [`CounterKey::divvy`], the original Divvy's key), [`aligned_window`] for one on the
+/// clock. The memory store names its fixed windows the same way.
+pub fn fixed_window(counter: &CounterKey, limit: &Limit, span: &Span) -> String {
+    match (limit.kind, span.index) {
+        (Kind::Aligned, Some(index)) => aligned_window(counter, limit.w, index),
+        _ => {
+            let mut digits = itoa::Buffer::new();
+            let mut s = String::with_capacity(counter.0.len() + 32);
+            s.push_str(&counter.0);
+            s.push(':');
+            s.push_str(digits.format(limit.rl));
+            s.push(':');
+            s.push_str(digits.format(limit.w));
+            s
+        }
+    }
+}
+
 /// The key of `counter`'s fixed window of `w` seconds aligned to the clock, number `index`
 /// (covering seconds `[index w, (index + 1) w)` of Unix time): `rls:<counter>:f<w>:<index>`. Like
 /// Divvy's keys it holds the credit left and is not under the store's prefix; it expires with
 /// its window.
-pub fn aligned_window(counter: &CounterKey, w: u32, index: u64) -> String {
+fn aligned_window(counter: &CounterKey, w: u32, index: u64) -> String {
     let mut digits = itoa::Buffer::new();
     let mut s = String::with_capacity(counter.0.len() + 32);
     s.push_str("rls:");
@@ -227,6 +262,23 @@ mod tests {
         ]
         .into();
         assert_eq!(names.len(), 6);
+    }
+
+    #[test]
+    fn fixed_windows_keep_divvys_keys() {
+        let c = CounterKey::divvy("method=GET path=/a", "alice");
+        let l = Limit::fixed(100, 60);
+        let span = Span::of(&l, 5_000);
+        assert_eq!(
+            fixed_window(&c, &l, &span),
+            "divvy:method=GET path=/a:alice:100:60"
+        );
+        let d = CounterKey::descriptor("edge", [("k", "v")].into_iter());
+        let l = Limit::aligned(100, 60);
+        assert_eq!(
+            fixed_window(&d, &l, &Span::of(&l, 1_700_000_040_000)),
+            "rls:{#edge:k=v}:rls:f60:28333334"
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
-use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota, bucket_of, bucket_start};
+use quotagate_engine::limiter::{
+    Kind, Limit, MAX_LIMITS, Outcome, Quota, bucket_of, bucket_start, buckets,
+};
 use tokio::sync::watch;
 // tokio's clock: std's in production, frozen under a paused test runtime.
 use tokio::time::Instant;
@@ -78,11 +80,15 @@ pub fn bucket_end_ms(limits: &[Limit], at_ms: u64) -> u64 {
         .unwrap_or(at_ms)
 }
 
-/// The shortest bucket of `limits`, in microseconds: the period of a counter's rate.
+/// The shortest bucket of `limits`, in microseconds: the period of a counter's rate. A fixed
+/// window's lease is spent for at most a second: its rate is counted per second.
 fn bucket_us(limits: &[Limit]) -> i64 {
     limits
         .iter()
-        .map(|l| i64::from(l.w) * 1_000_000 / quotagate_engine::limiter::buckets(l.w) as i64)
+        .map(|l| match l.kind {
+            Kind::Sliding => i64::from(l.w) * 1_000_000 / buckets(l.w) as i64,
+            Kind::Fixed | Kind::Aligned => 1_000_000,
+        })
         .min()
         .unwrap_or(1_000_000)
         .max(1)
@@ -116,8 +122,8 @@ struct Lease {
     limits: LimitSet,
     /// Units left to admit here.
     left: u64,
-    /// The script's time it was counted at (its bucket), or a fixed window's expiry (which names
-    /// the window), for the give-back.
+    /// Names the counts it was taken from, for the give-back: by the limits' kind, a sliding
+    /// window's script time (its bucket) or a fixed window's expiry (the window).
     at_ms: i64,
     /// Spent only before this instant (lease clock, microseconds).
     until_us: i64,
@@ -426,11 +432,7 @@ mod tests {
     }
 
     fn lim(rl: u64, w: u32) -> Limit {
-        Limit {
-            rl,
-            w,
-            shadow: false,
-        }
+        Limit::sliding(rl, w)
     }
 
     #[test]

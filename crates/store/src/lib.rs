@@ -40,16 +40,21 @@ pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
 pub use lease::{LeaseMode, StoreStats};
-pub use memory::{FixedDecision, FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
+pub use memory::{FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 pub use target::{RedisMode, RedisTarget};
 
+use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{Limit, Outcome};
 
 /// A place counters live. Calls are bounded by the backend's own timeout.
 pub trait CounterStore: Send + Sync + 'static {
-    /// Checks one request of `cost` units against every sliding window of `key` (`limits`: distinct
-    /// window lengths, at most [`quotagate_engine::limiter::MAX_LIMITS`]) at `now_ms` (Unix milliseconds) and
-    /// counts it where it belongs, atomically ([`quotagate_engine::limiter::WindowSet::hit`]).
+    /// The one question every door asks: may a request of `cost` units (0: a check) on counter
+    /// `key` pass `limits` at `now_ms` (Unix milliseconds)? Counted where it belongs, atomically.
+    /// `limits` are sliding windows of distinct lengths (at most
+    /// [`quotagate_engine::limiter::MAX_LIMITS`], [`quotagate_engine::limiter::WindowSet::hit`]),
+    /// or one fixed window ([`quotagate_engine::limiter::Kind`], [`quotagate_engine::limiter::FixedWindow`]:
+    /// above 0 units and seconds; a hit without room takes none); other sets are
+    /// [`StoreError::is_unsupported`].
     fn hit(
         &self,
         key: &CounterKey,
@@ -57,18 +62,6 @@ pub trait CounterStore: Send + Sync + 'static {
         cost: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
-
-    /// One hit of `cost` units (0: a check) on the fixed window `key`: `limit` units per `reset`
-    /// seconds (both above 0), the window starting at its first hit (Divvy's; the rate-limit
-    /// service's clock-aligned windows put their start in `key`). A hit without room takes none.
-    fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        cost: u64,
-        now: u64,
-    ) -> impl Future<Output = Result<FixedDecision, StoreError>> + Send;
 
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -120,8 +113,8 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The answer for one request (`D`: the sliding windows' [`Outcome`], one [`quotagate_engine::limiter::Quota`],
-/// or a Divvy [`FixedDecision`]).
+/// The answer for one request (`D`: the limits' [`Outcome`], or one
+/// [`quotagate_engine::limiter::Quota`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict<D = Outcome> {
     /// Decided by the configured store.
@@ -132,6 +125,18 @@ pub enum Verdict<D = Outcome> {
     Open,
     /// The shared store is down and the policy is `closed`.
     Closed,
+}
+
+impl<D> Verdict<D> {
+    /// The same verdict with its decision turned by `f`.
+    pub fn map<E>(self, f: impl FnOnce(D) -> E) -> Verdict<E> {
+        match self {
+            Verdict::Decided(d) => Verdict::Decided(f(d)),
+            Verdict::Local(d) => Verdict::Local(f(d)),
+            Verdict::Open => Verdict::Open,
+            Verdict::Closed => Verdict::Closed,
+        }
+    }
 }
 
 /// The store's settings (`[store]`), checked.
@@ -163,22 +168,8 @@ impl CounterStore for Backend {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         match self {
-            Backend::Memory(m) => Ok(m.hit_now(key, limits, cost, now_ms)),
+            Backend::Memory(m) => m.hit_now(key, limits, cost, now_ms),
             Backend::Redis(r) => r.hit(key, limits, cost, now_ms).await,
-        }
-    }
-
-    async fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        cost: u64,
-        now: u64,
-    ) -> Result<FixedDecision, StoreError> {
-        match self {
-            Backend::Memory(m) => Ok(m.hit_fixed_now(key, limit, reset, cost, now)),
-            Backend::Redis(r) => r.hit_fixed(key, limit, reset, cost, now).await,
         }
     }
 
@@ -229,8 +220,12 @@ pub type Store = Failover<Backend>;
 
 impl Store {
     /// The configured store. A Redis store connects lazily: this fails only on a malformed URL.
-    /// `thread_slot`: see [`RedisStore::with_thread_slot`].
-    pub fn open(s: &StoreSettings, thread_slot: fn() -> usize) -> Result<Store, StoreError> {
+    /// `thread_slot`: see [`RedisStore::with_thread_slot`]; `clock`: the application's.
+    pub fn open(
+        s: &StoreSettings,
+        thread_slot: fn() -> usize,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Store, StoreError> {
         Ok(match s {
             StoreSettings::Memory => Store::memory(),
             StoreSettings::Redis {
@@ -238,7 +233,9 @@ impl Store {
                 policy,
                 probe_interval,
             } => Store::redis(
-                RedisStore::connect(redis)?.with_thread_slot(thread_slot),
+                RedisStore::connect(redis)?
+                    .with_thread_slot(thread_slot)
+                    .with_clock(clock),
                 *policy,
                 *probe_interval,
             ),

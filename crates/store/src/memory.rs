@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
-use super::keys::CounterKey;
+use super::keys::{self, CounterKey};
 use super::{CounterStore, StoreError};
-use quotagate_engine::limiter::{Limit, Outcome, WindowSet};
+use quotagate_engine::limiter::FixedWindow;
+use quotagate_engine::limiter::{Limit, Outcome, Shape, Span, WindowSet, fixed_outcome};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -114,29 +115,16 @@ impl SlidingWindows {
     }
 }
 
-/// The answer of a fixed window (Divvy): allowed, credit left, seconds until the window resets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FixedDecision {
-    pub allowed: bool,
-    pub credit: u64,
-    pub reset: i64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Fixed {
-    expires: u64,
-    credit: u64,
-}
-
 #[derive(Debug)]
 struct FixedShard {
-    windows: HashMap<String, Fixed>,
+    windows: HashMap<String, FixedWindow>,
     sweep_at: usize,
     /// When the shard was last swept because it was full: at most once a second.
     swept_full: u64,
 }
 
-/// Fixed windows that start at their first hit (Divvy's counters), in memory.
+/// Fixed windows ([`Kind::Fixed`], [`Kind::Aligned`]: the Divvy port's and the rate-limit
+/// service's), in memory, named as in Redis ([`keys::fixed_window`]).
 ///
 /// Expired windows are swept like idle sliding windows. Actors are whatever clients send, so the
 /// number of live windows is capped at `max`; at the cap, new counters are refused (the request is
@@ -169,36 +157,47 @@ impl FixedWindows {
         }
     }
 
-    /// One hit of `cost` units at `now` (seconds) on the window `key` of `limit` units per `reset`
-    /// seconds (both > 0); a hit without room takes none.
-    pub fn hit(&self, key: &str, limit: u64, reset: u64, cost: u64, now: u64) -> FixedDecision {
+    /// One hit of `cost` units at `now_ms` on `counter`'s fixed window of `l`
+    /// ([`FixedWindow::hit`]); a hit without room takes none.
+    pub fn hit(&self, counter: &CounterKey, l: &Limit, cost: u64, now_ms: u64) -> Outcome {
+        let span = Span::of(l, now_ms);
+        let name = keys::fixed_window(counter, l, &span);
+        let now = now_ms / 1000;
+        let (allowed, credit, ttl) = self.hit_named(&name, l.rl, span.seconds, cost, now);
+        fixed_outcome(
+            l,
+            cost,
+            allowed,
+            credit,
+            i64::try_from(ttl).unwrap_or(i64::MAX),
+        )
+    }
+
+    fn hit_named(
+        &self,
+        key: &str,
+        limit: u64,
+        seconds: u64,
+        cost: u64,
+        now: u64,
+    ) -> (bool, u64, u64) {
         let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
         let mut guard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
         let shard = &mut *guard;
         let map = &mut shard.windows;
-        if let Some(w) = map.get_mut(key).filter(|w| now < w.expires) {
-            let ttl = (w.expires - now) as i64;
-            if w.credit < cost {
-                return FixedDecision {
-                    allowed: false,
-                    credit: w.credit,
-                    reset: ttl,
-                };
+        if let Some(w) = map.get_mut(key) {
+            let mut live = Some(*w);
+            let answer = FixedWindow::hit(&mut live, limit, seconds, cost, now);
+            if let Some(l) = live {
+                *w = l;
             }
-            w.credit -= cost;
-            return FixedDecision {
-                allowed: true,
-                credit: w.credit,
-                reset: ttl,
-            };
+            return answer;
         }
-        if cost > limit {
-            return FixedDecision {
-                allowed: false,
-                credit: limit,
-                reset: reset as i64,
-            };
-        }
+        let mut fresh = None;
+        let answer = FixedWindow::hit(&mut fresh, limit, seconds, cost, now);
+        let Some(fresh) = fresh else {
+            return answer;
+        };
         let full = map.len() >= self.max_per_shard && now > shard.swept_full;
         if map.len() >= shard.sweep_at || full {
             map.retain(|_, w| now < w.expires);
@@ -207,7 +206,7 @@ impl FixedWindows {
                 shard.swept_full = now;
             }
         }
-        if map.len() >= self.max_per_shard && !map.contains_key(key) {
+        if map.len() >= self.max_per_shard {
             if !self
                 .full_logged
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
@@ -216,24 +215,10 @@ impl FixedWindows {
                     "divvy memory store is full: new counters are denied until windows expire"
                 );
             }
-            return FixedDecision {
-                allowed: false,
-                credit: 0,
-                reset: reset as i64,
-            };
+            return (false, 0, seconds);
         }
-        map.insert(
-            key.to_owned(),
-            Fixed {
-                expires: now + reset,
-                credit: limit - cost,
-            },
-        );
-        FixedDecision {
-            allowed: true,
-            credit: limit - cost,
-            reset: reset as i64,
-        }
+        map.insert(key.to_owned(), fresh);
+        answer
     }
 }
 
@@ -263,23 +248,29 @@ impl MemoryStore {
         }
     }
 
-    /// [`SlidingWindows::hit`], without a future (the failover's local fallback and the store's own `hit`).
-    pub fn hit_now(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
-        self.windows.hit(key, limits, cost, now_ms)
-    }
-
-    /// [`FixedWindows::hit`], without a future.
-    pub fn hit_fixed_now(
+    /// [`CounterStore::hit`] without a future (the failover's local fallback and the store's
+    /// own): sliding windows in [`SlidingWindows`], a fixed one in [`FixedWindows`].
+    pub fn hit_now(
         &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
+        key: &CounterKey,
+        limits: &[Limit],
         cost: u64,
-        now: u64,
-    ) -> FixedDecision {
-        self.fixed.hit(key, limit, reset, cost, now)
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        match Shape::of(limits) {
+            Shape::Sliding => Ok(self.windows.hit(key, limits, cost, now_ms)),
+            Shape::Fixed(l) => Ok(self.fixed.hit(key, l, cost, now_ms)),
+            Shape::Mixed => Err(StoreError::unsupported(MIXED)),
+        }
     }
 }
+
+/// Why peeking at fixed windows has no answer (only the admin peeks, at the catalog's sliding
+/// windows).
+pub(crate) const PEEK_FIXED: &str = "peeking at fixed windows";
+
+/// Why a request's limits mixing fixed windows with others have no answer yet.
+pub(crate) const MIXED: &str = "a request's limits mix a fixed window with other windows";
 
 impl CounterStore for MemoryStore {
     async fn hit(
@@ -289,18 +280,7 @@ impl CounterStore for MemoryStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        Ok(self.hit_now(key, limits, cost, now_ms))
-    }
-
-    async fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        cost: u64,
-        now: u64,
-    ) -> Result<FixedDecision, StoreError> {
-        Ok(self.hit_fixed_now(key, limit, reset, cost, now))
+        self.hit_now(key, limits, cost, now_ms)
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
@@ -314,7 +294,10 @@ impl CounterStore for MemoryStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        Ok(self.windows.peek(key, limits, cost, now_ms))
+        match Shape::of(limits) {
+            Shape::Sliding => Ok(self.windows.peek(key, limits, cost, now_ms)),
+            _ => Err(StoreError::unsupported(PEEK_FIXED)),
+        }
     }
 
     async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
@@ -333,51 +316,39 @@ mod tests {
     #[test]
     fn fixed_windows_start_at_the_first_hit_and_are_bounded() {
         let f = FixedWindows::new(SHARDS * 2);
-        let d = |allowed, credit, reset| FixedDecision {
-            allowed,
-            credit,
-            reset,
+        let l = Limit::fixed(2, 10);
+        let hit = |f: &FixedWindows, actor: &str, l: &Limit, s: u64| {
+            let o = f.hit(&CounterKey::divvy("m=a", actor), l, 1, s * 1000);
+            (o.allowed, o.quotas()[0].remaining, o.quotas()[0].reset)
         };
-        assert_eq!(f.hit("a", 2, 10, 1, 100), d(true, 1, 10));
-        assert_eq!(f.hit("a", 2, 10, 1, 103), d(true, 0, 7));
-        assert_eq!(f.hit("a", 2, 10, 1, 109), d(false, 0, 1));
-        assert_eq!(
-            f.hit("a", 2, 10, 1, 110),
-            d(true, 1, 10),
-            "a fresh window after expiry"
-        );
+        assert_eq!(hit(&f, "a", &l, 100), (true, 1, 10));
+        assert_eq!(hit(&f, "a", &l, 103), (true, 0, 7));
+        assert_eq!(hit(&f, "a", &l, 109), (false, 0, 1));
+        assert_eq!(hit(&f, "a", &l, 110), (true, 1, 10), "a fresh window");
+        // Another limit is another window (Divvy's keys name both).
+        assert_eq!(hit(&f, "a", &Limit::fixed(3, 10), 110), (true, 2, 10));
         // At the cap, new counters are denied, old ones keep working, expired ones make room.
+        let l = Limit::fixed(5, 60);
         for i in 0..10_000 {
-            f.hit(&format!("k{i}"), 5, 60, 1, 200);
+            hit(&f, &format!("k{i}"), &l, 200);
         }
-        assert!(!f.hit("newcomer", 5, 60, 1, 200).allowed);
-        assert!(
-            f.hit("newcomer", 5, 60, 1, 260).allowed,
-            "expired windows make room"
-        );
+        assert!(!hit(&f, "newcomer", &l, 200).0);
+        assert!(hit(&f, "newcomer", &l, 260).0, "expired windows make room");
     }
 
     #[test]
-    fn a_cost_takes_credit_only_when_it_fits() {
+    fn aligned_windows_lie_on_the_clock() {
         let f = FixedWindows::new(SHARDS * 2);
-        let d = |allowed, credit, reset| FixedDecision {
-            allowed,
-            credit,
-            reset,
+        let k = CounterKey::descriptor("d", [("k", "v")].into_iter());
+        let l = Limit::aligned(2, 60);
+        let hit = |ms| {
+            let o = f.hit(&k, &l, 1, ms);
+            (o.allowed, o.quotas()[0].remaining, o.quotas()[0].reset)
         };
-        assert_eq!(
-            f.hit("a", 5, 10, 6, 100),
-            d(false, 5, 10),
-            "never fits: nothing kept"
-        );
-        assert_eq!(f.hit("a", 5, 10, 3, 100), d(true, 2, 10));
-        assert_eq!(f.hit("a", 5, 10, 3, 101), d(false, 2, 9));
-        assert_eq!(
-            f.hit("a", 5, 10, 0, 102),
-            d(true, 2, 8),
-            "a check takes nothing"
-        );
-        assert_eq!(f.hit("a", 5, 10, 2, 103), d(true, 0, 7));
+        assert_eq!(hit(1_700_000_040_000), (true, 1, 60));
+        assert_eq!(hit(1_700_000_099_000), (true, 0, 1));
+        assert_eq!(hit(1_700_000_099_999), (false, 0, 1));
+        assert_eq!(hit(1_700_000_100_000), (true, 1, 60), "the next minute");
     }
 
     #[test]

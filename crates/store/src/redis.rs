@@ -20,15 +20,16 @@ use redis::Script;
 
 use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
-use super::keys::{CounterKey, api_key_pattern};
+use super::keys::{self, CounterKey, api_key_pattern};
 use super::lease::{GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
-use super::memory::FixedDecision;
+use super::memory::{MIXED, PEEK_FIXED};
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
 };
 use super::{CounterStore, StoreError};
-use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota};
+use quotagate_engine::clock::{Clock, SystemClock};
+use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, fixed_outcome};
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
@@ -170,39 +171,6 @@ enum Leased<'a> {
     },
 }
 
-/// The limit a fixed window's lease is planned with: its credit, and a minute window's bucket
-/// (one second) whatever the window's length. A lease on a fixed window is spent for at most a
-/// second and never past the window's end; its rate is counted per second.
-fn fixed_lease_limits(limit: u64) -> [Limit; 1] {
-    [Limit {
-        rl: limit,
-        w: 60,
-        shadow: false,
-    }]
-}
-
-/// A fixed window's answer as a quota (what the lease table keeps).
-fn fixed_outcome(limit: u64, d: &FixedDecision) -> Outcome {
-    let q = Quota {
-        allowed: d.allowed,
-        limit,
-        remaining: d.credit,
-        reset: u64::try_from(d.reset).unwrap_or(0),
-        retry_after: None,
-    };
-    Outcome::new(d.allowed, false, &[q])
-}
-
-/// The fixed window's answer for a quota decided from its lease.
-fn fixed_of(o: &Outcome) -> FixedDecision {
-    let q = o.quotas()[0];
-    FixedDecision {
-        allowed: o.allowed,
-        credit: q.remaining,
-        reset: i64::try_from(q.reset).unwrap_or(i64::MAX),
-    }
-}
-
 /// The Redis store.
 pub struct RedisStore {
     /// As configured.
@@ -225,6 +193,8 @@ pub struct RedisStore {
     me: OnceLock<Weak<RedisStore>>,
     /// Which hot-path connection the calling thread uses (see [`RedisStore::with_thread_slot`]).
     thread_slot: fn() -> usize,
+    /// The caller's clock, for calls this store makes on its own (a lease given back by a timer).
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -255,6 +225,7 @@ impl RedisStore {
             stats: StoreStats::default(),
             me: OnceLock::new(),
             thread_slot: || 0,
+            clock: Arc::new(SystemClock::new()),
         })
     }
 
@@ -284,6 +255,13 @@ impl RedisStore {
     /// that worker's own runtime. Default: every thread uses the first.
     pub fn with_thread_slot(mut self, thread_slot: fn() -> usize) -> RedisStore {
         self.thread_slot = thread_slot;
+        self
+    }
+
+    /// Reads the time for calls of its own from `clock` (the application's). Default: the
+    /// system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RedisStore {
+        self.clock = clock;
         self
     }
 
@@ -554,9 +532,7 @@ impl RedisStore {
             let Some(g) = store.leases.as_ref().and_then(|l| l.expire(&key, id)) else {
                 return;
             };
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
+            let now_ms = store.clock.now_ms();
             if let Err(e) = store.bounded(store.give_back(&key, g, now_ms)).await {
                 tracing::debug!(error = %e, "giving a lease back failed; its units stay counted until they leave the window");
             }
@@ -683,30 +659,34 @@ impl RedisStore {
         &self,
         leases: &Leases,
         name: &str,
-        limit: u64,
-        reset: u64,
+        l: &Limit,
+        seconds: u64,
         cost: u64,
-    ) -> Result<FixedDecision, StoreError> {
+    ) -> Result<Outcome, StoreError> {
         // Fixed windows live by Redis' expiry: their leases keep this store's own clock.
         let key = &CounterKey::fixed(name);
-        let limits = &fixed_lease_limits(limit);
+        let limits = std::slice::from_ref(l);
         let now_us = || leases.elapsed_us();
         let planned = self.plan_leased(leases, key, limits, cost, now_us, 0);
         let (args, mut taking) = match planned.await? {
-            Leased::Local(o) => return Ok(fixed_of(&o)),
+            Leased::Local(o) => {
+                let q = o.quotas()[0];
+                let ttl = i64::try_from(q.reset).unwrap_or(i64::MAX);
+                return Ok(fixed_outcome(l, cost, o.allowed, q.remaining, ttl));
+            }
             Leased::Ask { args, taking } => (args, taking),
         };
         let fetching = taking.armed;
         let sent_us = leases.elapsed_us();
         let args = args.unwrap_or_default();
         let reply = self
-            .fixed_script(name, limit, reset, cost, Some(args))
+            .fixed_script(name, l.rl, seconds, cost, Some(args))
             .await?;
         if args.give > 0 {
             leases.gave_back(args.give);
         }
         let FixedReply::Decided {
-            decision,
+            decision: d,
             grant,
             expiry_ms,
             pttl_ms,
@@ -729,20 +709,17 @@ impl RedisStore {
                 reset_at_us: [reset_us; MAX_LIMITS],
             }
         });
-        let outcome = fixed_outcome(limit, &decision);
+        let outcome = fixed_outcome(l, cost, d.allowed, d.credit, d.ttl);
         let lease = leases.settle(key, limits, cost, fetching, Some(&outcome), granted);
         taking.armed = false;
         let Some(g) = granted else {
-            return Ok(decision);
+            return Ok(outcome);
         };
         if let Some(id) = lease {
             self.give_back_at(key, id, g.until_us, leases);
         }
         // This instance's own leased credit is credit for its next hits.
-        Ok(FixedDecision {
-            credit: decision.credit + g.units,
-            ..decision
-        })
+        Ok(fixed_outcome(l, cost, d.allowed, d.credit + g.units, d.ttl))
     }
 
     /// `divvy.lua` with lease arguments (`args.want` 0 and `cost` 0: a give-back alone).
@@ -771,27 +748,49 @@ impl RedisStore {
             .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))
     }
 
-    /// One hit of `cost` on the fixed window `key` (`limit` and `reset` both above 0).
+    /// One hit of `cost` on the fixed window `name` of `l`, lasting `seconds` if it starts now.
     async fn hit_fixed_script(
         &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
+        name: &str,
+        l: &Limit,
+        seconds: u64,
         cost: u64,
-    ) -> Result<FixedDecision, StoreError> {
+    ) -> Result<Outcome, StoreError> {
         let fut = async {
-            let mut call = DIVVY.call(1, 4, key.len() + 60);
-            call.arg(key).arg(limit).arg(reset).arg(cost);
+            let mut call = DIVVY.call(1, 4, name.len() + 60);
+            call.arg(name).arg(l.rl).arg(seconds).arg(cost);
             let call = &call;
             let reply: String = self
                 .on_connection(|mut conn| async move { DIVVY.run(&mut conn, call).await })
                 .await?;
-            let decision = read_divvy_reply(&reply)
+            let d = read_divvy_reply(&reply)
                 .ok_or_else(|| StoreError::reply(format!("unexpected script reply {reply:?}")))?;
             self.stats().decided_by_redis.inc();
-            Ok(decision)
+            Ok(fixed_outcome(l, cost, d.allowed, d.credit, d.ttl))
         };
         self.bounded(fut).await
+    }
+
+    /// One hit of `cost` on `key`'s fixed window of `l` at `now_ms`: `divvy.lua` on the window's
+    /// key ([`keys::fixed_window`]). Divvy's keys carry no time: Redis' own expiry times the
+    /// window; an aligned window's key names its place on the caller's clock.
+    async fn hit_fixed(
+        &self,
+        key: &CounterKey,
+        l: &Limit,
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let span = Span::of(l, now_ms);
+        let name = keys::fixed_window(key, l, &span);
+        match &self.leases {
+            // A check (cost 0) counts nothing: nothing to lease.
+            Some(leases) if cost > 0 => {
+                self.bounded(self.hit_fixed_leased(leases, &name, l, span.seconds, cost))
+                    .await
+            }
+            _ => self.hit_fixed_script(&name, l, span.seconds, cost).await,
+        }
     }
 
     /// One PING, bounded by the timeout: is Redis answering?
@@ -827,25 +826,10 @@ impl CounterStore for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        self.hit_sliding(key, limits, cost, now_ms).await
-    }
-
-    /// Divvy's keys carry no time: Redis' own expiry times the window, whatever `now` says.
-    async fn hit_fixed(
-        &self,
-        key: &str,
-        limit: u64,
-        reset: u64,
-        cost: u64,
-        _now: u64,
-    ) -> Result<FixedDecision, StoreError> {
-        match &self.leases {
-            // A check (cost 0) counts nothing: nothing to lease.
-            Some(leases) if cost > 0 => {
-                self.bounded(self.hit_fixed_leased(leases, key, limit, reset, cost))
-                    .await
-            }
-            _ => self.hit_fixed_script(key, limit, reset, cost).await,
+        match Shape::of(limits) {
+            Shape::Sliding => self.hit_sliding(key, limits, cost, now_ms).await,
+            Shape::Fixed(l) => self.hit_fixed(key, l, cost, now_ms).await,
+            Shape::Mixed => Err(StoreError::unsupported(MIXED)),
         }
     }
 
@@ -868,6 +852,9 @@ impl CounterStore for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
+        if Shape::of(limits) != Shape::Sliding {
+            return Err(StoreError::unsupported(PEEK_FIXED));
+        }
         let now_ms = match self.time_source {
             TimeSource::Local => now_ms,
             TimeSource::Redis => {

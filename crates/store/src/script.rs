@@ -14,7 +14,6 @@ use quotagate_engine::limiter::{
 };
 
 use crate::keys::{CounterKey, minute_hash, window_hash};
-use crate::memory::FixedDecision;
 
 /// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
 /// during which the hash is still read as the previous minute.
@@ -258,14 +257,23 @@ pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> Wind
     WindowSet::from_windows(windows)
 }
 
+/// What `divvy.lua` decided: allowed, the credit left, and the window's `TTL` (seconds, rounded to
+/// the nearest; see [`quotagate_engine::limiter::fixed_outcome`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedAnswer {
+    pub allowed: bool,
+    pub credit: u64,
+    pub ttl: i64,
+}
+
 /// Reads `divvy.lua`'s reply, `"allowed credit ttl"`.
-pub fn read_divvy_reply(reply: &str) -> Option<FixedDecision> {
+pub fn read_divvy_reply(reply: &str) -> Option<FixedAnswer> {
     let mut fields = [0i64; 3];
     match integers(reply, &mut fields) {
-        [allowed, credit, ttl] => Some(FixedDecision {
+        [allowed, credit, ttl] => Some(FixedAnswer {
             allowed: *allowed == 1,
             credit: u64::try_from(*credit).unwrap_or(0),
-            reset: *ttl,
+            ttl: *ttl,
         }),
         _ => None,
     }
@@ -279,7 +287,7 @@ pub enum FixedReply {
     /// Decided: `grant` credit taken beyond the cost as a lease (`decision.credit` counts it as
     /// used), from the window that expires at Unix ms `expiry_ms`, `pttl_ms` from Redis' now.
     Decided {
-        decision: FixedDecision,
+        decision: FixedAnswer,
         grant: u64,
         expiry_ms: i64,
         pttl_ms: i64,
@@ -293,10 +301,10 @@ pub fn read_divvy_lease_reply(reply: &str) -> Option<FixedReply> {
     match integers(reply, &mut fields) {
         [2] => Some(FixedReply::GaveBack),
         [allowed, credit, ttl, grant, expiry_ms, pttl_ms] => Some(FixedReply::Decided {
-            decision: FixedDecision {
+            decision: FixedAnswer {
                 allowed: *allowed == 1,
                 credit: u64::try_from(*credit).unwrap_or(0),
-                reset: *ttl,
+                ttl: *ttl,
             },
             grant: u64::try_from(*grant).unwrap_or(0),
             expiry_ms: *expiry_ms,
@@ -402,10 +410,10 @@ mod tests {
         assert_eq!(
             read_divvy_lease_reply("1 40 59 50 1700000059400 59400"),
             Some(FixedReply::Decided {
-                decision: FixedDecision {
+                decision: FixedAnswer {
                     allowed: true,
                     credit: 40,
-                    reset: 59
+                    ttl: 59
                 },
                 grant: 50,
                 expiry_ms: 1_700_000_059_400,

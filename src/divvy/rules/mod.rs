@@ -42,7 +42,8 @@ pub struct Rule {
     patterns: Vec<(String, Pattern)>,
     pub credit_limit: u64,
     /// 0 with a credit limit above 0: always allow.
-    pub reset_seconds: u64,
+    /// At most `u32::MAX` (136 years).
+    pub reset_seconds: u32,
     pub actor_field: Option<String>,
     pub match_policy: MatchPolicy,
     pub label: Option<String>,
@@ -122,7 +123,12 @@ fn validate(raw: Vec<RawRule>) -> Result<Vec<Rule>, Problem> {
         let credit_limit = number("creditLimit", &r.credit_limit)?
             .ok_or_else(|| format!("rule {name}: creditLimit is missing"))?;
         let reset_seconds = match number("resetSeconds", &r.reset_seconds)? {
-            Some(s) => s,
+            Some(s) => u32::try_from(s).map_err(|_| {
+                Problem(format!(
+                    "rule {name}: resetSeconds {s} is above {} (136 years)",
+                    u32::MAX
+                ))
+            })?,
             None if credit_limit == 0 => 0,
             None => {
                 return Err(

@@ -212,11 +212,8 @@ impl LimitList {
                 format!("{what} has more than {MAX_LIMITS} limits (one per window length)"),
             ));
         }
-        self.limits.push(Limit {
-            rl,
-            w,
-            shadow: shadow.unwrap_or(false),
-        });
+        self.limits
+            .push(Limit::sliding(rl, w).shadowed(shadow.unwrap_or(false)));
         Ok(())
     }
 }
@@ -490,7 +487,7 @@ mod tests {
                 "anonymous":[{"ep":0,"rl":30,"w":60},{"ep":0,"rl":2,"w":1}]}"#,
         )
         .unwrap();
-        let l = |rl, w, shadow| Limit { rl, w, shadow };
+        let l = |rl, w, shadow| Limit::sliding(rl, w).shadowed(shadow);
         assert_eq!(
             s.limit(b"k", 0),
             LimitLookup::Limits(&[l(20, 1, false), l(50, 60, false), l(1000, 86400, false)]),

@@ -8,8 +8,10 @@
 //! directly; the Redis script (`store/window.lua`) computes the same answers, and the store
 //! behaviour suite holds them equal.
 
+mod fixed;
 mod window;
 
+pub use fixed::{FixedWindow, Span, fixed_outcome};
 pub use window::{Check, WINDOW_SECONDS, Window, bucket_of, bucket_start, buckets, ceil_seconds};
 
 /// Longest window a limit may have, in seconds (one day).
@@ -17,23 +19,112 @@ pub const MAX_WINDOW_SECONDS: u32 = 86_400;
 /// Limits one key may have on one endpoint (one per window length).
 pub const MAX_LIMITS: usize = 6;
 
-/// One limit: `rl` units per `w` seconds, enforced or shadow.
+/// The kind of window a limit counts in. Each kind's arithmetic lives once here (Rust) and once
+/// in Lua (`window.lua` for sliding windows, `divvy.lua` for fixed ones); see
+/// `docs/architecture.md` for adding one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Kind {
+    /// The last `w` seconds, counted in buckets ([`Window`]): DynLimits' window. Default.
+    #[default]
+    Sliding,
+    /// `w` seconds from the window's first hit, holding the credit left ([`FixedWindow`]):
+    /// Divvy's.
+    Fixed,
+    /// `w` seconds aligned to Unix time, `[k w, (k + 1) w)`, holding the credit left
+    /// ([`FixedWindow`] over a [`Span`]): envoyproxy/ratelimit's.
+    Aligned,
+}
+
+/// One limit: `rl` units per `w` seconds in a window of one [`Kind`], enforced or shadow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     pub rl: u64,
-    /// Window length in seconds, 1 to [`MAX_WINDOW_SECONDS`].
+    /// Window length in seconds: 1 to [`MAX_WINDOW_SECONDS`] for a sliding window, above 0 for
+    /// the others.
     pub w: u32,
     /// Computed and counted, never refuses.
     pub shadow: bool,
+    pub kind: Kind,
 }
 
 impl Limit {
-    /// An enforced DynLimits limit: `rl` requests per 60 s.
-    pub fn per_minute(rl: u64) -> Limit {
+    /// An enforced sliding window: `rl` units per `w` seconds.
+    pub const fn sliding(rl: u64, w: u32) -> Limit {
         Limit {
             rl,
-            w: WINDOW_SECONDS as u32,
+            w,
             shadow: false,
+            kind: Kind::Sliding,
+        }
+    }
+
+    /// An enforced DynLimits limit: `rl` requests per 60 s.
+    pub const fn per_minute(rl: u64) -> Limit {
+        Limit::sliding(rl, WINDOW_SECONDS as u32)
+    }
+
+    /// An enforced fixed window of `rl` units for `w` seconds from its first hit.
+    pub const fn fixed(rl: u64, w: u32) -> Limit {
+        Limit {
+            kind: Kind::Fixed,
+            ..Limit::sliding(rl, w)
+        }
+    }
+
+    /// An enforced fixed window of `rl` units per `w` seconds on the clock.
+    pub const fn aligned(rl: u64, w: u32) -> Limit {
+        Limit {
+            kind: Kind::Aligned,
+            ..Limit::sliding(rl, w)
+        }
+    }
+
+    /// This limit as a shadow limit (`shadow`) or an enforced one.
+    pub const fn shadowed(self, shadow: bool) -> Limit {
+        Limit { shadow, ..self }
+    }
+
+    /// The answer for a request of `cost` that this limit gives alone, without any count: the
+    /// request can never pass it (a sliding window below the cost), or an aligned window of 0
+    /// (nothing to count: it admits only checks). `None`: a store must count.
+    pub fn alone(&self, cost: u64, now_ms: u64) -> Option<Outcome> {
+        match self.kind {
+            // A shadow limit's refusal is the store's to tell (it counts the enforced ones).
+            Kind::Sliding if !self.shadow && cost > self.rl => {
+                let q = Quota {
+                    limit: self.rl,
+                    reset: u64::from(self.w),
+                    ..Quota::zero_limit()
+                };
+                Some(Outcome::new(false, false, &[q]))
+            }
+            Kind::Aligned if self.rl == 0 => {
+                let span = Span::of(self, now_ms);
+                Some(fixed_outcome(self, cost, cost == 0, 0, span.seconds as i64))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The kinds of a request's limits, as a store decides them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape<'a> {
+    /// Sliding windows only (or none): one [`WindowSet`].
+    Sliding,
+    /// One fixed or aligned window.
+    Fixed(&'a Limit),
+    /// Fixed windows with others, or several fixed ones: no store decides these yet (no door
+    /// asks them).
+    Mixed,
+}
+
+impl<'a> Shape<'a> {
+    pub fn of(limits: &'a [Limit]) -> Shape<'a> {
+        match limits {
+            [l] if l.kind != Kind::Sliding => Shape::Fixed(l),
+            _ if limits.iter().all(|l| l.kind == Kind::Sliding) => Shape::Sliding,
+            _ => Shape::Mixed,
         }
     }
 }
@@ -48,10 +139,7 @@ impl<'a> Limits<'a> {
     pub fn new(limits: &'a [Limit], all_shadow: bool) -> Limits<'a> {
         let limits = &limits[..limits.len().min(MAX_LIMITS)];
         if all_shadow && limits.iter().any(|l| !l.shadow) {
-            let shadowed = limits
-                .iter()
-                .map(|l| Limit { shadow: true, ..*l })
-                .collect();
+            let shadowed = limits.iter().map(|l| l.shadowed(true)).collect();
             return Limits(std::borrow::Cow::Owned(shadowed));
         }
         Limits(std::borrow::Cow::Borrowed(limits))
@@ -315,19 +403,11 @@ mod tests {
     const T0: u64 = 1_700_000_040_000; // a minute boundary, in ms
 
     fn lim(rl: u64, w: u32) -> Limit {
-        Limit {
-            rl,
-            w,
-            shadow: false,
-        }
+        Limit::sliding(rl, w)
     }
 
     fn shadow(rl: u64, w: u32) -> Limit {
-        Limit {
-            rl,
-            w,
-            shadow: true,
-        }
+        Limit::sliding(rl, w).shadowed(true)
     }
 
     #[test]
@@ -430,11 +510,7 @@ mod tests {
         let mut now_ms = 1_700_000_000_000u64;
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for w in [60, 1, 3600] {
-            let l = [Limit {
-                rl: 7,
-                w,
-                shadow: false,
-            }];
+            let l = [Limit::sliding(7, w)];
             for _ in 0..2000 {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
