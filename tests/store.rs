@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate_engine::limiter::{Limit, Outcome, Quota, Window, WindowSet};
+use quotagate_engine::limiter::{FixedWindow, Limit, Outcome, Quota, Span, Window, WindowSet};
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
     CounterKey, FailurePolicy, LeaseMode, RedisMode, RedisOptions, RedisStore, RedisTarget, Store,
@@ -239,6 +239,7 @@ on_every_store!(
     agrees_with_the_reference_counter_on_random_windows_costs_and_shadows,
     peeking_several_windows_agrees_with_the_reference,
     fixed_windows_take_a_cost_only_when_it_fits,
+    fixed_windows_agree_with_the_engine_on_random_costs,
 );
 
 /// The fixed windows (Divvy's, from the first hit, and the rate-limit service's, on the clock): a
@@ -607,6 +608,44 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
             got, want,
             "step {step}, key {i}, now {now}, cost {cost}, {set:?}"
         );
+    }
+}
+
+/// A random walk of costs (within the limit, and above it) on fixed windows of both kinds agrees
+/// with the engine's model ([`FixedWindow::hit`]) at every step. The windows outlive the walk
+/// (Redis times a fixed window by its own clock): the walk is the credit's arithmetic.
+async fn fixed_windows_agree_with_the_engine_on_random_costs(s: Subject) {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for l in [Limit::fixed(40, 600), Limit::aligned(40, 86_400)] {
+        let key = CounterKey::divvy(&format!("walk={}", s.tag), &format!("{:?}", l.kind));
+        let now_ms = T0 * 1000;
+        let span = Span::of(&l, now_ms);
+        let mut model = None;
+        for step in 0..400 {
+            let cost = match next(10) {
+                0 => 1 + next(l.rl + 3),
+                _ => 1 + next(4),
+            };
+            let (allowed, credit, _) =
+                FixedWindow::hit(&mut model, l.rl, span.seconds, cost, now_ms / 1000);
+            let got = match s.store.hit(&key, &[l], cost, now_ms).await {
+                Verdict::Decided(o) => o,
+                other => panic!("{other:?}"),
+            };
+            let q = got.quotas()[0];
+            assert_eq!(
+                (got.allowed, q.remaining),
+                (allowed, credit),
+                "step {step}, cost {cost}, {l:?}"
+            );
+            assert_eq!(q.retry_after.is_some(), !allowed && cost <= l.rl);
+        }
     }
 }
 
