@@ -1,9 +1,12 @@
-//! failover: the failure policy around any [`CounterStore`].
+//! failover: where a request is decided: this instance's memory, or a shared [`CounterStore`]
+//! under the failure policy.
 //!
-//! When the backend errors or times out, it is marked down (logged once), requests are decided by
-//! the policy without waiting on it, and a background probe pings it until it answers again
-//! (logged once). Under `local` the same limits are enforced in this instance's memory meanwhile.
-//! The probe sleeps on tokio's clock, so tests drive it with paused time.
+//! Without a shared store every request is decided in memory (`store.kind = memory`). With one,
+//! when it errors or times out it is marked down (logged once), requests are decided by the policy
+//! without waiting on it, and a background probe pings it until it answers again (logged once).
+//! Under `local` the same limits are enforced in this instance's memory meanwhile: the same
+//! counters a memory-only store keeps. The probe sleeps on tokio's clock, so tests drive it with
+//! paused time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,12 +19,14 @@ use super::memory::MemoryStore;
 use super::{CounterKey, CounterStore, FailurePolicy, StoreError, Verdict};
 use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
-/// A backend plus the failure policy.
+/// This instance's counters, and a shared store under the failure policy.
 pub struct Failover<B> {
-    backend: Arc<B>,
+    /// The shared store; `None`: every request is decided in `local`.
+    shared: Option<Arc<B>>,
     policy: FailurePolicy,
-    /// Per-instance counters used while the backend is down under policy `local`.
-    fallback: MemoryStore,
+    /// This instance's counters: all of them without a shared store; with one, those used while
+    /// it is down under policy `local`.
+    local: MemoryStore,
     /// Shared with the probe task.
     down: Arc<AtomicBool>,
     probe_interval: Duration,
@@ -32,21 +37,45 @@ pub struct Failover<B> {
 }
 
 impl<B: CounterStore> Failover<B> {
-    /// `probe_interval`: how often a down backend is pinged.
-    pub fn new(backend: B, policy: FailurePolicy, probe_interval: Duration) -> Self {
+    /// Requests decided by `shared` under `policy`; `probe_interval`: how often a down one is
+    /// pinged.
+    pub fn new(shared: Arc<B>, policy: FailurePolicy, probe_interval: Duration) -> Self {
         Failover {
-            backend: Arc::new(backend),
-            policy,
-            fallback: MemoryStore::new(),
+            shared: Some(shared),
+            ..Failover::in_memory()
+        }
+        .with_policy(policy, probe_interval)
+    }
+
+    /// Every request decided in this instance's memory (it never fails: no policy applies).
+    pub fn in_memory() -> Self {
+        Failover {
+            shared: None,
+            policy: FailurePolicy::Local,
+            local: MemoryStore::new(),
             down: Arc::new(AtomicBool::new(false)),
-            probe_interval,
+            probe_interval: Duration::from_secs(1),
             errors: Counter::default(),
             unanswerable_logged: AtomicBool::new(false),
         }
     }
 
-    pub fn backend(&self) -> &Arc<B> {
-        &self.backend
+    fn with_policy(self, policy: FailurePolicy, probe_interval: Duration) -> Self {
+        Failover {
+            policy,
+            probe_interval,
+            ..self
+        }
+    }
+
+    /// The shared store, if there is one.
+    pub fn shared(&self) -> Option<&Arc<B>> {
+        self.shared.as_ref()
+    }
+
+    /// `memory`, or the shared store's kind.
+    pub fn kind(&self) -> &'static str {
+        self.shared.as_ref().map_or("memory", |s| s.kind())
     }
 
     pub fn policy(&self) -> FailurePolicy {
@@ -62,8 +91,9 @@ impl<B: CounterStore> Failover<B> {
     /// (and the failure policy applies from the first request) rather than on the first request.
     /// Starting never waits for it.
     pub async fn check_at_start(&self) {
-        match self.backend.check_reachable().await {
-            Ok(()) => tracing::debug!(store = self.backend.kind(), "store answers"),
+        let Some(shared) = &self.shared else { return };
+        match shared.check_reachable().await {
+            Ok(()) => tracing::debug!(store = shared.kind(), "store answers"),
             Err(e) => self.mark_down(&e),
         }
     }
@@ -78,17 +108,23 @@ impl<B: CounterStore> Failover<B> {
         {
             return Verdict::Decided(o);
         }
+        let Some(shared) = &self.shared else {
+            return match self.local.hit_now(key, limits, cost, now_ms) {
+                Ok(o) => Verdict::Decided(o),
+                Err(e) => self.unanswerable(&e),
+            };
+        };
         // The call is awaited where it is made, not passed to a helper: a future passed by value
         // into an `async fn` is stored twice, and this one is in every request's future.
         if !self.is_degraded() {
-            match self.backend.hit(key, limits, cost, now_ms).await {
+            match shared.hit(key, limits, cost, now_ms).await {
                 Ok(o) => return Verdict::Decided(o),
                 Err(e) if e.is_unsupported() => return self.unanswerable(&e),
                 Err(e) => self.mark_down(&e),
             }
         }
         match self.policy {
-            FailurePolicy::Local => match self.fallback.hit_now(key, limits, cost, now_ms) {
+            FailurePolicy::Local => match self.local.hit_now(key, limits, cost, now_ms) {
                 Ok(o) => Verdict::Local(o),
                 Err(e) => self.unanswerable(&e),
             },
@@ -113,8 +149,8 @@ impl<B: CounterStore> Failover<B> {
         Verdict::Closed
     }
 
-    /// [`CounterStore::peek`] of the backend; errors are the caller's to report (no policy: it
-    /// counts nothing).
+    /// [`CounterStore::peek`] of the shared store (or of this instance's memory without one);
+    /// errors are the caller's to report (no policy: it counts nothing).
     pub async fn peek(
         &self,
         key: &CounterKey,
@@ -122,13 +158,19 @@ impl<B: CounterStore> Failover<B> {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        self.backend.peek(key, limits, cost, now_ms).await
+        match &self.shared {
+            Some(shared) => shared.peek(key, limits, cost, now_ms).await,
+            None => self.local.peek(key, limits, cost, now_ms).await,
+        }
     }
 
-    /// [`CounterStore::reset`] of the backend, and of the `local` fallback's counters too.
+    /// [`CounterStore::reset`] of this instance's counters and of the shared store's.
     pub async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
-        let local = self.fallback.reset(api_key).await.unwrap_or(0);
-        Ok(self.backend.reset(api_key).await? + local)
+        let local = self.local.reset(api_key).await.unwrap_or(0);
+        match &self.shared {
+            Some(shared) => Ok(shared.reset(api_key).await? + local),
+            None => Ok(local),
+        }
     }
 
     fn mark_down(&self, e: &StoreError) {
@@ -137,12 +179,15 @@ impl<B: CounterStore> Failover<B> {
             return; // already down; the probe is running
         }
         tracing::warn!(error = %e, policy = self.policy.as_str(), "store unavailable; applying the failure policy until it answers");
-        let (backend, down, every) = (self.backend.clone(), self.down.clone(), self.probe_interval);
+        let Some(shared) = self.shared.clone() else {
+            return; // memory never fails
+        };
+        let (down, every) = (self.down.clone(), self.probe_interval);
         tokio::spawn(async move {
             let since = Instant::now();
             loop {
                 tokio::time::sleep(every).await;
-                if backend.probe().await.is_ok() {
+                if shared.probe().await.is_ok() {
                     down.store(false, Ordering::SeqCst);
                     tracing::info!(
                         down_ms = since.elapsed().as_millis() as u64,
@@ -224,9 +269,15 @@ mod tests {
     }
 
     fn failing(policy: FailurePolicy) -> Failover<Fake> {
-        let f = Failover::new(Fake::default(), policy, Duration::from_secs(1));
-        f.backend.failing.store(true, Ordering::SeqCst);
+        let f = Failover::new(Arc::new(Fake::default()), policy, Duration::from_secs(1));
+        f.fake().failing.store(true, Ordering::SeqCst);
         f
+    }
+
+    impl Failover<Fake> {
+        fn fake(&self) -> &Fake {
+            self.shared().unwrap()
+        }
     }
 
     const KEY: fn() -> CounterKey = || CounterKey::new(b"k", "GET /a");
@@ -269,25 +320,25 @@ mod tests {
             assert_eq!(store.hit_per_minute(&KEY(), 5, 100).await, Verdict::Closed);
         }
         // One failing call, then none while down.
-        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(store.fake().calls.load(Ordering::SeqCst), 1);
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert_eq!(store.backend.probes.load(Ordering::SeqCst), 2);
+        assert_eq!(store.fake().probes.load(Ordering::SeqCst), 2);
         assert!(store.is_degraded());
 
-        store.backend.failing.store(false, Ordering::SeqCst);
+        store.fake().failing.store(false, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!store.is_degraded());
         assert!(
             matches!(store.hit_per_minute(&KEY(), 5, 100).await, Verdict::Decided(q) if q.allowed)
         );
-        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(store.fake().calls.load(Ordering::SeqCst), 2);
         assert_eq!(store.errors.get(), 1);
     }
 
     #[tokio::test]
     async fn a_zero_limit_never_reaches_the_backend() {
         let store = Failover::new(
-            Fake::default(),
+            Arc::new(Fake::default()),
             FailurePolicy::Closed,
             Duration::from_secs(1),
         );
@@ -295,6 +346,6 @@ mod tests {
             store.hit_per_minute(&KEY(), 0, 100).await,
             Verdict::Decided(Quota::zero_limit())
         );
-        assert_eq!(store.backend.calls.load(Ordering::SeqCst), 0);
+        assert_eq!(store.fake().calls.load(Ordering::SeqCst), 0);
     }
 }

@@ -1,13 +1,14 @@
 //! quotagate-store: where counters live, and what happens when that place fails.
 //!
 //! Owns:
-//! - [`CounterStore`]: the question every backend answers ("may this request pass, and count
-//!   it"), for the gateway's sliding windows and the Divvy port's fixed windows.
+//! - [`CounterStore`]: the one question every backend answers ("may this request pass its
+//!   limits, and count it"), for every kind of window (`quotagate_engine::limiter::Kind`).
 //! - [`MemoryStore`] (embedded, one instance) and [`RedisStore`] (shared by every instance on one
 //!   Redis) implement it; the store behaviour suite (`tests/store.rs`) runs the same cases against
 //!   both, on every Redis topology.
-//! - [`Failover`] wraps any backend with the failure policy; [`Store`] is the failover around the
-//!   configured backend, what the doors hold.
+//! - [`Failover`]: this instance's memory, or a shared store under the failure policy (memory
+//!   again for `local`); [`Store`] is it around Redis, what the doors hold. There is no dispatch
+//!   over backends: memory is the failover's own.
 //! - [`keys`]: every Redis key name; [`script`]: what the scripts (`window.lua`, `divvy.lua`) are
 //!   given and answer, and how the windows lie in Redis' hashes, pure.
 //! - [`Announcer`]: messages between instances over Redis pub/sub (catalog versions), on
@@ -153,70 +154,9 @@ pub enum StoreSettings {
     },
 }
 
-/// The configured backend.
-pub enum Backend {
-    Memory(MemoryStore),
-    Redis(Arc<RedisStore>),
-}
-
-impl CounterStore for Backend {
-    async fn hit(
-        &self,
-        key: &CounterKey,
-        limits: &[Limit],
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Outcome, StoreError> {
-        match self {
-            Backend::Memory(m) => m.hit_now(key, limits, cost, now_ms),
-            Backend::Redis(r) => r.hit(key, limits, cost, now_ms).await,
-        }
-    }
-
-    async fn probe(&self) -> Result<(), StoreError> {
-        match self {
-            Backend::Memory(_) => Ok(()),
-            Backend::Redis(r) => r.probe().await,
-        }
-    }
-
-    async fn check_reachable(&self) -> Result<(), StoreError> {
-        match self {
-            Backend::Memory(_) => Ok(()),
-            Backend::Redis(r) => r.check_reachable().await,
-        }
-    }
-
-    async fn peek(
-        &self,
-        key: &CounterKey,
-        limits: &[Limit],
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Outcome, StoreError> {
-        match self {
-            Backend::Memory(m) => m.peek(key, limits, cost, now_ms).await,
-            Backend::Redis(r) => r.peek(key, limits, cost, now_ms).await,
-        }
-    }
-
-    async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
-        match self {
-            Backend::Memory(m) => m.reset(api_key).await,
-            Backend::Redis(r) => r.reset(api_key).await,
-        }
-    }
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Backend::Memory(m) => m.kind(),
-            Backend::Redis(r) => r.kind(),
-        }
-    }
-}
-
-/// The configured backend with the failure policy: what the gateway and the Divvy port hold.
-pub type Store = Failover<Backend>;
+/// The configured store: this instance's memory, or Redis under the failure policy. What every
+/// door holds.
+pub type Store = Failover<RedisStore>;
 
 impl Store {
     /// The configured store. A Redis store connects lazily: this fails only on a malformed URL.
@@ -244,29 +184,17 @@ impl Store {
 
     /// The embedded in-memory store (it never fails, so the policy never applies).
     pub fn memory() -> Store {
-        Failover::new(
-            Backend::Memory(MemoryStore::new()),
-            FailurePolicy::Local,
-            Duration::from_secs(1),
-        )
+        Failover::in_memory()
     }
 
     /// A Redis store. `probe_interval` is how often a down Redis is pinged.
     pub fn redis(store: RedisStore, policy: FailurePolicy, probe_interval: Duration) -> Store {
-        Failover::new(Backend::Redis(store.shared()), policy, probe_interval)
+        Failover::new(store.shared(), policy, probe_interval)
     }
 
     /// What the Redis store counts about its decisions and leases (`None` on memory).
     pub fn stats(&self) -> Option<&StoreStats> {
-        match &**self.backend() {
-            Backend::Memory(_) => None,
-            Backend::Redis(r) => Some(r.stats()),
-        }
-    }
-
-    /// `memory` or `redis`.
-    pub fn kind(&self) -> &'static str {
-        self.backend().kind()
+        self.shared().map(|r| r.stats())
     }
 
     /// A sequence for a caller whose calls must apply in the order it issues them (a Divvy
@@ -276,10 +204,9 @@ impl Store {
         // Redis Cluster's connection sends each command on its own, and with leases a call may
         // be decided here while an earlier one is still on its way to Redis: there they wait in
         // line.
-        let in_line = match &**self.backend() {
-            Backend::Memory(_) => false,
-            Backend::Redis(r) => r.target().mode == RedisMode::Cluster || r.leases_on(),
-        };
+        let in_line = self
+            .shared()
+            .is_some_and(|r| r.target().mode == RedisMode::Cluster || r.leases_on());
         Sequence(in_line.then(|| Arc::new(tokio::sync::Mutex::new(()))))
     }
 }
