@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""check-layers: no module of any workspace crate depends on another in a circle.
+"""check-layers: no module of any workspace crate depends on another in a circle, nor any
+top-level module on another (each folded with the modules under it).
 
 The crates' direction is the compiler's business (Cargo refuses cyclic crate dependencies); this
 checks the modules inside each crate, as `cargo modules dependencies --acyclic` would, without
@@ -160,6 +161,15 @@ def main() -> int:
                 if o != m and o in mods:
                     edges[m].setdefault(o, p)
         cycles = find_cycles(edges)
+        # The same, folded onto the top-level modules (`divvy`, `rls`, `settings`, ...): a module
+        # of one may use a module of another only if no module of the other uses the first.
+        tops = {m[:1] for m in mods if m}
+        folded = {t: {} for t in tops}
+        for m, out in edges.items():
+            for o, p in out.items():
+                if m and o and m[:1] != o[:1]:
+                    folded[m[:1]].setdefault(o[:1], f"{fmt(m)} -> {fmt(o)}: {p}")
+        top_cycles = find_cycles(folded)
         manifest = src.parent / "Cargo.toml"
         found = re.search(r'^name\s*=\s*"([^"]+)"', manifest.read_text(), re.M) if manifest.exists() else None
         name = found.group(1) if found else str(src)
@@ -169,8 +179,14 @@ def main() -> int:
             for cyc in cycles:
                 steps = [f"{fmt(a)} -> {fmt(b)} ({edges[a][b]})" for a, b in zip(cyc, cyc[1:] + cyc[:1])]
                 print("  " + "\n    ".join(steps))
-        else:
-            print(f"{name}: {len(mods)} modules, no cycle")
+        if top_cycles:
+            failed = True
+            print(f"{name}: {len(top_cycles)} cycle(s) between top-level modules")
+            for cyc in top_cycles:
+                steps = [f"{fmt(a)} -> {fmt(b)} ({folded[a][b]})" for a, b in zip(cyc, cyc[1:] + cyc[:1])]
+                print("  " + "\n    ".join(steps))
+        if not cycles and not top_cycles:
+            print(f"{name}: {len(mods)} modules, {len(tops)} top-level, no cycle")
     return 1 if failed else 0
 
 

@@ -16,9 +16,8 @@ use crate::divvy::Divvy;
 use crate::divvy::metrics::Statsd;
 use crate::divvy::rules::RuleSet;
 use crate::divvy::server::ConnectionLimits;
-use crate::gateway::{Edges, Gateway};
+use crate::gateway::Gateway;
 use crate::metrics::Metrics;
-use crate::proxy::upstream::Upstream;
 use crate::rls::Rls;
 use crate::runtime::Runtime;
 use crate::server::Executor;
@@ -106,62 +105,10 @@ impl App {
                 }
             })?,
         );
-        let mut metrics = Metrics::new(store.errors.clone(), settings.gateway.is_some());
+        let metrics = Metrics::new(store.errors.clone(), settings.gateway.is_some());
         if let Some(stats) = store.stats() {
             metrics.register_store(stats);
         }
-        let divvy = match &settings.divvy {
-            None => None,
-            Some(d) => {
-                let rules = RuleSet::load(&d.rules)
-                    .map_err(|e| ConfigError::option("divvy.rules", e.to_string()))?;
-                let statsd = d
-                    .statsd
-                    .clone()
-                    .map(|s| Statsd::start(s.target, s.prefix, s.tcp));
-                let divvy = Divvy::new(rules, store.clone(), clock.clone(), statsd);
-                divvy.metrics.register(metrics.registry_mut());
-                Some(Arc::new(divvy))
-            }
-        };
-        // The listener's certificates, loaded (and their metrics registered) before the registry is
-        // shared.
-        let tls = match settings.gateway.as_ref().and_then(|g| g.http.tls.as_ref()) {
-            None => None,
-            Some(t) => {
-                let tls = crate::tls::Tls::new(t)
-                    .map_err(|e| ConfigError::option("server.tls_cert_file", e.to_string()))?;
-                tls.register(metrics.registry_mut());
-                Some(Arc::new(tls))
-            }
-        };
-        let upstream = match &settings.gateway {
-            None => None,
-            Some(g) => {
-                if g.upstream.tls.insecure_skip_verify && g.upstream.any_tls() {
-                    tracing::warn!(
-                        "upstream.tls_insecure_skip_verify is on: upstream certificates are not checked"
-                    );
-                }
-                let upstream = Upstream::new(&g.upstream, workers.len()).map_err(|e| {
-                    let t = &g.upstream.tls;
-                    let option = match &t.client_cert {
-                        Some((cert, _)) if *cert == e.file => "upstream.tls_cert_file",
-                        Some((_, key)) if *key == e.file => "upstream.tls_key_file",
-                        _ => "upstream.tls_ca_file",
-                    };
-                    ConfigError::option(option, e.to_string())
-                })?;
-                upstream.register(metrics.registry_mut());
-                Some(Arc::new(upstream))
-            }
-        };
-        // Registered now, while the registry can still be changed; the service gets them later.
-        let rls_metrics = settings.rls.as_ref().map(|_| {
-            let m = crate::rls::metrics::RlsMetrics::default();
-            m.register(metrics.registry_mut());
-            m
-        });
         let announcer = match &settings.store {
             StoreSettings::Redis { redis, .. } => {
                 Some(Arc::new(Announcer::new(&redis.target, redis.timeout)?))
@@ -176,18 +123,29 @@ impl App {
             announcer,
         };
         let metrics = rt.metrics.clone();
-        let gateway = match (&settings.gateway, upstream) {
-            (Some(g), Some(upstream)) => Some(Arc::new(Gateway::build(
-                g,
-                &rt,
-                catalog,
-                Edges { tls, upstream },
-            )?)),
-            _ => None,
+        let divvy = match &settings.divvy {
+            None => None,
+            Some(d) => {
+                let rules = RuleSet::load(&d.rules)
+                    .map_err(|e| ConfigError::option("divvy.rules", e.to_string()))?;
+                let statsd = d
+                    .statsd
+                    .clone()
+                    .map(|s| Statsd::start(s.target, s.prefix, s.tcp));
+                let divvy = Divvy::new(rules, store.clone(), rt.clock.clone(), statsd);
+                metrics.register(|r| divvy.metrics.register(r));
+                Some(Arc::new(divvy))
+            }
+        };
+        let gateway = match &settings.gateway {
+            Some(g) => Some(Arc::new(Gateway::build(g, &rt, catalog)?)),
+            None => None,
         };
         let mut rls_files = None;
-        let rls = match (&settings.rls, rls_metrics) {
-            (Some(r), Some(rls_metrics)) => {
+        let rls = match &settings.rls {
+            Some(r) => {
+                let rls_metrics = crate::rls::metrics::RlsMetrics::default();
+                metrics.register(|reg| rls_metrics.register(reg));
                 // Listed before reading: a change in between is seen by the watcher.
                 let seen = crate::rls::load::list(&r.rules).unwrap_or_default();
                 rls_files = Some((r.rules.clone(), seen));

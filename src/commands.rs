@@ -145,17 +145,20 @@ pub async fn catalog_server(
 }
 
 /// `quotagate divvy RULES`: only the Divvy port, as a drop-in for Divvy, configured by Divvy's
-/// environment variables (see [`crate::divvy::dropin`]).
-pub async fn divvy(settings: Settings, rules: &Path, token: Token) -> Result<(), StartError> {
-    let dropin = crate::divvy::dropin::settings(settings.config, rules, |k| std::env::var(k).ok())?;
-    let app = App::build(&dropin.settings, Arc::new(SystemClock::new()), None)?;
+/// environment variables (see [`crate::divvy::dropin`]); `redis`: the `host:port` they named.
+pub async fn divvy(
+    settings: &Settings,
+    redis: Option<String>,
+    token: Token,
+) -> Result<(), StartError> {
+    let app = App::build(settings, Arc::new(SystemClock::new()), None)?;
     let listeners = app.bind().await?;
     if let Some(metrics) = listeners.admin() {
         tracing::info!(port = metrics.port(), "serving Divvy metrics");
     }
     let port = listeners.divvy().map_or(0, |a| a.port());
     // Divvy's own start-up line, which deployment scripts may wait for.
-    match &dropin.redis {
+    match &redis {
         Some(redis) => println!("Listening on port TCP port {port}, Redis host {redis}"),
         None => println!("Listening on port TCP port {port}, memory store"),
     }

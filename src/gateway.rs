@@ -47,11 +47,7 @@ impl TryFrom<&Config> for GatewaySettings {
             true => None,
             false => Some(PollerOptions::try_from(&c.catalog)?),
         };
-        let mut refresh = Refresh::try_from(&c.catalog)?;
-        if poller.is_none() {
-            // Without a catalog server there is nothing to fetch: the header is only removed.
-            refresh.secret = None;
-        }
+        let refresh = Refresh::try_from(&c.catalog)?;
         Ok(GatewaySettings {
             listen: address("server.listen", &c.server.listen, "127.0.0.1:8080")?,
             http: HttpSettings::try_from(&c.server)?,
@@ -67,13 +63,6 @@ impl TryFrom<&Config> for GatewaySettings {
     }
 }
 
-/// What the gateway's two edges need that is built before the metrics are shared (each registers
-/// its own): the listener's TLS, when configured, and the upstream targets.
-pub struct Edges {
-    pub tls: Option<Arc<crate::tls::Tls>>,
-    pub upstream: Arc<Upstream>,
-}
-
 /// A built gateway, ready to serve on a listener.
 pub struct Gateway {
     proxy: Arc<Proxy>,
@@ -86,6 +75,25 @@ pub struct Gateway {
     tls: Option<Arc<crate::tls::Tls>>,
 }
 
+/// The upstream the gateway forwards to, its metrics registered.
+fn edge_upstream(s: &UpstreamSettings, rt: &Runtime) -> Result<Upstream, StartError> {
+    if s.tls.insecure_skip_verify && s.any_tls() {
+        tracing::warn!(
+            "upstream.tls_insecure_skip_verify is on: upstream certificates are not checked"
+        );
+    }
+    let upstream = Upstream::new(s, rt.workers.len()).map_err(|e| {
+        let option = match &s.tls.client_cert {
+            Some((cert, _)) if *cert == e.file => "upstream.tls_cert_file",
+            Some((_, key)) if *key == e.file => "upstream.tls_key_file",
+            _ => "upstream.tls_ca_file",
+        };
+        ConfigError::option(option, e.to_string())
+    })?;
+    rt.metrics.register(|r| upstream.register(r));
+    Ok(upstream)
+}
+
 impl Gateway {
     /// Builds the gateway on the shared runtime `rt`. `catalog`: a catalog already loaded (the
     /// quick start's); otherwise `catalog_file` is loaded, or the gateway waits for its catalog
@@ -94,9 +102,17 @@ impl Gateway {
         s: &GatewaySettings,
         rt: &Runtime,
         catalog: Option<Snapshot>,
-        edges: Edges,
     ) -> Result<Gateway, StartError> {
-        let Edges { tls, upstream } = edges;
+        let tls = match &s.http.tls {
+            None => None,
+            Some(t) => {
+                let tls = crate::tls::Tls::new(t)
+                    .map_err(|e| ConfigError::option("server.tls_cert_file", e.to_string()))?;
+                rt.metrics.register(|r| tls.register(r));
+                Some(Arc::new(tls))
+            }
+        };
+        let upstream = Arc::new(edge_upstream(&s.upstream, rt)?);
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
             (None, Some(file)) => Some(crate::catalog::load_file(file)?),

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use quotagate::config::Config;
 use quotagate::divvy::load::LoadOptions;
-use quotagate::settings::Settings;
+use quotagate::settings::{Serve, Settings};
 use quotagate::start::StartError;
 use quotagate::{commands, shutdown, telemetry};
 
@@ -115,7 +116,8 @@ struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    fn load(&self) -> Result<Settings, StartError> {
+    /// The configuration's layers (file, environment, flags), loaded once.
+    fn load(&self) -> Result<Config, StartError> {
         let mut sets = Vec::new();
         for (key, value) in [
             ("server.listen", &self.listen),
@@ -129,12 +131,13 @@ impl ConfigArgs {
             }
         }
         sets.extend(self.sets.iter().cloned());
-        Ok(Settings::load(
-            self.config.as_deref(),
-            |k| std::env::var(k).ok(),
-            &sets,
-        )?)
+        Ok(Config::load(self.config.as_deref(), env, &sets)?)
     }
+}
+
+/// The process environment, for the configuration's layers and the drop-ins' variables.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -150,11 +153,28 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
         Command::Tool(tool) => return run_tool(tool).await,
         Command::Server(server) => server,
     };
-    let mut settings = cli.opts.load()?;
-    if matches!(command, ServerCommand::Ratelimit) {
-        let env = |k: &str| std::env::var(k).ok();
-        settings = quotagate::rls::dropin::settings(settings.config, env)?;
-    }
+    let config = cli.opts.load()?;
+    // Each command builds the settings of what it runs, once; the drop-ins first apply their
+    // programs' variables as one more layer of the configuration.
+    let (settings, divvy_redis) = match &command {
+        ServerCommand::Run | ServerCommand::Quickstart => {
+            (Settings::new(config, env, Serve::all())?, None)
+        }
+        ServerCommand::Divvy { rules } => {
+            let d = quotagate::divvy::dropin::configure(config, rules, env)?;
+            (
+                Settings::new(d.config, env, Serve::divvy(d.admin))?,
+                d.redis,
+            )
+        }
+        ServerCommand::Ratelimit => {
+            let (config, admin) = quotagate::rls::dropin::configure(config, env)?;
+            (Settings::new(config, env, Serve::ratelimit(admin))?, None)
+        }
+        ServerCommand::ExampleUpstream | ServerCommand::CatalogServer => {
+            (Settings::new(config, env, Serve::nothing())?, None)
+        }
+    };
     telemetry::init(&settings.log);
     let token = shutdown::on_signal();
     let opts = &cli.opts;
@@ -173,7 +193,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
             )
             .await
         }
-        ServerCommand::Divvy { rules } => commands::divvy(settings, &rules, token).await,
+        ServerCommand::Divvy { .. } => commands::divvy(&settings, divvy_redis, token).await,
         ServerCommand::Ratelimit => commands::ratelimit(&settings, token).await,
     }?;
     Ok(ExitCode::SUCCESS)

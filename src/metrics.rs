@@ -82,7 +82,9 @@ thread_local! {
 /// The gateway's metrics.
 pub struct Metrics {
     id: u64,
-    registry: Registry,
+    /// Each part registers its own families while the application is built, through a shared
+    /// `Metrics` ([`Metrics::register`]); locked again only to render `/metrics`.
+    registry: std::sync::Mutex<Registry>,
     pub requests: Family<RequestLabels, Counter>,
     /// Time to answer, per endpoint (sum over `endpoint` for all requests).
     pub request_seconds: LatencyFamily<EndpointLabels>,
@@ -134,7 +136,7 @@ impl Metrics {
             catalog_ready: Gauge::default(),
             store_info: Family::default(),
             store_degraded: Gauge::default(),
-            registry: Registry::default(),
+            registry: Default::default(),
             catalog_polls: Family::default(),
             catalog_refreshes: Family::default(),
         };
@@ -206,7 +208,10 @@ impl Metrics {
             "1 while the shared store is down and the failure policy applies",
             m.store_degraded.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry: std::sync::Mutex::new(registry),
+            ..m
+        }
     }
 
     /// Counts one answered request of `endpoint` (empty: none matched): its decision (an index
@@ -254,8 +259,9 @@ impl Metrics {
     }
 
     /// Registers what the Redis store counts: decisions by where they were taken, and leases.
-    pub fn register_store(&mut self, stats: &quotagate_store::StoreStats) {
-        let r = &mut self.registry;
+    pub fn register_store(&self, stats: &quotagate_store::StoreStats) {
+        let mut r = self.registry();
+        let r = &mut *r;
         for (by, c) in [
             ("lease", &stats.decided_by_lease),
             ("block", &stats.decided_by_block),
@@ -286,9 +292,15 @@ impl Metrics {
         }
     }
 
-    /// Adds metrics registered elsewhere (the Divvy port's).
-    pub fn registry_mut(&mut self) -> &mut Registry {
-        &mut self.registry
+    /// Adds metrics registered elsewhere (the Divvy port's, the listener's certificates', the
+    /// upstream's): `register` is handed the registry.
+    pub fn register(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry());
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // A panic while registering leaves nothing half-done that rendering would trip on.
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The text of `/metrics`, with the states in `state`.
@@ -305,7 +317,7 @@ impl Metrics {
         }
         self.store_degraded.set(i64::from(state.store_degraded));
         let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry());
         out
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Each module owns its settings type and checks its values in its `TryFrom` (the gateway's
 //! [`GatewaySettings`], the store's [`StoreSettings`], the Divvy port's [`DivvySettings`], the
-//! admin listener's [`AdminSettings`]); this file only gathers them. Nothing after this point
-//! parses a configuration string again.
+//! admin listener's [`AdminSettings`]); this file only gathers them, for the parts a command runs
+//! ([`Serve`]). Nothing after this point parses a configuration string again or changes a value.
 
 use std::path::Path;
 
@@ -25,7 +25,7 @@ pub struct Settings {
     /// Threads serving the proxy and the Divvy port (`server.workers`, 0: one per core).
     pub workers: usize,
     pub store: StoreSettings,
-    /// The HTTP gateway; `None` for the `quotagate divvy` drop-in.
+    /// The HTTP gateway; `None` for the drop-ins and the tools.
     pub gateway: Option<GatewaySettings>,
     /// The Divvy port, when a rule file is configured.
     pub divvy: Option<DivvySettings>,
@@ -36,21 +36,85 @@ pub struct Settings {
     pub log: LogConfig,
 }
 
+/// The parts a command runs: each is built (and its options checked) only when run.
+#[derive(Debug, Clone)]
+pub struct Serve {
+    /// The HTTP gateway.
+    pub gateway: bool,
+    /// The Divvy port, when `divvy.rules` names a rule file.
+    pub divvy: bool,
+    /// The Envoy rate-limit service, when `rls.config` names rule files.
+    pub rls: bool,
+    pub admin: AdminChoice,
+}
+
+/// Where the admin listener's settings come from.
+#[derive(Debug, Clone)]
+pub enum AdminChoice {
+    /// `[admin]` (`admin.enabled` turns it off).
+    Configured,
+    /// A drop-in's own, from its environment variables (`None`: no admin listener).
+    Given(Option<AdminSettings>),
+}
+
+impl Serve {
+    /// `quotagate run`: the gateway, and every other part the configuration turns on.
+    pub fn all() -> Serve {
+        Serve {
+            gateway: true,
+            divvy: true,
+            rls: true,
+            admin: AdminChoice::Configured,
+        }
+    }
+
+    /// `quotagate divvy`: the Divvy port, and the metrics page its variables ask for.
+    pub fn divvy(admin: Option<AdminSettings>) -> Serve {
+        Serve {
+            divvy: true,
+            admin: AdminChoice::Given(admin),
+            ..Serve::nothing()
+        }
+    }
+
+    /// `quotagate ratelimit`: the rate-limit service and its admin listener.
+    pub fn ratelimit(admin: AdminSettings) -> Serve {
+        Serve {
+            rls: true,
+            admin: AdminChoice::Given(Some(admin)),
+            ..Serve::nothing()
+        }
+    }
+
+    /// The store and the log only (the catalog server, the example upstream).
+    pub fn nothing() -> Serve {
+        Serve {
+            gateway: false,
+            divvy: false,
+            rls: false,
+            admin: AdminChoice::Given(None),
+        }
+    }
+}
+
 impl Settings {
-    /// Loads the configuration's layers (see [`Config::load`]) and checks it.
+    /// Loads the configuration's layers (see [`Config::load`]) and checks what `serve` runs.
     pub fn load(
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
         overrides: &[String],
+        serve: Serve,
     ) -> Result<Settings, ConfigError> {
         let config = Config::load(file, &env, overrides)?;
-        Settings::new(config, env)
+        Settings::new(config, env, serve)
     }
 
-    /// Checks `config`; `env` gives the variables Divvy's statsd support reads (`STATSD_*`).
+    /// Checks what `serve` runs of `config`; `env` gives the variables Divvy's statsd support
+    /// reads (`STATSD_*`).
     pub fn new(
         config: Config,
         env: impl Fn(&str) -> Option<String>,
+        serve: Serve,
     ) -> Result<Settings, ConfigError> {
         let workers = match config.server.workers {
             0 => crate::workers::default_count(),
@@ -62,38 +126,43 @@ impl Settings {
             }
             n => n,
         };
-        let mut store = store_settings(&config.store)?;
-        if let StoreSettings::Redis { redis, .. } = &mut store {
-            redis.connections = workers;
-        }
-        let divvy = match config.divvy.rules.is_empty() {
-            true => None,
-            false => Some(DivvySettings::new(&config.divvy, &env)?),
+        let store = store_settings(&config.store, workers)?;
+        let divvy = match serve.divvy && !config.divvy.rules.is_empty() {
+            true => Some(DivvySettings::new(&config.divvy, &env)?),
+            false => None,
         };
-        let rls = match config.rls.config.is_empty() {
-            true => None,
-            false => Some(RlsSettings::try_from(&config.rls)?),
+        let rls = match serve.rls && !config.rls.config.is_empty() {
+            true => Some(RlsSettings::try_from(&config.rls)?),
+            false => None,
+        };
+        let gateway = match serve.gateway {
+            true => Some(GatewaySettings::try_from(&config)?),
+            false => None,
+        };
+        let admin = match serve.admin {
+            AdminChoice::Configured if config.admin.enabled => {
+                Some(AdminSettings::try_from(&config.admin)?)
+            }
+            AdminChoice::Configured => None,
+            AdminChoice::Given(admin) => admin,
         };
         Ok(Settings {
             workers,
             store,
-            gateway: Some(GatewaySettings::try_from(&config)?),
+            gateway,
             divvy,
             rls,
-            admin: match config.admin.enabled {
-                true => Some(AdminSettings::try_from(&config.admin)?),
-                false => None,
-            },
+            admin,
             log: config.log.clone(),
             config,
         })
     }
 }
 
-/// The store's settings (`[store]`). The Redis options are checked (and their files read)
-/// whichever kind is chosen, so a mistake shows before the day someone switches to Redis.
-/// `connections` is 1 here; [`Settings::new`] sets one per worker.
-fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
+/// The store's settings (`[store]`), with a hot-path Redis connection per worker. The Redis
+/// options are checked (and their files read) whichever kind is chosen, so a mistake shows before
+/// the day someone switches to Redis.
+fn store_settings(c: &StoreConfig, workers: usize) -> Result<StoreSettings, ConfigError> {
     quotagate_store::keys::check_prefix(&c.key_prefix)
         .map_err(|e| ConfigError::option(e.option(), e.reason()))?;
     let tls = quotagate_store::connect::TlsFiles {
@@ -116,7 +185,7 @@ fn store_settings(c: &StoreConfig) -> Result<StoreSettings, ConfigError> {
         pool_size: c.pool_size,
         prefix: c.key_prefix.clone(),
         time_source: c.time_source,
-        connections: 1,
+        connections: workers,
         lease: c.lease,
         lease_max_units: positive_units("store.lease_max_units", c.lease_max_units)?,
     };
@@ -145,7 +214,7 @@ mod tests {
 
     fn with(sets: &[&str]) -> Result<Settings, ConfigError> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        Settings::load(None, |_| None, &sets)
+        Settings::load(None, |_| None, &sets, Serve::all())
     }
 
     #[test]

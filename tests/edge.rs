@@ -228,7 +228,7 @@ async fn tls_settings_that_cannot_work_stop_the_start_with_the_file_named() {
         let mut c = Config::default();
         c.server.tls_cert_file = cert;
         c.server.tls_key_file = key;
-        match quotagate::settings::Settings::new(c, |_| None) {
+        match quotagate::settings::Settings::new(c, |_| None, quotagate::settings::Serve::all()) {
             Err(e) => e.to_string(),
             Ok(s) => match quotagate::app::App::build(&s, Arc::new(FakeClock::new(T0)), None) {
                 Err(e) => e.to_string(),

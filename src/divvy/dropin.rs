@@ -8,12 +8,14 @@ use std::path::Path;
 
 use crate::admin::AdminSettings;
 use crate::config::{Config, ConfigError, StoreKind};
-use crate::settings::Settings;
 
-/// The drop-in's settings, and the Redis `host:port` for Divvy's start-up line.
+/// The drop-in's configuration (quotagate's, with Divvy's variables applied as one more layer),
+/// its own admin listener, and the Redis `host:port` for Divvy's start-up line.
 #[derive(Debug)]
 pub struct DropIn {
-    pub settings: Settings,
+    pub config: Config,
+    /// From `HTTP_SERVICE_PORT` and `PROMETHEUS_METRICS_PATH` (`None`: no metrics page).
+    pub admin: Option<AdminSettings>,
     pub redis: Option<String>,
 }
 
@@ -22,8 +24,8 @@ fn port(var: &str, raw: &str) -> Result<u16, ConfigError> {
         .map_err(|_| ConfigError::option(var, format!("{raw:?} is not a port number")))
 }
 
-/// The settings of the Divvy port alone, `rules` its rule file.
-pub fn settings(
+/// The configuration of the Divvy port alone, `rules` its rule file.
+pub fn configure(
     mut config: Config,
     rules: &Path,
     env: impl Fn(&str) -> Option<String>,
@@ -63,10 +65,11 @@ pub fn settings(
             None
         }
     };
-    let mut settings = Settings::new(config, env)?;
-    settings.gateway = None;
-    settings.admin = admin;
-    Ok(DropIn { settings, redis })
+    Ok(DropIn {
+        config,
+        admin,
+        redis,
+    })
 }
 
 #[cfg(test)]
@@ -78,7 +81,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        settings(Config::default(), Path::new("rules.ini"), |k| {
+        configure(Config::default(), Path::new("rules.ini"), |k| {
             vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })
     }
@@ -86,8 +89,8 @@ mod tests {
     #[test]
     fn divvys_variables_choose_port_store_and_metrics() {
         let d = dropin(&[]).unwrap();
-        assert_eq!(d.settings.divvy.unwrap().listen.to_string(), "0.0.0.0:8321");
-        assert!(d.settings.gateway.is_none() && d.settings.admin.is_none() && d.redis.is_none());
+        assert_eq!(d.config.divvy.listen, "0.0.0.0:8321");
+        assert!(d.admin.is_none() && d.redis.is_none());
         let d = dropin(&[
             ("PORT", "9000"),
             ("REDIS_PORT", "7000"),
@@ -96,7 +99,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(d.redis.as_deref(), Some("localhost:7000"));
-        let admin = d.settings.admin.unwrap();
+        assert_eq!(d.config.store.redis_url, "redis://localhost:7000");
+        let admin = d.admin.unwrap();
         assert_eq!(
             (
                 admin.listen.to_string().as_str(),

@@ -90,11 +90,13 @@ pub struct Refresh {
 impl TryFrom<&CatalogConfig> for Refresh {
     type Error = ConfigError;
 
-    /// The header's settings; the secret is dropped by whoever knows there is no catalog server.
+    /// The header's settings. Without a catalog server there is nothing to fetch: the secret is
+    /// not kept (the header is only removed).
     fn try_from(c: &CatalogConfig) -> Result<Self, ConfigError> {
+        let on = !c.refresh_secret.is_empty() && !c.server_url.is_empty();
         Ok(Refresh {
             header: header_name("catalog.refresh_header", &c.refresh_header)?,
-            secret: (!c.refresh_secret.is_empty()).then(|| c.refresh_secret.clone().into_bytes()),
+            secret: on.then(|| c.refresh_secret.clone().into_bytes()),
             wait: positive_ms("catalog.refresh_wait_ms", c.refresh_wait_ms)?,
         })
     }

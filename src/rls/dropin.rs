@@ -10,7 +10,6 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::admin::AdminSettings;
 use crate::config::{Config, ConfigError, LogFormat, StoreKind};
-use crate::settings::Settings;
 use quotagate_store::RedisMode;
 
 /// envoyproxy/ratelimit's defaults (`src/settings/settings.go`).
@@ -122,11 +121,12 @@ fn redis_url(raw: &str, unix: bool, tls: bool, auth: Option<&str>) -> String {
     }
 }
 
-/// The settings of the rate-limit service alone, from envoyproxy/ratelimit's variables.
-pub fn settings(
+/// The configuration of the rate-limit service alone (quotagate's, with envoyproxy/ratelimit's
+/// variables applied as one more layer), and its admin listener (`HOST`:`PORT`, `/metrics`).
+pub fn configure(
     mut config: Config,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Settings, ConfigError> {
+) -> Result<(Config, AdminSettings), ConfigError> {
     let env = |k: &str| env(k).filter(|v| !v.is_empty());
     let rules = [
         env("RUNTIME_ROOT").unwrap_or_else(|| RUNTIME_ROOT.into()),
@@ -207,15 +207,12 @@ pub fn settings(
         };
     }
     let http = addr("HOST", "PORT", &env, 8080)?;
-    let mut settings = Settings::new(config, env)?;
-    settings.gateway = None;
-    settings.divvy = None;
-    settings.admin = Some(AdminSettings {
+    let admin = AdminSettings {
         listen: http,
         metrics_path: "/metrics".into(),
         secret: None,
-    });
-    Ok(settings)
+    };
+    Ok((config, admin))
 }
 
 /// The ignored variables that are set, each with why.
@@ -230,16 +227,18 @@ pub fn ignored(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, &'sta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{Serve, Settings};
     use quotagate_store::StoreSettings;
 
+    /// The drop-in's settings, built as `quotagate ratelimit` builds them.
     fn dropin(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        settings(Config::default(), |k| {
-            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        })
+        let env = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let (config, admin) = configure(Config::default(), env)?;
+        Settings::new(config, env, Serve::ratelimit(admin))
     }
 
     fn redis(s: &Settings) -> (String, RedisMode, String) {

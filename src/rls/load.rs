@@ -20,12 +20,29 @@ pub const MAX_RULE_FILES: usize = 1000;
 /// renamed over another is a new inode even when its size and time match the old one's).
 pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
 
+/// Why the rule files cannot be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: more than {MAX_RULE_FILES} rule files", path.display())]
+    TooMany { path: PathBuf },
+}
+
 /// The rule files `path` names, sorted, with their fingerprint.
-pub fn list(path: &Path) -> Result<Fingerprint, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn list(path: &Path) -> Result<Fingerprint, ListError> {
+    let read = |source| ListError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
     let files: Vec<PathBuf> = if meta.is_dir() {
         let mut files = Vec::new();
-        let dir = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir = std::fs::read_dir(path).map_err(read)?;
         for entry in dir.flatten() {
             let p = entry.path();
             let name = entry.file_name();
@@ -36,10 +53,9 @@ pub fn list(path: &Path) -> Result<Fingerprint, String> {
             }
         }
         if files.len() > MAX_RULE_FILES {
-            return Err(format!(
-                "{}: more than {MAX_RULE_FILES} rule files",
-                path.display()
-            ));
+            return Err(ListError::TooMany {
+                path: path.to_owned(),
+            });
         }
         files.sort();
         files
@@ -61,7 +77,7 @@ pub fn list(path: &Path) -> Result<Fingerprint, String> {
 
 /// Reads and checks every rule file `path` names.
 pub fn load(path: &Path) -> Result<RuleSet, Problems> {
-    let files = list(path).map_err(|e| Problems(vec![e]))?;
+    let files = list(path).map_err(|e| Problems(vec![e.to_string()]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut problems = Vec::new();
     for (file, size, _, _) in &files {

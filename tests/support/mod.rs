@@ -438,7 +438,7 @@ impl TestGateway {
         }
         config.admin.enabled = true;
         config.rls.listen = "127.0.0.1:0".into();
-        let settings = Settings::new(config, |_| None).unwrap();
+        let settings = Settings::new(config, |_| None, quotagate::settings::Serve::all()).unwrap();
         let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());
         let listeners = app.bind().await.unwrap();
         let addr = listeners.gateway().unwrap();
