@@ -84,6 +84,12 @@ impl Limit {
         Limit { shadow, ..self }
     }
 
+    /// Can a request of `cost` ever pass this limit? Not when it is 0 or below the cost: such a
+    /// request is refused without reading any window (and, in a window, counted nowhere).
+    pub const fn can_pass(&self, cost: u64) -> bool {
+        self.rl > 0 && cost <= self.rl
+    }
+
     /// The answer for a request of `cost` that this limit gives alone, without any count: the
     /// request can never pass it (a sliding window below the cost), or an aligned window of 0
     /// (nothing to count: it admits only checks). `None`: a store must count.
@@ -91,6 +97,7 @@ impl Limit {
         match self.kind {
             // A shadow limit's refusal is the store's to tell (it counts the enforced ones).
             Kind::Sliding if !self.shadow && cost > self.rl => {
+                // (A zero limit with a cost of 0 goes to the store, which refuses it too.)
                 let q = Quota {
                     limit: self.rl,
                     reset: u64::from(self.w),
@@ -327,8 +334,7 @@ impl WindowSet {
         // equal), without the per-limit arrays the memory store would pay for on every request.
         if let [l] = limits
             && !l.shadow
-            && l.rl > 0
-            && cost <= l.rl
+            && l.can_pass(cost)
         {
             let i = self.window(l.w);
             let win = &mut self.windows[i];
@@ -357,7 +363,7 @@ impl WindowSet {
         let (mut enforced_ok, mut shadow_ok) = (true, true);
         for (i, l) in limits.iter().enumerate() {
             // A limit below the cost can never pass: no window is needed to say so.
-            let fits = l.rl > 0 && cost <= l.rl && {
+            let fits = l.can_pass(cost) && {
                 at[i] = self.window(l.w);
                 let c = self.windows[at[i]].check(now_ms, l.rl, cost);
                 checks[i] = Some(c);
