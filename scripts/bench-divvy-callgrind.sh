@@ -6,21 +6,11 @@
 # prints (Ir(5000) - Ir(1000)) / 4000, so start-up and shutdown cancel out. Compare two builds
 # one after the other, e.g. `scripts/bench-divvy-callgrind.sh /tmp/a; ... /tmp/b`.
 set -euo pipefail
-BIN=$1; shift
+BIN=$(realpath "$1"); shift
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-cat > "$W/rules.ini" <<'INI'
-[bench=allow]
-creditLimit = 1000000000
-resetSeconds = 3600
-
-[bench=deny]
-creditLimit = 1
-resetSeconds = 3600
-
-[default]
-creditLimit = 0
-INI
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+divvy_rules "$W/rules.ini"
 
 # instructions N: total instructions of a Divvy port that answered N hits.
 instructions() {

@@ -19,19 +19,7 @@ if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
 BIN=${QUOTAGATE_BIN:-target/release/quotagate}
 bench_workdir
 
-# bench=allow never runs out; bench=deny allows one hit an hour, so nearly all of those are denied.
-cat > "$WORK/rules.ini" <<'INI'
-[bench=allow]
-creditLimit = 1000000000
-resetSeconds = 3600
-
-[bench=deny]
-creditLimit = 1
-resetSeconds = 3600
-
-[default]
-creditLimit = 0
-INI
+divvy_rules "$WORK/rules.ini"
 
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)

@@ -87,3 +87,20 @@ http {
 }
 CONF
 }
+
+# divvy_rules FILE: the Divvy benchmarks' rule file. bench=allow never runs out; bench=deny allows
+# one hit an hour, so nearly all of those are denied.
+divvy_rules() {
+  cat > "$1" <<'INI'
+[bench=allow]
+creditLimit = 1000000000
+resetSeconds = 3600
+
+[bench=deny]
+creditLimit = 1
+resetSeconds = 3600
+
+[default]
+creditLimit = 0
+INI
+}

@@ -173,21 +173,22 @@ def main() -> int:
         manifest = src.parent / "Cargo.toml"
         found = re.search(r'^name\s*=\s*"([^"]+)"', manifest.read_text(), re.M) if manifest.exists() else None
         name = found.group(1) if found else str(src)
-        if cycles:
-            failed = True
-            print(f"{name}: {len(cycles)} module cycle(s)")
-            for cyc in cycles:
-                steps = [f"{fmt(a)} -> {fmt(b)} ({edges[a][b]})" for a, b in zip(cyc, cyc[1:] + cyc[:1])]
-                print("  " + "\n    ".join(steps))
-        if top_cycles:
-            failed = True
-            print(f"{name}: {len(top_cycles)} cycle(s) between top-level modules")
-            for cyc in top_cycles:
-                steps = [f"{fmt(a)} -> {fmt(b)} ({folded[a][b]})" for a, b in zip(cyc, cyc[1:] + cyc[:1])]
-                print("  " + "\n    ".join(steps))
+        for found, graph, what in ((cycles, edges, "module cycle(s)"),
+                                   (top_cycles, folded, "cycle(s) between top-level modules")):
+            if found:
+                failed = True
+                report(name, found, graph, what)
         if not cycles and not top_cycles:
             print(f"{name}: {len(mods)} modules, {len(tops)} top-level, no cycle")
     return 1 if failed else 0
+
+
+def report(name, cycles, graph, what):
+    """Prints each cycle with the use that makes each of its steps."""
+    print(f"{name}: {len(cycles)} {what}")
+    for cyc in cycles:
+        steps = [f"{fmt(a)} -> {fmt(b)} ({graph[a][b]})" for a, b in zip(cyc, cyc[1:] + cyc[:1])]
+        print("  " + "\n    ".join(steps))
 
 
 def fmt(m):

@@ -137,6 +137,15 @@ async fn start(redis: Option<&RedisServer>, response_headers: bool) -> Rig {
 
 /// A rig whose configuration `set` changes last.
 async fn start_with(redis: Option<&RedisServer>, set: impl FnOnce(&mut Config)) -> Rig {
+    start_on(CATALOG, redis, set).await
+}
+
+/// A rig serving `catalog`, its configuration changed last by `set`.
+async fn start_on(
+    catalog: &str,
+    redis: Option<&RedisServer>,
+    set: impl FnOnce(&mut Config),
+) -> Rig {
     let up = Upstream::start().await;
     let rules = tempfile::tempdir().unwrap();
     std::fs::write(rules.path().join("edge.yaml"), RULES).unwrap();
@@ -150,7 +159,7 @@ async fn start_with(redis: Option<&RedisServer>, set: impl FnOnce(&mut Config)) 
         c.store.time_source = TimeSource::Local;
     }
     set(&mut c);
-    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    let gw = TestGateway::start(c, catalog, FakeClock::new(T0)).await;
     Rig { gw, rules, _up: up }
 }
 
@@ -419,14 +428,6 @@ async fn the_service_on_redis() {
 /// its anonymous limits (by `remote_address`, the client's address group), on the same counters.
 #[tokio::test]
 async fn the_catalog_domain_decides_as_the_gateway_admits() {
-    let up = Upstream::start().await;
-    let rules = tempfile::tempdir().unwrap();
-    std::fs::write(rules.path().join("edge.yaml"), RULES).unwrap();
-    let mut c = Config::default();
-    c.upstream.url = up.url();
-    c.rls.config = rules.path().display().to_string();
-    c.limits.escaped_slashes = quotagate_engine::path::EscapedSlashes::Keep;
-    c.limits.anonymous = quotagate::config::Anonymous::ByAddress;
     const ANONYMOUS: &str = r#"{
       "version": {"semver": "1.0.0", "hash": "h1"},
       "methods": ["GET"],
@@ -435,7 +436,12 @@ async fn the_catalog_domain_decides_as_the_gateway_admits() {
       "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 3}]}],
       "anonymous": [{"ep": 0, "rl": 2}]
     }"#;
-    let gw = TestGateway::start(c, ANONYMOUS, FakeClock::new(T0)).await;
+    let rig = start_on(ANONYMOUS, None, |c| {
+        c.limits.escaped_slashes = quotagate_engine::path::EscapedSlashes::Keep;
+        c.limits.anonymous = quotagate::config::Anonymous::ByAddress;
+    })
+    .await;
+    let gw = &rig.gw;
     let mut c = client(gw.rls.unwrap());
     let cat = |entries: &[(&str, &str)]| request("quotagate", vec![descriptor(entries)]);
 

@@ -468,13 +468,7 @@ async fn random_walk(
     max_limit: u64,
     advance: impl Fn(u64, &mut dyn FnMut(u64) -> u64) -> u64,
 ) {
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
     let keys = [key("a"), key("b"), key("c")];
     let mut reference: Vec<Window> = vec![Window::new(); keys.len()];
     let mut now = T0 + 17;
@@ -493,6 +487,16 @@ async fn random_walk(
             "step {step}, key {i}, now {now}, limit {}",
             limits[i]
         );
+    }
+}
+
+/// A repeatable random walk: `next(n)` is the next number below `n` from `seed`.
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
     }
 }
 
@@ -574,13 +578,7 @@ async fn shadow_limits_count_but_never_refuse(s: Subject) {
 /// The random walk of the single window, with several windows, costs and shadow limits, against
 /// `limiter::Counter`.
 async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s: Subject) {
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
     let sets: [&[Limit]; 5] = [
         &[lim(3, 1), lim(8, 60)],
         &[lim(4, 10), shadow(6, 3600)],
@@ -615,13 +613,7 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
 /// with the engine's model ([`FixedWindow::hit`]) at every step. The windows outlive the walk
 /// (Redis times a fixed window by its own clock): the walk is the credit's arithmetic.
 async fn fixed_windows_agree_with_the_engine_on_random_costs(s: Subject) {
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
     for l in [Limit::fixed(40, 600), Limit::aligned(40, 86_400)] {
         let key = CounterKey::divvy(&format!("walk={}", s.tag), &format!("{:?}", l.kind));
         let now_ms = T0 * 1000;
