@@ -64,37 +64,28 @@ impl Divvy {
         reply
     }
 
-    /// One rule's answer. A rule of 0 credit or 0 seconds is answered as the original Divvy
-    /// does, without a window: `OK false 0 -1` (never), `OK true <credit> 0` (always).
+    /// One rule's answer, from its fixed window. A refusal that no wait cures (a rule of 0
+    /// credit) says `-1` for its reset, as the original Divvy does (`OK false 0 -1`); a rule of
+    /// 0 seconds always allows (`OK true <credit> 0`), without a window.
     async fn evaluate(
         &self,
         rule: &Rule,
         operation: &HashMap<String, String>,
         now_ms: u64,
     ) -> Reply {
-        if rule.credit_limit == 0 {
-            return Reply::Ok {
-                allowed: false,
-                credit: 0,
-                reset: -1,
-            };
-        }
-        if rule.reset_seconds == 0 {
-            return Reply::Ok {
-                allowed: true,
-                credit: rule.credit_limit,
-                reset: 0,
-            };
-        }
         let counter = CounterKey::divvy(&rule.bucket(), rule.actor(operation));
         let limit = Limit::fixed(rule.credit_limit, rule.reset_seconds);
         match self.store.hit(&counter, &[limit], 1, now_ms).await {
             Verdict::Decided(o) | Verdict::Local(o) => {
                 let q = o.quotas()[0];
+                let never = !o.allowed && q.retry_after.is_none();
                 Reply::Ok {
                     allowed: o.allowed,
                     credit: q.remaining,
-                    reset: i64::try_from(q.reset).unwrap_or(i64::MAX),
+                    reset: match never {
+                        true => -1,
+                        false => i64::try_from(q.reset).unwrap_or(i64::MAX),
+                    },
                 }
             }
             Verdict::Open => Reply::Ok {

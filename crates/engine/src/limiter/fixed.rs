@@ -150,5 +150,11 @@ mod tests {
         assert_eq!((o.allowed, o.quotas()[0].reset), (true, 50));
         assert!(!Limit::aligned(0, 60).alone(1, 0).unwrap().allowed);
         assert!(Limit::aligned(1, 60).alone(1, 0).is_none());
+        // Divvy's rules of 0 credit (never, no reset) and of 0 seconds (always, no window).
+        let never = Limit::fixed(0, 60).alone(1, 0).unwrap();
+        assert!(!never.allowed && never.quotas()[0].retry_after.is_none());
+        let always = Limit::fixed(5, 0).alone(1, 0).unwrap();
+        assert_eq!((always.allowed, always.quotas()[0].remaining), (true, 5));
+        assert!(Limit::fixed(5, 60).alone(1, 0).is_none());
     }
 }
