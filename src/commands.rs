@@ -130,7 +130,8 @@ pub async fn catalog_server(
             "catalog.server_secret is not set: anyone who can reach this server can read the catalog"
         );
     }
-    let server = Arc::new(CatalogServer::new(source.into(), header, secret));
+    let clock = Arc::new(SystemClock::new());
+    let server = Arc::new(CatalogServer::new(source.into(), header, secret, clock));
     let (listener, listen) = bind(addr).await?;
     tracing::info!(%listen, "catalog server listening");
     server::serve(

@@ -106,7 +106,7 @@ impl Gateway {
         let tls = match &s.http.tls {
             None => None,
             Some(t) => {
-                let tls = crate::tls::Tls::new(t)
+                let tls = crate::tls::Tls::new(t, rt.clock.clone())
                     .map_err(|e| ConfigError::option("server.tls_cert_file", e.to_string()))?;
                 rt.metrics.register(|r| tls.register(r));
                 Some(Arc::new(tls))

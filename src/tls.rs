@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -18,6 +18,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use quotagate_engine::clock::Clock;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -175,6 +176,7 @@ pub struct Tls {
     settings: TlsSettings,
     expiry: Family<CertLabels, Gauge>,
     failures: Counter,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -187,7 +189,8 @@ impl std::fmt::Debug for Tls {
 
 impl Tls {
     /// Loads every pair (any problem refuses the start, naming the file) and the client CA.
-    pub fn new(settings: &TlsSettings) -> Result<Tls, TlsFileError> {
+    /// The listener's TLS from `settings`; `clock` tells the certificates' expiry metric now.
+    pub fn new(settings: &TlsSettings, clock: Arc<dyn Clock>) -> Result<Tls, TlsFileError> {
         let served = settings
             .pairs
             .iter()
@@ -222,6 +225,7 @@ impl Tls {
             settings: settings.clone(),
             expiry: Family::default(),
             failures: Counter::default(),
+            clock,
         };
         tls.update_expiry();
         Ok(tls)
@@ -241,9 +245,7 @@ impl Tls {
     }
 
     fn update_expiry(&self) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let now = i64::try_from(self.clock.now()).unwrap_or(i64::MAX);
         for ((cert, _), s) in self
             .settings
             .pairs

@@ -182,16 +182,19 @@ async fn tls_serves_http1_and_h2_picks_certificates_by_sni_and_reloads_them() {
     .await;
     assert_eq!(served_cn(port, Some("a.test")), "a2");
 
-    // Seconds until each certificate expires (two days from now, less a few seconds).
+    // Seconds until each certificate expires, by the gateway's clock (at T0): its end is two
+    // days from the real now, less a few seconds.
     let m = scrape(gw.admin).await;
     let left = m[&format!(
         "quotagate_tls_certificate_expiry_seconds{{cert_file=\"{}\"}}",
         b_pem.display()
     )];
-    assert!(
-        (86_400.0 * 2.0 - 600.0..=86_400.0 * 2.0).contains(&left),
-        "{left}"
-    );
+    let real_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let end = (real_now + 2 * 86_400 - T0) as f64;
+    assert!((end - 600.0..=end).contains(&left), "{left}, {end}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,13 +538,16 @@ async fn a_websocket_client_talks_to_its_server_through_the_gateway() {
 /// An upstream speaking TLS with `cert` (`<dir>/<cert>.pem` and `.key`), requiring client
 /// certificates signed by `client_ca` when given.
 async fn tls_upstream(dir: &Path, cert: &str, client_ca: Option<&str>) -> Upstream {
-    let tls = quotagate::tls::Tls::new(&quotagate::tls::TlsSettings {
-        pairs: vec![(
-            dir.join(format!("{cert}.pem")),
-            dir.join(format!("{cert}.key")),
-        )],
-        client_ca: client_ca.map(|c| dir.join(format!("{c}.pem"))),
-    })
+    let tls = quotagate::tls::Tls::new(
+        &quotagate::tls::TlsSettings {
+            pairs: vec![(
+                dir.join(format!("{cert}.pem")),
+                dir.join(format!("{cert}.key")),
+            )],
+            client_ca: client_ca.map(|c| dir.join(format!("{c}.pem"))),
+        },
+        std::sync::Arc::new(quotagate_engine::clock::SystemClock::new()),
+    )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     Upstream::serve(listener, Default::default(), Some(tls.acceptor.clone())).await

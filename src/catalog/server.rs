@@ -25,6 +25,7 @@ use subtle::ConstantTimeEq;
 use super::version::format_rfc3339;
 use super::{CatalogDoc, CatalogVersion, Snapshot};
 use crate::problem::problem;
+use quotagate_engine::clock::Clock;
 
 /// How often the source is checked for changes, at most.
 pub const RECHECK: Duration = Duration::from_millis(200);
@@ -58,8 +59,8 @@ pub struct Stats {
 }
 
 /// A catalog server.
-#[derive(Debug)]
 pub struct CatalogServer {
+    clock: Arc<dyn Clock>,
     source: PathBuf,
     auth_header: HeaderName,
     /// `None`: no authentication.
@@ -88,11 +89,26 @@ fn newest_file(source: &Path) -> Option<PathBuf> {
     files.pop()
 }
 
+impl std::fmt::Debug for CatalogServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogServer")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CatalogServer {
     /// A server for `source` (file or directory). With a `secret`, every request must carry it in
     /// `auth_header`.
-    pub fn new(source: PathBuf, auth_header: HeaderName, secret: Option<String>) -> CatalogServer {
+    /// Serves `source`; `clock` dates the versions whose file gives no release time.
+    pub fn new(
+        source: PathBuf,
+        auth_header: HeaderName,
+        secret: Option<String>,
+        clock: Arc<dyn Clock>,
+    ) -> CatalogServer {
         CatalogServer {
+            clock,
             source,
             auth_header,
             secret: secret.filter(|s| !s.is_empty()).map(String::into_bytes),
@@ -154,9 +170,7 @@ impl CatalogServer {
                 return;
             }
         };
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let now = i64::try_from(self.clock.now()).unwrap_or(i64::MAX);
         let given = doc.version.take().unwrap_or_default();
         doc.version = Some(CatalogVersion {
             semver: given.semver,

@@ -558,6 +558,7 @@ impl CatalogFixture {
             file.clone(),
             http::HeaderName::from_static("x-api-key"),
             Some(CATALOG_SECRET.into()),
+            Arc::new(quotagate_engine::clock::SystemClock::new()),
         ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
