@@ -222,16 +222,42 @@ impl RedisCluster {
         })
     }
 
-    /// Waits until every running node reports `cluster_state:ok` and knows every node.
+    /// Waits until every running node reports `cluster_state:ok` and knows every node. Past
+    /// `limit`, panics with what each node says of the cluster (a cluster that never formed
+    /// was seen once in a full run; this tells why the next time).
     pub fn wait_ok(&self, limit: Duration) {
-        let running = self.nodes.iter().filter(|n| n.is_running()).count();
+        let formed = |n: &Node| {
+            let info = cli(n.port, &self.tls(), &["CLUSTER", "INFO"]).unwrap_or_default();
+            info.contains("cluster_state:ok")
+                && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+        };
         for n in self.nodes.iter().filter(|n| n.is_running()) {
-            wait_until(limit, || {
-                let info = cli(n.port, &self.tls(), &["CLUSTER", "INFO"]).unwrap_or_default();
-                info.contains("cluster_state:ok")
-                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
-                    && running > 0
-            });
+            let start = std::time::Instant::now();
+            while !formed(n) {
+                if start.elapsed() >= limit {
+                    let said: Vec<String> = self
+                        .nodes
+                        .iter()
+                        .map(|m| {
+                            let ask = |what: &str| {
+                                cli(m.port, &self.tls(), &["CLUSTER", what]).unwrap_or_default()
+                            };
+                            format!(
+                                "node {} (running: {}):\n{}\n{}",
+                                m.port,
+                                m.is_running(),
+                                ask("INFO"),
+                                ask("NODES")
+                            )
+                        })
+                        .collect();
+                    panic!(
+                        "the cluster did not form within {limit:?}:\n{}",
+                        said.join("\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
