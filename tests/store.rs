@@ -6,7 +6,9 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quotagate_engine::limiter::{FixedWindow, Limit, Outcome, Quota, Span, Window, WindowSet};
+use quotagate_engine::limiter::{
+    FixedWindow, Kind, Limit, Outcome, Quota, Span, Window, WindowSet,
+};
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
     CounterKey, FailurePolicy, LeaseMode, RedisMode, RedisOptions, RedisStore, RedisTarget, Store,
@@ -610,16 +612,21 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
 }
 
 /// A random walk of costs (within the limit, and above it) on fixed windows of both kinds agrees
-/// with the engine's model ([`FixedWindow::hit`]) at every step. The windows outlive the walk
-/// (Redis times a fixed window by its own clock): the walk is the credit's arithmetic.
+/// with the engine's model ([`FixedWindow::hit`]) at every step. A window from the first hit
+/// outlives the walk (Redis times it by its own clock): that walk is the credit's arithmetic. The
+/// aligned walk moves the caller's clock on too, through about a hundred windows: each new window
+/// is a new key, full again.
 async fn fixed_windows_agree_with_the_engine_on_random_costs(s: Subject) {
     let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
-    for l in [Limit::fixed(40, 600), Limit::aligned(40, 86_400)] {
+    for l in [Limit::fixed(40, 600), Limit::aligned(40, 60)] {
         let key = CounterKey::divvy(&format!("walk={}", s.tag), &format!("{:?}", l.kind));
-        let now_ms = T0 * 1000;
-        let span = Span::of(&l, now_ms);
+        let mut now_ms = T0 * 1000;
         let mut model = None;
         for step in 0..400 {
+            if l.kind == Kind::Aligned {
+                now_ms += next(30_000);
+            }
+            let span = Span::of(&l, now_ms);
             let cost = match next(10) {
                 0 => 1 + next(l.rl + 3),
                 _ => 1 + next(4),
