@@ -65,9 +65,17 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn unsupported(what: &'static str) -> Self {
+    /// A request's limits mix a fixed window with other windows: no store decides these yet.
+    pub(crate) fn mixed_kinds() -> Self {
         StoreError {
-            cause: Cause::Unsupported(what),
+            cause: Cause::Unsupported("a request's limits mix a fixed window with other windows"),
+        }
+    }
+
+    /// Peeking at fixed windows (only the admin peeks, at the catalog's sliding windows).
+    pub(crate) fn peek_fixed() -> Self {
+        StoreError {
+            cause: Cause::Unsupported("peeking at fixed windows"),
         }
     }
 

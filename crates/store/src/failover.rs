@@ -40,31 +40,23 @@ impl<B: CounterStore> Failover<B> {
     /// Requests decided by `shared` under `policy`; `probe_interval`: how often a down one is
     /// pinged.
     pub fn new(shared: Arc<B>, policy: FailurePolicy, probe_interval: Duration) -> Self {
-        Failover {
-            shared: Some(shared),
-            ..Failover::in_memory()
-        }
-        .with_policy(policy, probe_interval)
+        Failover::around(Some(shared), policy, probe_interval)
     }
 
     /// Every request decided in this instance's memory (it never fails: no policy applies).
     pub fn in_memory() -> Self {
-        Failover {
-            shared: None,
-            policy: FailurePolicy::Local,
-            local: MemoryStore::new(),
-            down: Arc::new(AtomicBool::new(false)),
-            probe_interval: Duration::from_secs(1),
-            errors: Counter::default(),
-            unanswerable_logged: AtomicBool::new(false),
-        }
+        Failover::around(None, FailurePolicy::Local, Duration::from_secs(1))
     }
 
-    fn with_policy(self, policy: FailurePolicy, probe_interval: Duration) -> Self {
+    fn around(shared: Option<Arc<B>>, policy: FailurePolicy, probe_interval: Duration) -> Self {
         Failover {
+            shared,
             policy,
+            local: MemoryStore::new(),
+            down: Arc::new(AtomicBool::new(false)),
             probe_interval,
-            ..self
+            errors: Counter::default(),
+            unanswerable_logged: AtomicBool::new(false),
         }
     }
 
@@ -109,10 +101,7 @@ impl<B: CounterStore> Failover<B> {
             return Verdict::Decided(o);
         }
         let Some(shared) = &self.shared else {
-            return match self.local.hit_now(key, limits, cost, now_ms) {
-                Ok(o) => Verdict::Decided(o),
-                Err(e) => self.unanswerable(&e),
-            };
+            return self.in_local(key, limits, cost, now_ms, Verdict::Decided);
         };
         // The call is awaited where it is made, not passed to a helper: a future passed by value
         // into an `async fn` is stored twice, and this one is in every request's future.
@@ -124,10 +113,7 @@ impl<B: CounterStore> Failover<B> {
             }
         }
         match self.policy {
-            FailurePolicy::Local => match self.local.hit_now(key, limits, cost, now_ms) {
-                Ok(o) => Verdict::Local(o),
-                Err(e) => self.unanswerable(&e),
-            },
+            FailurePolicy::Local => self.in_local(key, limits, cost, now_ms, Verdict::Local),
             FailurePolicy::Open => Verdict::Open,
             FailurePolicy::Closed => Verdict::Closed,
         }
@@ -139,6 +125,21 @@ impl<B: CounterStore> Failover<B> {
         self.hit(key, &[Limit::per_minute(limit)], 1, now * 1000)
             .await
             .map(|o| o.quotas()[0])
+    }
+
+    /// [`Failover::hit`] in this instance's memory, the answer told as `told`.
+    fn in_local(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_ms: u64,
+        told: impl FnOnce(Outcome) -> Verdict,
+    ) -> Verdict {
+        match self.local.hit_now(key, limits, cost, now_ms) {
+            Ok(o) => told(o),
+            Err(e) => self.unanswerable(&e),
+        }
     }
 
     /// A question no store answers: refused as if the store were down under `closed`, said once.

@@ -186,11 +186,10 @@ impl FixedWindows {
         let shard = &mut *guard;
         let map = &mut shard.windows;
         if let Some(w) = map.get_mut(key) {
-            let mut live = Some(*w);
-            let answer = FixedWindow::hit(&mut live, limit, seconds, cost, now);
-            if let Some(l) = live {
-                *w = l;
-            }
+            let mut slot = Some(*w);
+            let answer = FixedWindow::hit(&mut slot, limit, seconds, cost, now);
+            // A hit only updates a window or starts a new one, never removes it.
+            *w = slot.unwrap_or(*w);
             return answer;
         }
         let mut fresh = None;
@@ -260,17 +259,10 @@ impl MemoryStore {
         match Shape::of(limits) {
             Shape::Sliding => Ok(self.windows.hit(key, limits, cost, now_ms)),
             Shape::Fixed(l) => Ok(self.fixed.hit(key, l, cost, now_ms)),
-            Shape::Mixed => Err(StoreError::unsupported(MIXED)),
+            Shape::Mixed => Err(StoreError::mixed_kinds()),
         }
     }
 }
-
-/// Why peeking at fixed windows has no answer (only the admin peeks, at the catalog's sliding
-/// windows).
-pub(crate) const PEEK_FIXED: &str = "peeking at fixed windows";
-
-/// Why a request's limits mixing fixed windows with others have no answer yet.
-pub(crate) const MIXED: &str = "a request's limits mix a fixed window with other windows";
 
 impl CounterStore for MemoryStore {
     async fn hit(
@@ -296,7 +288,7 @@ impl CounterStore for MemoryStore {
     ) -> Result<Outcome, StoreError> {
         match Shape::of(limits) {
             Shape::Sliding => Ok(self.windows.peek(key, limits, cost, now_ms)),
-            _ => Err(StoreError::unsupported(PEEK_FIXED)),
+            _ => Err(StoreError::peek_fixed()),
         }
     }
 

@@ -22,7 +22,6 @@ use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
 use super::lease::{GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
-use super::memory::{MIXED, PEEK_FIXED};
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
@@ -829,7 +828,7 @@ impl CounterStore for RedisStore {
         match Shape::of(limits) {
             Shape::Sliding => self.hit_sliding(key, limits, cost, now_ms).await,
             Shape::Fixed(l) => self.hit_fixed(key, l, cost, now_ms).await,
-            Shape::Mixed => Err(StoreError::unsupported(MIXED)),
+            Shape::Mixed => Err(StoreError::mixed_kinds()),
         }
     }
 
@@ -853,7 +852,7 @@ impl CounterStore for RedisStore {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         if Shape::of(limits) != Shape::Sliding {
-            return Err(StoreError::unsupported(PEEK_FIXED));
+            return Err(StoreError::peek_fixed());
         }
         let now_ms = match self.time_source {
             TimeSource::Local => now_ms,
