@@ -12,7 +12,7 @@ use quotagate::divvy::server::{ConnectionLimits, serve};
 use quotagate_engine::clock::FakeClock;
 use quotagate_store::{FailurePolicy, RedisOptions, RedisStore, Store, TimeSource};
 use support::RedisServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -244,6 +244,7 @@ on_every_store!(
     errors_close_the_connection_and_later_lines_are_not_executed,
     canaries_consume_quota_but_never_decide,
     fifty_connections_never_get_more_than_the_limit,
+    each_connection_sees_its_credit_only_go_down,
 );
 
 async fn the_readme_walkthrough(redis: Option<Redis>) {
@@ -444,6 +445,72 @@ async fn fifty_connections_never_get_more_than_the_limit(redis: Option<Redis>) {
         "exactly 100 granted, credits 99..0 once each"
     );
     assert_eq!(denied, 200);
+}
+
+/// Issue 33: six connections on one rule of 100, three pipelining 50 hits and three sending one
+/// at a time. Exactly 100 granted, credits 99..0 once each, and the credit each connection sees
+/// only goes down, as the original Divvy's does (with leases too: the store tells one number
+/// whichever way it decided).
+async fn each_connection_sees_its_credit_only_go_down(redis: Option<Redis>) {
+    let p = Port::start(TEST_RULES, redis, ConnectionLimits::default()).await;
+    let addr = p.addr;
+    let tasks: Vec<_> = (0..6)
+        .map(|c| {
+            tokio::spawn(async move {
+                let mut tcp = TcpStream::connect(addr).await.unwrap();
+                if c % 2 == 0 {
+                    tcp.write_all("HIT k=exact\n".repeat(50).as_bytes())
+                        .await
+                        .unwrap();
+                    tcp.shutdown().await.unwrap();
+                    return read_all(&mut tcp).await;
+                }
+                let (read, mut write) = tcp.split();
+                let mut lines = tokio::io::BufReader::new(read).lines();
+                let mut got = String::new();
+                for _ in 0..50 {
+                    write.write_all(b"HIT k=exact\n").await.unwrap();
+                    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+                        .await
+                        .expect("answered")
+                        .unwrap()
+                        .unwrap();
+                    got.push_str(&line);
+                    got.push('\n');
+                }
+                got
+            })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for (c, t) in tasks.into_iter().enumerate() {
+        // Each line's credit: a denial says 0.
+        let mut seen = Vec::new();
+        for line in t.await.unwrap().lines() {
+            match line.strip_prefix("OK true ") {
+                Some(rest) => {
+                    let credit: u64 = rest.strip_suffix(" 600").unwrap().parse().unwrap();
+                    granted.push(credit);
+                    seen.push(credit);
+                }
+                None => {
+                    assert_eq!(line, "OK false 0 600");
+                    seen.push(0);
+                }
+            }
+        }
+        assert_eq!(seen.len(), 50);
+        assert!(
+            seen.windows(2).all(|w| w[1] <= w[0]),
+            "connection {c} saw its credit rise: {seen:?}"
+        );
+    }
+    granted.sort_unstable();
+    assert_eq!(
+        granted,
+        (0..100).collect::<Vec<_>>(),
+        "exactly 100 granted, credits 99..0 once each"
+    );
 }
 
 // ---- robustness (memory store: these are about the server, not the store) ----

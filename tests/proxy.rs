@@ -612,6 +612,63 @@ async fn two_instances_on_one_redis_enforce_one_limit_exactly_with_clocks_30s_ap
     assert_eq!(up.requests().len(), 50);
 }
 
+/// Issue 33: three instances on one Redis with leases (the default), nine keep-alive clients on
+/// one key of 600 per 30 s. The `RateLimit-Remaining` each client is told never rises (nothing
+/// leaves the window during the run), and no more than the limit passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_tell_each_client_a_remaining_that_only_goes_down() {
+    const LEASE_CATALOG: &str = r#"{
+      "methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0}],
+      "apilimits": [{"key": "k1", "limits": [{"ep": 0, "rl": 600, "w": 30}]}]
+    }"#;
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    c.store.time_source = TimeSource::Redis;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        gateways.push(TestGateway::start(c.clone(), LEASE_CATALOG, FakeClock::new(now)).await);
+    }
+    let tasks: Vec<_> = (0..9)
+        .map(|i| {
+            let url = gateways[i % 3].url("/a");
+            tokio::spawn(async move {
+                // A client of its own: one keep-alive connection, one request at a time.
+                let client = http1_client();
+                let mut told = Vec::new();
+                for _ in 0..120 {
+                    let r = send(&client, "GET", &url, &[KEY], Bytes::new()).await;
+                    assert!(matches!(r.status, 200 | 429), "{}", r.status);
+                    let remaining: u64 = r.header("ratelimit-remaining").unwrap().parse().unwrap();
+                    told.push((r.status, remaining));
+                }
+                told
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let told = t.await.unwrap();
+        ok += told.iter().filter(|(s, _)| *s == 200).count();
+        let remaining: Vec<u64> = told.iter().map(|&(_, r)| r).collect();
+        assert!(
+            remaining.windows(2).all(|w| w[1] <= w[0]),
+            "client {i} was told a remaining that rose: {remaining:?}"
+        );
+    }
+    assert!(ok <= 600, "{ok} passed");
+    assert_eq!(up.requests().len(), ok);
+    let by_lease: u64 = gateways
+        .iter()
+        .map(|g| g.gateway.store().stats().unwrap().decided_by_lease.get())
+        .sum();
+    assert!(by_lease > 0, "leases decided some requests");
+}
+
 #[tokio::test]
 async fn redis_down_follows_the_failure_policy_within_the_timeout() {
     let up = Upstream::start().await;

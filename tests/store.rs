@@ -577,8 +577,8 @@ async fn shadow_limits_count_but_never_refuse(s: Subject) {
     assert!(o.allowed && o.shadow_limited);
 }
 
-/// The random walk of the single window, with several windows, costs and shadow limits, against
-/// `limiter::Counter`.
+/// The random walk of the single window, with several windows, costs (checks too) and shadow
+/// limits, against `limiter::WindowSet`.
 async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s: Subject) {
     let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
     let sets: [&[Limit]; 5] = [
@@ -601,7 +601,8 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
         let i = next(2) as usize;
         // A key keeps its set for a while, as a catalog would.
         let set = sets[(i + step / 300) % sets.len()];
-        let cost = 1 + next(3);
+        // 0: a check (the rate-limit service's `hits_addend` 0), counting nothing.
+        let cost = next(4);
         let want = reference[i].hit(set, cost, now);
         let got = s.hit_all(&keys[i], set, cost, now).await;
         assert_eq!(
@@ -1484,4 +1485,283 @@ async fn bad_tls_credentials_and_seeds_are_clear_errors_without_the_password() {
         "{e}"
     );
     assert!(e.contains(" (cluster): "), "{e}");
+}
+
+/// What a caller was told about one request: the event numbers (one sequence for every caller)
+/// at which it asked and was answered, and the answer.
+#[derive(Debug, Clone, Copy)]
+struct Told {
+    instance: usize,
+    /// The callers' clock when it asked (Unix ms).
+    clock: u64,
+    asked: u64,
+    told: u64,
+    allowed: bool,
+    remaining: u64,
+}
+
+/// `callers` callers, spread over `instances` stores on the Redis at `url` (leases on, the
+/// callers' clock moving 1 ms a request), each sending `hits` requests of cost 1 on one counter of
+/// `limits`, one after another. Every caller's answers, in order.
+async fn callers_on_one_counter(
+    url: &str,
+    instances: usize,
+    callers: usize,
+    hits: usize,
+    k: &CounterKey,
+    limits: &'static [Limit],
+) -> Vec<Vec<Told>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let stores: Vec<Arc<Store>> = (0..instances)
+        .map(|_| {
+            let options = RedisOptions {
+                lease: LeaseMode::Auto,
+                timeout: Duration::from_secs(2),
+                ..redis_options(url.into(), TimeSource::Local)
+            };
+            Arc::new(Store::redis(
+                RedisStore::connect(&options).unwrap(),
+                FailurePolicy::Closed,
+                Duration::from_millis(50),
+            ))
+        })
+        .collect();
+    let events = Arc::new(AtomicU64::new(0));
+    let clock = Arc::new(AtomicU64::new(T0 * 1000 + 7));
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let store = stores[c % instances].clone();
+            let (events, clock, k) = (events.clone(), clock.clone(), k.clone());
+            tokio::spawn(async move {
+                let mut told = Vec::with_capacity(hits);
+                for _ in 0..hits {
+                    let now = clock.fetch_add(1, Ordering::SeqCst);
+                    let asked = events.fetch_add(1, Ordering::SeqCst);
+                    let o = match store.hit(&k, limits, 1, now).await {
+                        Verdict::Decided(o) => o,
+                        other => panic!("{other:?}"),
+                    };
+                    told.push(Told {
+                        instance: c % instances,
+                        clock: now,
+                        asked,
+                        told: events.fetch_add(1, Ordering::SeqCst),
+                        allowed: o.allowed,
+                        remaining: o.quotas()[0].remaining,
+                    });
+                }
+                told
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.push(t.await.unwrap());
+    }
+    let by_lease: u64 = stores
+        .iter()
+        .map(|s| s.stats().unwrap().decided_by_lease.get())
+        .sum();
+    assert!(by_lease > 0, "leases decided some requests");
+    all
+}
+
+/// The remaining each caller is told never rises (nothing leaves the window meanwhile), and is
+/// never above the room there was at the instance's latest call to Redis for the counter, less
+/// what was admitted since: the limit less every request admitted before it was asked (and
+/// itself), except those other instances admitted since that call, which it cannot know. That
+/// call was made in the lease's bucket (`bucket_ms` of the callers' clock; `u64::MAX`: leases
+/// kept by another clock, assume the whole run). The number of requests admitted.
+fn check_told(limit: u64, bucket_ms: u64, answers: &[Vec<Told>]) -> u64 {
+    let all: Vec<&Told> = answers.iter().flatten().collect();
+    let bucket = |t: &Told| t.clock.checked_div(bucket_ms).unwrap_or(0);
+    let admitted: Vec<&Told> = all.iter().copied().filter(|t| t.allowed).collect();
+    for (c, told) in answers.iter().enumerate() {
+        for w in told.windows(2) {
+            assert!(
+                w[1].remaining <= w[0].remaining,
+                "caller {c} was told {} after {}: {:?}",
+                w[1].remaining,
+                w[0].remaining,
+                told.iter().map(|t| t.remaining).collect::<Vec<_>>()
+            );
+        }
+        for t in told {
+            // The instance's latest call was asked for in this bucket at the earliest.
+            let bucket_began = all
+                .iter()
+                .filter(|o| bucket(o) == bucket(t))
+                .map(|o| o.asked)
+                .min()
+                .unwrap_or(0);
+            let unseen = admitted
+                .iter()
+                .filter(|o| o.instance != t.instance && o.told > bucket_began && o.told < t.asked)
+                .count() as u64;
+            let before = admitted.iter().filter(|o| o.told < t.asked).count() as u64;
+            let room = limit - before - u64::from(t.allowed) + unseen;
+            assert!(
+                t.remaining <= room,
+                "caller {c}: {t:?} above the room {room}"
+            );
+        }
+    }
+    admitted.len() as u64
+}
+
+/// Leases across several callers of one counter on one instance (keep-alive clients of the
+/// gateway, the Divvy port's connections): each caller is told a remaining that only goes down,
+/// and one instance being exact, every admitted request is told its own number, the limit down to
+/// 0, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_tells_each_caller_a_remaining_that_only_goes_down() {
+    static SLIDING: [Limit; 1] = [Limit::sliding(600, 30)];
+    static FIXED: [Limit; 1] = [Limit::fixed(100, 60)];
+    let server = RedisServer::start();
+    for (limits, callers, hits, k) in [
+        (&SLIDING, 9, 100, key("one-sliding")),
+        (&FIXED, 6, 25, CounterKey::divvy("method=GET", "one")),
+    ] {
+        let answers = callers_on_one_counter(&server.url(), 1, callers, hits, &k, limits).await;
+        let limit = limits[0].rl;
+        // One instance sees every count: the room exactly, whatever the bucket.
+        assert_eq!(check_told(limit, 1, &answers), limit, "{limits:?}");
+        let mut told: Vec<u64> = answers
+            .iter()
+            .flatten()
+            .filter(|t| t.allowed)
+            .map(|t| t.remaining)
+            .collect();
+        told.sort_unstable();
+        assert_eq!(told, (0..limit).collect::<Vec<_>>(), "{limits:?}");
+    }
+}
+
+/// Three instances with leases, nine callers on one counter: what each caller is told only goes
+/// down and is never above the true room, though other instances' leases count as used and come
+/// back when they are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_tell_each_caller_a_remaining_that_only_goes_down() {
+    static SLIDING: [Limit; 1] = [Limit::sliding(600, 30)];
+    static FIXED: [Limit; 1] = [Limit::fixed(100, 60)];
+    let server = RedisServer::start();
+    // Leases of a 30 s window end with its 100 ms buckets; a fixed window's last a second (of
+    // real time, not the callers' clock).
+    for (limits, bucket_ms, callers, hits, k) in [
+        (&SLIDING, 100, 9, 100, key("three-sliding")),
+        (
+            &FIXED,
+            u64::MAX,
+            6,
+            25,
+            CounterKey::divvy("method=GET", "three"),
+        ),
+    ] {
+        let answers = callers_on_one_counter(&server.url(), 3, callers, hits, &k, limits).await;
+        let admitted = check_told(limits[0].rl, bucket_ms, &answers);
+        assert!(admitted <= limits[0].rl, "{limits:?}");
+    }
+}
+
+/// How far below the room what an instance tells is (docs/stores.md "What is told"), measured:
+/// instances on one Redis with leases take turns one request at a time, on the callers' clock,
+/// through 90 s of a 3000-per-minute limit (steady, bursty and slow callers; counts leave the
+/// window from second 60), and each answer is set beside the room there truly is then (the
+/// reference window fed every admitted request). One instance tells the room exactly; several
+/// never tell a rise while nothing has left the window, nor more than the room plus what other
+/// instances admitted since the instance's latest script call. `cargo test --test store --
+/// --nocapture told_stays_close` prints the figures.
+#[tokio::test]
+async fn what_is_told_stays_close_to_the_room() {
+    let server = RedisServer::start();
+    let limits = [Limit::sliding(3000, 60)];
+    for instances in [1, 3] {
+        let stores: Vec<Store> = (0..instances)
+            .map(|_| {
+                let options = RedisOptions {
+                    lease: LeaseMode::Auto,
+                    prefix: format!("close-{instances}"),
+                    timeout: Duration::from_secs(2),
+                    ..redis_options(server.url(), TimeSource::Local)
+                };
+                Store::redis(
+                    RedisStore::connect(&options).unwrap(),
+                    FailurePolicy::Closed,
+                    Duration::from_millis(50),
+                )
+            })
+            .collect();
+        let k = key("close");
+        let mut truth = WindowSet::default();
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+        let (mut answers, mut under_sum, mut under_max, mut over_max) = (0u64, 0u64, 0u64, 0u64);
+        let mut last_told = vec![u64::MAX; instances];
+        // Units other instances admitted since each instance's latest script call: what it
+        // cannot know of.
+        let mut unseen = vec![0u64; instances];
+        for ms in 0..90_000u64 {
+            let now = T0 * 1000 + ms;
+            // Caller 0 steady at 80/s; caller 1 at 200/s for 2 s in every 5; caller 2 at 20/s.
+            let rates = [80, if ms % 5000 < 2000 { 200 } else { 0 }, 20];
+            for (caller, rate) in rates.into_iter().enumerate() {
+                if next(1000) >= rate {
+                    continue;
+                }
+                let i = caller % instances;
+                let calls = stores[i].stats().unwrap().decided_by_redis.get();
+                let o = match stores[i].hit(&k, &limits, 1, now).await {
+                    Verdict::Decided(o) => o,
+                    other => panic!("{other:?}"),
+                };
+                if stores[i].stats().unwrap().decided_by_redis.get() > calls {
+                    unseen[i] = 0;
+                }
+                let told = o.quotas()[0].remaining;
+                let room = if o.allowed {
+                    let r = truth.hit(&limits, 1, now);
+                    assert!(r.allowed, "never over the limit at {ms} ms");
+                    r.quotas()[0].remaining
+                } else {
+                    truth.peek(&limits, 0, now).quotas()[0].remaining
+                };
+                if ms < 60_000 {
+                    assert!(
+                        told <= last_told[i],
+                        "instance {i} told {told} after {}",
+                        last_told[i]
+                    );
+                }
+                last_told[i] = told;
+                if instances == 1 {
+                    assert_eq!(told, if o.allowed { room } else { 0 }, "at {ms} ms");
+                }
+                assert!(
+                    told <= room + unseen[i],
+                    "instance {i} told {told} at {ms} ms: room {room}, {} unseen",
+                    unseen[i]
+                );
+                if o.allowed {
+                    for (j, u) in unseen.iter_mut().enumerate() {
+                        if j != i {
+                            *u += 1;
+                        }
+                    }
+                    answers += 1;
+                    under_sum += room.saturating_sub(told);
+                    under_max = under_max.max(room.saturating_sub(told));
+                    over_max = over_max.max(told.saturating_sub(room));
+                }
+            }
+        }
+        let (redis, lease): (u64, u64) = stores.iter().fold((0, 0), |(r, l), s| {
+            let st = s.stats().unwrap();
+            (r + st.decided_by_redis.get(), l + st.decided_by_lease.get())
+        });
+        eprintln!(
+            "{instances} instance(s): {answers} admitted; under the room by {:.1} on average, \
+             {under_max} at worst; over it by {over_max} at worst; {redis} script calls, \
+             {lease} decided from leases",
+            under_sum as f64 / answers.max(1) as f64
+        );
+    }
 }

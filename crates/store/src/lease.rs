@@ -14,19 +14,28 @@
 //! decision is one call again. A counter is "busy" (asks for leases) from [`BUSY_UNITS`] units a
 //! bucket.
 //!
+//! Every call this instance makes for one counter waits its turn ([`Leases::turn`]): while it is
+//! out, no lease of the counter is taken or given back here, so the counts a reply reflects and
+//! the lease this instance holds always match, and what it tells ([`Told`]) is exact for one
+//! instance.
+//!
+//! Every call this instance makes for one counter waits its turn ([`Leases::turn`]): while it is
+//! out, no lease of the counter is taken or given back here, so the counts a reply reflects and
+//! the lease this instance holds always match, and what it tells ([`Told`]) is exact for one
+//! instance.
+//!
 //! Time: with the caller's clock (`time_source = local`) a lease ends at its bucket's end by that
 //! clock, exactly. With Redis' clock it ends at the local instant the call was sent plus the time
 //! from Redis' `now` to the bucket's end: Redis read its clock after the call was sent, so the
 //! lease always ends here before its bucket ends there.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use quotagate_engine::limiter::{
     Kind, Limit, MAX_LIMITS, Outcome, Quota, bucket_of, bucket_start, buckets,
 };
-use tokio::sync::watch;
 // tokio's clock: std's in production, frozen under a paused test runtime.
 use tokio::time::Instant;
 
@@ -127,10 +136,6 @@ struct Lease {
     at_ms: i64,
     /// Spent only before this instant (lease clock, microseconds).
     until_us: i64,
-    /// Each limit's units left after the call that took it, counting the whole lease as used.
-    remaining: [u64; MAX_LIMITS],
-    /// When each limit's oldest count leaves its window (lease clock, microseconds).
-    reset_at_us: [i64; MAX_LIMITS],
     /// Tells this lease from a later one of the same counter (for the timer).
     id: u64,
 }
@@ -146,9 +151,10 @@ struct Entry {
     /// The epoch in which Redis granted no lease (the counter is near its limit): no more are
     /// asked for in it, so its calls keep the script's cheaper path for plain decisions.
     dry: Option<i64>,
-    /// Set while a call that asked for a lease is out: the counter's other requests wait for it
-    /// rather than each calling Redis. Dropped when it returns, which wakes them.
-    fetching: Option<watch::Sender<()>>,
+    /// The counter's calls to Redis from this instance, one at a time ([`Leases::turn`]).
+    line: Arc<tokio::sync::Mutex<()>>,
+    /// What this instance has told of the counter's windows (none before its first answer).
+    told: Option<Told>,
 }
 
 /// A lease given up, to be given back to Redis with the limits it was counted in.
@@ -164,15 +170,17 @@ pub struct GiveBack {
 pub enum Plan {
     /// Decided here, from the counter's lease.
     Local(Outcome),
-    /// Another request is taking a lease: wait for it (then plan again).
-    Wait(watch::Receiver<()>),
+    /// Redis must decide: wait for the counter's turn ([`Leases::turn`]), then plan again in it
+    /// ([`Leases::plan_in_turn`]).
+    Turn(Arc<tokio::sync::Mutex<()>>),
     /// Ask Redis: with `args` (a lease wanted, an old one given back) or plainly. `give_apart`: a
     /// lease counted with other limits (a new catalog), to give back in a call of its own first.
     Ask {
         args: Option<LeaseArgs>,
         give_apart: Option<GiveBack>,
-        fetching: bool,
     },
+    /// Too many counters are followed: Redis alone decides, nothing is leased or told here.
+    Alone,
 }
 
 type Counters = HashMap<CounterKey, Entry, foldhash::fast::RandomState>;
@@ -220,33 +228,47 @@ impl Leases {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What a request of `cost` on `key` under `limits` does at `now_us` (lease clock).
+    /// What a request of `cost` on `key` under `limits` does at `now_us` (lease clock): decided
+    /// from the counter's lease, or by Redis in the counter's turn.
     pub fn plan(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_us: i64) -> Plan {
+        self.plan_at(key, limits, cost, now_us, false)
+    }
+
+    /// [`Leases::plan`] again, holding the counter's turn: the call before may have left a lease
+    /// that decides this request; else the call to make, giving back what an ended lease left and,
+    /// for a busy counter, taking the next. A check (cost 0) changes no lease.
+    pub fn plan_in_turn(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_us: i64) -> Plan {
+        self.plan_at(key, limits, cost, now_us, true)
+    }
+
+    fn plan_at(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_us: i64,
+        in_turn: bool,
+    ) -> Plan {
         let mut shard = self.shard(key);
         if !shard.contains_key(key) {
             if shard.len() >= MAX_COUNTERS / SHARDS {
                 let period = bucket_us(limits);
-                // Entries holding nothing and idle for two buckets tell nothing any more.
+                // Entries holding nothing, with no call out, and idle for two buckets tell
+                // nothing any more.
                 shard.retain(|_, e| {
-                    e.lease.is_some() || e.fetching.is_some() || now_us / period - e.epoch < 2
+                    e.lease.is_some()
+                        || Arc::strong_count(&e.line) > 1
+                        || now_us / period - e.epoch < 2
                 });
                 if shard.len() >= MAX_COUNTERS / SHARDS {
-                    return Plan::Ask {
-                        args: None,
-                        give_apart: None,
-                        fetching: false,
-                    };
+                    return Plan::Alone;
                 }
             }
             shard.insert(key.clone(), Entry::default());
         }
         let Some(e) = shard.get_mut(key) else {
             // Inserted above: never taken.
-            return Plan::Ask {
-                args: None,
-                give_apart: None,
-                fetching: false,
-            };
+            return Plan::Alone;
         };
         let epoch = now_us / bucket_us(limits);
         if epoch != e.epoch {
@@ -258,15 +280,22 @@ impl Leases {
             && l.limits.as_slice() == limits
             && now_us < l.until_us
             && l.left >= cost
+            && let Some(told) = e.told.as_mut().filter(|t| t.is_for(limits))
         {
             l.left -= cost;
             e.used += cost;
             self.stats.decided_by_lease.inc();
             self.stats.units_used.inc_by(cost);
-            return Plan::Local(local_outcome(l, now_us));
+            return Plan::Local(told.spend(cost, now_us));
         }
-        if let Some(f) = &e.fetching {
-            return Plan::Wait(f.subscribe());
+        if !in_turn {
+            return Plan::Turn(e.line.clone());
+        }
+        if cost == 0 {
+            return Plan::Ask {
+                args: None,
+                give_apart: None,
+            };
         }
         let rate = e.prev_used.max(e.used + cost);
         let want = if rate >= BUSY_UNITS && e.dry != Some(epoch) {
@@ -290,76 +319,70 @@ impl Leases {
                 give_apart = Some(g);
             }
         }
-        let fetching = want > 0;
-        if fetching {
-            e.fetching = Some(watch::Sender::new(()));
-        }
         let args = (want > 0 || give.is_some()).then(|| LeaseArgs {
             want,
             give: give.map_or(0, |g| g.units),
             given_at_ms: give.map_or(0, |g| g.at_ms),
         });
-        Plan::Ask {
-            args,
-            give_apart,
-            fetching,
-        }
+        Plan::Ask { args, give_apart }
     }
 
-    /// Records a script's decision on `key` for a request of `cost` (`fetching`: the plan said
-    /// so). `granted`: the lease it counted, `(units, at_ms, until_us, reset_at_us per limit)`,
-    /// and the outcome's quotas (remaining counting the lease as used). Returns the new lease's
-    /// id, for its timer.
+    /// The counter's turn to call Redis from this instance (`None`: it is not followed). A
+    /// give-back of its own takes it too.
+    pub fn turn(&self, key: &CounterKey) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.shard(key).get(key).map(|e| e.line.clone())
+    }
+
+    /// Records a script call's answer on `key` for a request of `cost`, made in the counter's
+    /// turn (`asked`: it asked for a lease). Returns the answer to give, its remaining what this
+    /// instance tells ([`Told`]), and the new lease's id, for its timer.
     pub fn settle(
         &self,
         key: &CounterKey,
         limits: &[Limit],
         cost: u64,
-        fetching: bool,
-        outcome: Option<&Outcome>,
-        granted: Option<Granted>,
-    ) -> Option<u64> {
+        asked: bool,
+        a: Answer,
+    ) -> (Outcome, Option<u64>) {
         let mut shard = self.shard(key);
-        let e = shard.get_mut(key)?;
-        if fetching {
-            e.fetching = None;
-            if granted.is_none() && outcome.is_some() {
-                e.dry = Some(e.epoch);
-            }
+        let Some(e) = shard.get_mut(key) else {
+            return (a.outcome, None);
+        };
+        if asked && a.granted.is_none() {
+            e.dry = Some(e.epoch);
         }
-        if outcome.is_some_and(|o| o.allowed) {
+        if a.outcome.allowed {
             e.used += cost;
         }
-        let g = granted?;
-        let outcome = outcome?;
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut remaining = [0; MAX_LIMITS];
-        for (r, q) in remaining.iter_mut().zip(outcome.quotas()) {
-            *r = q.remaining;
+        let mut id = None;
+        if let Some(g) = a.granted {
+            let next = self
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.leases.inc();
+            self.stats.units_leased.inc_by(g.units);
+            // Calls take turns: no other lease of this counter was taken meanwhile.
+            e.lease = Some(Box::new(Lease {
+                limits: LimitSet::new(limits),
+                left: g.units,
+                at_ms: g.at_ms,
+                until_us: g.until_us,
+                id: next,
+            }));
+            id = Some(next);
         }
-        self.stats.leases.inc();
-        self.stats.units_leased.inc_by(g.units);
-        // A lease of this counter still here was taken meanwhile by a call that did not wait
-        // (none does while one is fetching): keep the later one, give none back twice.
-        e.lease = Some(Box::new(Lease {
-            limits: LimitSet::new(limits),
-            left: g.units,
-            at_ms: g.at_ms,
-            until_us: g.until_us,
-            remaining,
-            reset_at_us: g.reset_at_us,
-            id,
-        }));
-        Some(id)
-    }
-
-    /// The call that was to take a lease failed: let the others call Redis themselves.
-    pub fn abandon(&self, key: &CounterKey) {
-        if let Some(e) = self.shard(key).get_mut(key) {
-            e.fetching = None;
-        }
+        // Units leased here and unused are counted in Redis' answer: they are this instance's
+        // room.
+        let own = e
+            .lease
+            .as_ref()
+            .filter(|l| l.limits.as_slice() == limits)
+            .map_or(0, |l| l.left);
+        let told = match e.told.as_mut().filter(|t| t.is_for(limits)) {
+            Some(t) => t,
+            None => e.told.insert(Told::new(limits)),
+        };
+        (told.reply(&a, cost, own), id)
     }
 
     /// The lease `id` of `key`, if it is still the counter's and has units left: taken away (its
@@ -401,26 +424,145 @@ pub struct Granted {
     pub units: u64,
     pub at_ms: i64,
     pub until_us: i64,
-    pub reset_at_us: [i64; MAX_LIMITS],
 }
 
-/// The answer for a request admitted from lease `l` at `now_us` (its units already taken): what
-/// Redis said when the lease was taken, plus the units still leased here (this instance's own
-/// room; other instances' leases count as used).
-fn local_outcome(l: &Lease, now_us: i64) -> Outcome {
-    let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
-    let limits = l.limits.as_slice();
-    for (i, (q, lim)) in quotas.iter_mut().zip(limits).enumerate() {
-        let reset_us = u64::try_from(l.reset_at_us[i] - now_us).unwrap_or(0);
-        *q = Quota {
-            allowed: true,
-            limit: lim.rl,
-            remaining: l.remaining[i] + l.left,
-            reset: reset_us.div_ceil(1_000_000),
-            retry_after: None,
-        };
+/// A script call's answer, as [`Leases::settle`] takes it.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The decision, its remaining counting every lease (this instance's too) as used.
+    pub outcome: Outcome,
+    /// Each window's room: its remaining, and where the cost did not fit (told as such), the room
+    /// it has (`None`: not read).
+    pub rooms: [Option<u64>; MAX_LIMITS],
+    /// When each window's oldest count leaves it, as of the answer (lease clock, microseconds;
+    /// a fixed window's end).
+    pub exits_us: [i64; MAX_LIMITS],
+    /// The lease it took.
+    pub granted: Option<Granted>,
+    /// The lease clock at the answer.
+    pub at_us: i64,
+}
+
+/// What this instance tells of one counter's windows: one rule for the remaining of every answer,
+/// whichever way it was decided (from a lease, or by a script call).
+///
+/// Each window's remaining is the least this instance has told since counts could last have left
+/// the window, each request counted here taking its cost off; a script call's answer brings it
+/// down to Redis' remaining plus this instance's unused lease (Redis counts every lease as used,
+/// and this instance knows its own is room). So within a window it never rises until the oldest
+/// count a reply saw leaves, it is never above the room (other instances' leases count as used),
+/// and with one instance it is the room exactly. With several, what it leaves out is other
+/// instances' unused leases, and those given back since counts last left (docs/stores.md).
+#[derive(Debug)]
+pub struct Told {
+    slots: Box<[Slot]>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    limit: Limit,
+    /// The remaining told last: the least since counts could last leave the window.
+    floor: u64,
+    /// When the window's oldest count, as of the latest reply, leaves it (lease clock,
+    /// microseconds; a fixed window's end): until then nothing can leave, so nothing told rises.
+    exit_us: i64,
+}
+
+impl Told {
+    fn new(limits: &[Limit]) -> Told {
+        Told {
+            slots: limits
+                .iter()
+                .map(|&limit| Slot {
+                    limit,
+                    floor: u64::MAX,
+                    exit_us: i64::MIN,
+                })
+                .collect(),
+        }
     }
-    Outcome::new(true, false, &quotas[..limits.len()])
+
+    fn is_for(&self, limits: &[Limit]) -> bool {
+        self.slots.iter().map(|s| &s.limit).eq(limits)
+    }
+
+    /// Answer `a` for a request of `cost`, with `own` units of this instance's lease unused after
+    /// it. The outcome to tell.
+    fn reply(&mut self, a: &Answer, cost: u64, own: u64) -> Outcome {
+        let outcome = &a.outcome;
+        let granted = a.granted.map_or(0, |g| g.units);
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        let n = self.slots.len().min(outcome.quotas().len());
+        for (i, (s, q)) in self.slots.iter_mut().zip(outcome.quotas()).enumerate() {
+            // Counted in this window: admitted, and a shadow window counts only with room in all.
+            let counted =
+                outcome.allowed && q.allowed && !(s.limit.shadow && outcome.shadow_limited);
+            let took = if counted { cost + granted } else { 0 };
+            let room = if q.allowed {
+                Some(q.remaining)
+            } else {
+                a.rooms[i]
+            };
+            if room.is_none() {
+                // Refused without reading the window (a remembered refusal): it has less room
+                // than the cost, which is all that is known.
+                s.floor = s.floor.min(cost.saturating_sub(1).saturating_add(own));
+            }
+            if let Some(room) = room {
+                let fresh = room.saturating_add(own);
+                s.floor = if a.at_us >= s.exit_us || room.saturating_add(took) >= s.limit.rl {
+                    // Counts may have left the window since it was last told, or it holds
+                    // nothing but what this call counted (a fixed window begun again, though
+                    // its end moved less than time did): told as it is.
+                    fresh
+                } else {
+                    s.floor
+                        .saturating_sub(if counted { cost } else { 0 })
+                        .min(fresh)
+                };
+                // A refusal's reset is its wait, not when the oldest count leaves.
+                if q.allowed {
+                    s.exit_us = a.exits_us[i];
+                }
+            }
+            quotas[i] = if q.allowed {
+                Quota {
+                    remaining: s.floor,
+                    ..*q
+                }
+            } else {
+                // No room for this cost: told as every store tells it (a sliding window's 0, a
+                // fixed window's credit), never above what was told before.
+                Quota {
+                    remaining: q.remaining.min(s.floor),
+                    ..*q
+                }
+            };
+        }
+        Outcome::new(outcome.allowed, outcome.shadow_limited, &quotas[..n])
+    }
+
+    /// The answer for a request of `cost` admitted from this instance's lease at `now_us`.
+    fn spend(&mut self, cost: u64, now_us: i64) -> Outcome {
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        for (q, s) in quotas.iter_mut().zip(self.slots.iter_mut()) {
+            s.floor = s.floor.saturating_sub(cost);
+            // Redis rounds a fixed window's TTL to the nearest second: so does this answer.
+            let shave = match s.limit.kind {
+                Kind::Sliding => 0,
+                Kind::Fixed | Kind::Aligned => 500_000,
+            };
+            let reset_us = u64::try_from(s.exit_us - shave - now_us).unwrap_or(0);
+            *q = Quota {
+                allowed: true,
+                limit: s.limit.rl,
+                remaining: s.floor,
+                reset: reset_us.div_ceil(1_000_000),
+                retry_after: None,
+            };
+        }
+        Outcome::new(true, false, &quotas[..self.slots.len()])
+    }
 }
 
 #[cfg(test)]
@@ -448,13 +590,19 @@ mod tests {
         assert_eq!(bucket_end_ms(&[lim(5, 90)], 1_500), 3_000);
     }
 
-    fn ask(p: Plan) -> (Option<LeaseArgs>, Option<GiveBack>, bool) {
-        match p {
-            Plan::Ask {
-                args,
-                give_apart,
-                fetching,
-            } => (args, give_apart, fetching),
+    /// The call a request makes in its turn (it must not be decided here).
+    fn ask(
+        l: &Leases,
+        k: &CounterKey,
+        limits: &[Limit],
+        now_us: i64,
+    ) -> (Option<LeaseArgs>, Option<GiveBack>) {
+        assert!(
+            matches!(l.plan(k, limits, 1, now_us), Plan::Turn(_)),
+            "Redis decides"
+        );
+        match l.plan_in_turn(k, limits, 1, now_us) {
+            Plan::Ask { args, give_apart } => (args, give_apart),
             other => panic!("not a call: {other:?}"),
         }
     }
@@ -464,16 +612,15 @@ mod tests {
             units,
             at_ms,
             until_us,
-            reset_at_us: [until_us + 59_000_000; MAX_LIMITS],
         }
     }
 
-    fn allowed(remaining: u64) -> Outcome {
+    fn answer(allowed: bool, remaining: u64) -> Outcome {
         Outcome::new(
-            true,
+            allowed,
             false,
             &[Quota {
-                allowed: true,
+                allowed,
                 limit: 100,
                 remaining,
                 reset: 60,
@@ -482,10 +629,55 @@ mod tests {
         )
     }
 
-    /// One request decided by Redis without a lease granted.
-    fn plain(l: &Leases, k: &CounterKey, limits: &[Limit], now_us: i64) {
-        let (_, _, fetching) = ask(l.plan(k, limits, 1, now_us));
-        l.settle(k, limits, 1, fetching, Some(&allowed(90)), None);
+    /// Settles a call of cost 1 answered `allowed` with Redis' `remaining` at `now_us`, the oldest
+    /// count leaving at `exit_us`: what is told.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        l: &Leases,
+        k: &CounterKey,
+        limits: &[Limit],
+        asked: bool,
+        allowed: bool,
+        remaining: u64,
+        lease: Option<Granted>,
+        now_us: i64,
+        exit_us: i64,
+    ) -> u64 {
+        let (o, _) = l.settle(
+            k,
+            limits,
+            1,
+            asked,
+            reply(answer(allowed, remaining), lease, now_us, exit_us),
+        );
+        o.quotas()[0].remaining
+    }
+
+    fn local(l: &Leases, k: &CounterKey, limits: &[Limit], now_us: i64) -> u64 {
+        match l.plan(k, limits, 1, now_us) {
+            Plan::Local(o) => o.quotas()[0].remaining,
+            other => panic!("not decided here: {other:?}"),
+        }
+    }
+
+    const EXIT: i64 = 60_000_000;
+
+    /// A script call's answer for one window: what Redis said, the lease it took, when, and when
+    /// its oldest count leaves. A refusal's room is taken to be unknown.
+    fn reply(outcome: Outcome, granted: Option<Granted>, at_us: i64, exit_us: i64) -> Answer {
+        let mut rooms = [None; MAX_LIMITS];
+        let mut exits_us = [0; MAX_LIMITS];
+        for (i, q) in outcome.quotas().iter().enumerate() {
+            rooms[i] = q.allowed.then_some(q.remaining);
+            exits_us[i] = exit_us;
+        }
+        Answer {
+            outcome,
+            rooms,
+            exits_us,
+            granted,
+            at_us,
+        }
     }
 
     #[test]
@@ -495,33 +687,43 @@ mod tests {
         let k = key();
         // Quiet: plain calls.
         for i in 0..3 {
-            let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 10_000 + i));
-            assert!(args.is_none() && !fetching);
-            l.settle(&k, &limits, 1, fetching, Some(&allowed(90)), None);
+            let (args, _) = ask(&l, &k, &limits, 10_000 + i);
+            assert!(args.is_none());
+            let told = settle(
+                &l,
+                &k,
+                &limits,
+                false,
+                true,
+                99 - i as u64,
+                None,
+                10_000,
+                EXIT,
+            );
+            assert_eq!(told, 99 - i as u64);
         }
-        // The fourth unit of the bucket makes it busy: a lease of 4 is asked for.
-        let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 20_000));
+        // The fourth unit of the bucket makes it busy: a lease of 4 is asked for. Redis counts
+        // it as used (remaining 92); this instance tells it as its room.
+        let (args, _) = ask(&l, &k, &limits, 20_000);
         assert_eq!(args.unwrap().want, 4);
-        assert!(fetching);
-        // Others wait for it meanwhile.
-        assert!(matches!(l.plan(&k, &limits, 1, 20_001), Plan::Wait(_)));
-        l.settle(
+        let told = settle(
+            &l,
             &k,
             &limits,
-            1,
             true,
-            Some(&allowed(80)),
+            true,
+            92,
             Some(granted(4, 1_000_020, 990_000)),
+            20_000,
+            EXIT,
         );
-        // Four units here, remaining counting down from Redis' 80 plus what is left here.
-        for left in (0..4).rev() {
-            let Plan::Local(o) = l.plan(&k, &limits, 1, 30_000) else {
-                panic!("not local")
-            };
-            assert_eq!(o.quotas()[0].remaining, 80 + left);
+        assert_eq!(told, 96);
+        // Four units here, counting down.
+        for want in (92..96).rev() {
+            assert_eq!(local(&l, &k, &limits, 30_000), want);
         }
         // Spent: the next asks again, bigger (rate 9 in this bucket), nothing to give back.
-        let (args, give_apart, _) = ask(l.plan(&k, &limits, 1, 40_000));
+        let (args, give_apart) = ask(&l, &k, &limits, 40_000);
         assert_eq!(
             args.unwrap(),
             LeaseArgs {
@@ -531,17 +733,21 @@ mod tests {
             }
         );
         assert!(give_apart.is_none());
-        l.settle(
+        let told = settle(
+            &l,
             &k,
             &limits,
-            1,
             true,
-            Some(&allowed(60)),
+            true,
+            82,
             Some(granted(9, 1_000_040, 990_000)),
+            40_000,
+            EXIT,
         );
+        assert_eq!(told, 91);
         // The bucket ends with 9 unused: the next call gives them back and asks for the rate of
         // the bucket before (9 units).
-        let (args, _, _) = ask(l.plan(&k, &limits, 1, 1_000_000));
+        let (args, _) = ask(&l, &k, &limits, 1_000_000);
         assert_eq!(
             args.unwrap(),
             LeaseArgs {
@@ -550,27 +756,141 @@ mod tests {
                 given_at_ms: 1_000_040
             }
         );
+        // Given back and counted: 90 left, none of it leased (no room granted).
+        let told = settle(&l, &k, &limits, true, true, 90, None, 1_000_000, EXIT);
+        assert_eq!(told, 90);
+    }
+
+    #[test]
+    fn what_is_told_rises_only_once_counts_can_have_left_the_window() {
+        let l = Leases::new(1000, StoreStats::default());
+        let (k, limits) = (key(), [lim(100, 60)]);
+        ask(&l, &k, &limits, 0);
+        assert_eq!(settle(&l, &k, &limits, false, true, 50, None, 0, EXIT), 50);
+        // Another instance gave back a lease: Redis has room 60 now. Nothing has left the
+        // window, so this instance goes on from what it told.
+        ask(&l, &k, &limits, 1_000);
+        assert_eq!(
+            settle(&l, &k, &limits, false, true, 60, None, 1_000, EXIT),
+            49
+        );
+        // Others admitted more: Redis' room is below what was told.
+        ask(&l, &k, &limits, 2_000);
+        assert_eq!(
+            settle(&l, &k, &limits, false, true, 40, None, 2_000, EXIT),
+            40
+        );
+        // A window holding nothing but this call's count is told as it is.
+        ask(&l, &k, &limits, 3_600);
+        assert_eq!(
+            settle(&l, &k, &limits, false, true, 99, None, 3_600, EXIT),
+            99
+        );
+        // Once the oldest count has left, Redis' room is told as it is.
+        ask(&l, &k, &limits, EXIT);
+        assert_eq!(
+            settle(&l, &k, &limits, false, true, 70, None, EXIT, 2 * EXIT),
+            70
+        );
+        // Other limits (a new catalog) start again.
+        let other = [lim(80, 60)];
+        ask(&l, &k, &other, EXIT + 1);
+        assert_eq!(
+            settle(&l, &k, &other, false, true, 79, None, EXIT + 1, 2 * EXIT),
+            79
+        );
+    }
+
+    #[test]
+    fn after_a_refusal_nothing_told_rises_though_room_comes_back() {
+        let l = Leases::new(1000, StoreStats::default());
+        let (k, limits) = (key(), [lim(100, 60)]);
+        ask(&l, &k, &limits, 0);
+        assert_eq!(settle(&l, &k, &limits, false, true, 2, None, 0, EXIT), 2);
+        // Refused from a refusal Redis remembered: told 0, and all that is known is that the
+        // room is below the cost (others' leases counted as used).
+        ask(&l, &k, &limits, 1_000);
+        let refused = reply(answer(false, 0), None, 1_000, EXIT);
+        let (o, _) = l.settle(&k, &limits, 1, false, refused);
+        assert_eq!(o.quotas()[0].remaining, 0);
+        // Another instance gave its lease back: Redis admits again, with room 30 after it. The
+        // window's counts have not left: what is told stays at 0.
+        ask(&l, &k, &limits, 2_000);
+        assert_eq!(
+            settle(&l, &k, &limits, false, true, 30, None, 2_000, EXIT),
+            0
+        );
+    }
+
+    #[test]
+    fn a_shadow_window_refused_counts_nothing_in_what_is_told() {
+        let l = Leases::new(1000, StoreStats::default());
+        let k = key();
+        let limits = [lim(10, 60), Limit::sliding(2, 60).shadowed(true)];
+        let q = |remaining| Quota {
+            allowed: true,
+            limit: 10,
+            remaining,
+            reset: 60,
+            retry_after: None,
+        };
+        let call = |shadow_limited: bool, enforced: u64, shadow: u64| {
+            assert!(matches!(l.plan(&k, &limits, 1, 0), Plan::Turn(_)));
+            let o = Outcome::new(true, shadow_limited, &[q(enforced), q(shadow)]);
+            let (o, _) = l.settle(&k, &limits, 1, false, reply(o, None, 0, EXIT));
+            (o.quotas()[0].remaining, o.quotas()[1].remaining)
+        };
+        assert_eq!(call(false, 9, 1), (9, 1));
+        assert_eq!(call(false, 8, 0), (8, 0));
+        // The shadow window is full: counted in the enforced one only.
+        assert_eq!(call(true, 7, 0), (7, 0));
     }
 
     #[test]
     fn near_its_limit_a_counter_stops_asking_until_the_next_bucket() {
         let l = Leases::new(1000, StoreStats::default());
         let (k, limits) = (key(), [lim(100, 60)]);
-        for _ in 0..3 {
-            plain(&l, &k, &limits, 0);
+        for i in 0..3 {
+            ask(&l, &k, &limits, 0);
+            settle(&l, &k, &limits, false, true, 90 - i, None, 0, EXIT);
         }
         // Busy: asks, and Redis grants nothing (no room for a lease).
-        let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 10));
-        assert!(args.is_some() && fetching);
-        l.settle(&k, &limits, 1, true, Some(&allowed(1)), None);
-        let (args, _, fetching) = ask(l.plan(&k, &limits, 1, 20));
-        assert!(
-            args.is_none() && !fetching,
-            "plain calls for the rest of the bucket"
-        );
-        l.settle(&k, &limits, 1, false, Some(&allowed(0)), None);
-        let (args, _, _) = ask(l.plan(&k, &limits, 1, 1_000_000));
+        let (args, _) = ask(&l, &k, &limits, 10);
+        assert!(args.is_some());
+        settle(&l, &k, &limits, true, true, 1, None, 10, EXIT);
+        let (args, _) = ask(&l, &k, &limits, 20);
+        assert!(args.is_none(), "plain calls for the rest of the bucket");
+        settle(&l, &k, &limits, false, true, 0, None, 20, EXIT);
+        let (args, _) = ask(&l, &k, &limits, 1_000_000);
         assert!(args.is_some(), "asks again in the next bucket");
+    }
+
+    #[test]
+    fn a_check_changes_no_lease_and_is_told_by_the_same_rule() {
+        let l = Leases::new(1000, StoreStats::default());
+        let (k, limits) = (key(), [lim(100, 60)]);
+        for i in 0..3 {
+            ask(&l, &k, &limits, 0);
+            settle(&l, &k, &limits, false, true, 99 - i, None, 0, EXIT);
+        }
+        // The fourth takes a lease of 5: Redis counts 1 + 5.
+        ask(&l, &k, &limits, 0);
+        let lease = Some(granted(5, 0, 900_000));
+        assert_eq!(settle(&l, &k, &limits, true, true, 91, lease, 0, EXIT), 96);
+        // A check spends nothing of the lease and is told what is left.
+        let Plan::Local(o) = l.plan(&k, &limits, 0, 10) else {
+            panic!("decided here")
+        };
+        assert_eq!(o.quotas()[0].remaining, 96);
+        // Once the lease has ended, a check asks Redis without giving it back.
+        assert!(matches!(l.plan(&k, &limits, 0, 1_000_000), Plan::Turn(_)));
+        assert!(matches!(
+            l.plan_in_turn(&k, &limits, 0, 1_000_000),
+            Plan::Ask {
+                args: None,
+                give_apart: None
+            }
+        ));
     }
 
     #[test]
@@ -578,21 +898,25 @@ mod tests {
         let l = Leases::new(5, StoreStats::default());
         let k = key();
         let old = [lim(100, 60)];
-        for _ in 0..10 {
-            plain(&l, &k, &old, 0);
+        for i in 0..10 {
+            ask(&l, &k, &old, 0);
+            settle(&l, &k, &old, false, true, 99 - i, None, 0, EXIT);
         }
-        let (args, _, _) = ask(l.plan(&k, &old, 1, 1_000_000));
+        let (args, _) = ask(&l, &k, &old, 1_000_000);
         assert_eq!(args.unwrap().want, 5, "capped");
-        l.settle(
+        settle(
+            &l,
             &k,
             &old,
-            1,
             true,
-            Some(&allowed(80)),
+            true,
+            80,
             Some(granted(5, 1_000, 1_900_000)),
+            1_000_000,
+            EXIT,
         );
         let new = [lim(50, 60)];
-        let (args, give_apart, _) = ask(l.plan(&k, &new, 1, 1_000_002));
+        let (args, give_apart) = ask(&l, &k, &new, 1_000_002);
         assert_eq!(args.unwrap().give, 0);
         let g = give_apart.unwrap();
         assert_eq!((g.limits.as_slice(), g.units), (&old[..], 5));
@@ -603,20 +927,24 @@ mod tests {
         let l = Leases::new(100, StoreStats::default());
         let k = key();
         let limits = [lim(100, 60)];
-        for _ in 0..5 {
-            plain(&l, &k, &limits, 0);
+        for i in 0..5 {
+            ask(&l, &k, &limits, 0);
+            settle(&l, &k, &limits, false, true, 99 - i, None, 0, EXIT);
         }
-        ask(l.plan(&k, &limits, 1, 1_000_000));
-        let id = l
-            .settle(
-                &k,
-                &limits,
-                1,
-                true,
-                Some(&allowed(80)),
+        ask(&l, &k, &limits, 1_000_000);
+        let (_, id) = l.settle(
+            &k,
+            &limits,
+            1,
+            true,
+            reply(
+                answer(true, 80),
                 Some(granted(6, 0, 900_000)),
-            )
-            .unwrap();
+                1_000_000,
+                EXIT,
+            ),
+        );
+        let id = id.unwrap();
         assert!(l.expire(&k, id + 1).is_none());
         assert_eq!(l.expire(&k, id).unwrap().units, 6);
         assert!(l.expire(&k, id).is_none(), "once");

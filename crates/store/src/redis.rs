@@ -21,14 +21,16 @@ use redis::Script;
 use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
-use super::lease::{GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
+use super::lease::{Answer, GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
 };
 use super::{CounterStore, StoreError};
 use quotagate_engine::clock::{Clock, SystemClock};
-use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, fixed_outcome};
+use quotagate_engine::limiter::{
+    Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, WindowSet, fixed_outcome,
+};
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
@@ -120,6 +122,8 @@ struct Called {
     grant: u64,
     redis_now_ms: i64,
     resets_ms: [i64; MAX_LIMITS],
+    /// Each limit's room, also where the cost did not fit ([`WindowReply::Decided`]).
+    rooms: [Option<u64>; MAX_LIMITS],
 }
 
 /// One multiplexed connection the hot path uses.
@@ -141,33 +145,6 @@ fn is_broken(e: &redis::RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-}
-
-/// A call taking a lease for `key`: until it is settled, the counter's other requests wait for
-/// it; dropped unsettled, it lets them go.
-struct Taking<'a> {
-    leases: &'a Leases,
-    key: &'a CounterKey,
-    armed: bool,
-}
-
-impl Drop for Taking<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.leases.abandon(self.key);
-        }
-    }
-}
-
-/// A request on a leased counter: decided from its lease, or a call to make.
-enum Leased<'a> {
-    Local(Outcome),
-    /// Ask Redis with `args` (a lease wanted, an old one given back); `taking` lets the
-    /// counter's other requests go however the call ends.
-    Ask {
-        args: Option<LeaseArgs>,
-        taking: Taking<'a>,
-    },
 }
 
 /// The Redis store.
@@ -352,6 +329,9 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        if cost == 0 {
+            return self.bounded(self.check_sliding(key, limits, now_ms)).await;
+        }
         if let Some(q) = self.check_blocked(key, limits, cost, now_ms) {
             self.stats().decided_by_block.inc();
             return Ok(Outcome::new(false, false, &[q]));
@@ -397,52 +377,28 @@ impl RedisStore {
         }
     }
 
-    /// Plans a request on a leased counter: decided by its lease, or the call to make, with an
-    /// old lease counted under other limits (a new catalog) given back first. `now_us`: the
-    /// lease clock (read again after a wait); `now_ms`: the caller's, as for a script call.
-    async fn plan_leased<'a>(
+    /// Plans a request on a leased counter: decided by its lease, or a call to make in the
+    /// counter's turn (`Ok(Err(turn))`, whose guard the caller holds while it calls).
+    /// `now_us`: the lease clock, read again once the turn comes.
+    fn turn_of(
         &self,
-        leases: &'a Leases,
-        key: &'a CounterKey,
+        leases: &Leases,
+        key: &CounterKey,
         limits: &[Limit],
         cost: u64,
         now_us: impl Fn() -> i64,
-        now_ms: u64,
-    ) -> Result<Leased<'a>, StoreError> {
-        let mut waited = false;
-        let (args, give_apart, fetching) = loop {
-            match leases.plan(key, limits, cost, now_us()) {
-                Plan::Local(o) => return Ok(Leased::Local(o)),
-                // Another request of this counter is taking a lease: its answer will likely
-                // decide this one too. Once only; then Redis decides.
-                Plan::Wait(mut taking) if !waited => {
-                    waited = true;
-                    let _ = taking.changed().await;
-                }
-                Plan::Wait(_) => break (None, None, false),
-                Plan::Ask {
-                    args,
-                    give_apart,
-                    fetching,
-                } => break (args, give_apart, fetching),
-            }
-        };
-        // Whatever ends this call (an error, a timeout, the client leaving), the counter's
-        // other requests must not keep waiting for it.
-        let taking = Taking {
-            leases,
-            key,
-            armed: fetching,
-        };
-        if let Some(g) = give_apart {
-            self.give_back(key, g, now_ms).await?;
+    ) -> Result<Outcome, Option<Arc<tokio::sync::Mutex<()>>>> {
+        match leases.plan(key, limits, cost, now_us()) {
+            Plan::Local(o) => Ok(o),
+            Plan::Turn(line) => Err(Some(line)),
+            Plan::Ask { .. } | Plan::Alone => Err(None),
         }
-        Ok(Leased::Ask { args, taking })
     }
 
     /// [`RedisStore::hit_sliding`] with leases: decided from the counter's lease when it has
-    /// units left in its bucket, else by a script call that gives back what an ended lease left
-    /// and, for a busy counter, takes the next.
+    /// units left in its bucket, else by a script call in the counter's turn that gives back what
+    /// an ended lease left and, for a busy counter, takes the next. What it tells follows one
+    /// rule however it was decided ([`crate::lease::Told`]).
     async fn hit_leased(
         &self,
         leases: &Leases,
@@ -452,12 +408,26 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         let now_us = || self.lease_now_us(leases, now_ms);
-        let planned = self.plan_leased(leases, key, limits, cost, now_us, now_ms);
-        let (args, mut taking) = match planned.await? {
-            Leased::Local(o) => return Ok(o),
-            Leased::Ask { args, taking } => (args, taking),
+        let line = match self.turn_of(leases, key, limits, cost, now_us) {
+            Ok(o) => return Ok(o),
+            Err(Some(line)) => line,
+            Err(None) => {
+                let call = self.run_window_script(key, limits, cost, now_ms, None);
+                return call.await.map(|c| c.outcome);
+            }
         };
-        let fetching = taking.armed;
+        // One call of the counter at a time from this instance: the lease held here and the
+        // counts a reply reflects then always match. Those waiting are mostly decided by the
+        // lease the call before them took.
+        let _turn = line.lock().await;
+        let (args, give_apart) = match leases.plan_in_turn(key, limits, cost, now_us()) {
+            Plan::Local(o) => return Ok(o),
+            Plan::Ask { args, give_apart } => (args, give_apart),
+            Plan::Turn(_) | Plan::Alone => (None, None),
+        };
+        if let Some(g) = give_apart {
+            self.give_back(key, g, now_ms).await?;
+        }
         let sent_us = leases.elapsed_us();
         // A give-back in a failed call may or may not have happened: its units stay counted at
         // worst, until they leave the window (refusing early, never too much).
@@ -469,52 +439,90 @@ impl RedisStore {
         {
             leases.gave_back(a.give);
         }
+        let at_ms = called.redis_now_ms;
+        // The reply's instant on the lease clock. With Redis' clock, its arrival: Redis read its
+        // clock before, so what it says leaves at some time is never taken to leave sooner here.
+        let reply_us = match self.time_source {
+            TimeSource::Local => at_ms.saturating_mul(1000),
+            TimeSource::Redis => leases.elapsed_us(),
+        };
+        let mut exits_us = [0; MAX_LIMITS];
+        for (e, ms) in exits_us.iter_mut().zip(called.resets_ms) {
+            *e = reply_us + ms * 1000;
+        }
         let granted = (called.grant > 0).then(|| {
-            let at_ms = called.redis_now_ms;
             let end_ms = bucket_end_ms(limits, u64::try_from(at_ms).unwrap_or(0));
             let end_ms = i64::try_from(end_ms).unwrap_or(i64::MAX / 2000);
-            let mut reset_at_us = [0; MAX_LIMITS];
-            let (until_us, base_us) = match self.time_source {
-                TimeSource::Local => (end_ms * 1000, at_ms * 1000),
+            let until_us = match self.time_source {
+                TimeSource::Local => end_ms * 1000,
                 // Redis read its clock after the call left: the lease ends here no later than
-                // its bucket ends there. Resets are counted from the reply's arrival: never
-                // reported sooner than they come.
-                TimeSource::Redis => (sent_us + (end_ms - at_ms) * 1000, leases.elapsed_us()),
+                // its bucket ends there.
+                TimeSource::Redis => sent_us + (end_ms - at_ms) * 1000,
             };
-            for (r, ms) in reset_at_us.iter_mut().zip(called.resets_ms) {
-                *r = base_us + ms * 1000;
-            }
             Granted {
                 units: called.grant,
                 at_ms,
                 until_us,
-                reset_at_us,
             }
         });
-        let lease = leases.settle(key, limits, cost, fetching, Some(&called.outcome), granted);
-        taking.armed = false;
-        let Some(g) = granted else {
-            return Ok(called.outcome);
+        let asked = args.is_some_and(|a| a.want > 0);
+        let answer = Answer {
+            outcome: called.outcome,
+            rooms: called.rooms,
+            exits_us,
+            granted,
+            at_us: reply_us,
         };
-        self.blocked.remove(key);
-        if let Some(id) = lease
-            && self.time_source == TimeSource::Redis
-        {
-            self.give_back_at(key, id, g.until_us, leases);
+        let (told, lease) = leases.settle(key, limits, cost, asked, answer);
+        if let Some(g) = granted {
+            self.blocked.remove(key);
+            if let Some(id) = lease
+                && self.time_source == TimeSource::Redis
+            {
+                self.give_back_at(key, id, g.until_us, leases);
+            }
         }
-        // This instance's own leased units are room for its next requests.
-        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
-        for (q, had) in quotas.iter_mut().zip(called.outcome.quotas()) {
-            *q = Quota {
-                remaining: had.remaining + g.units,
-                ..*had
-            };
+        Ok(told)
+    }
+
+    /// A check (cost 0) of sliding windows ([`RedisStore::check_windows`]); with leases in the
+    /// counter's turn and told by the one rule.
+    async fn check_sliding(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let Some(leases) = &self.leases else {
+            return Ok(self.check_windows(key, limits, now_ms).await?.0);
+        };
+        let now_us = || self.lease_now_us(leases, now_ms);
+        let line = match self.turn_of(leases, key, limits, 0, now_us) {
+            Ok(o) => return Ok(o),
+            Err(Some(line)) => line,
+            Err(None) => return Ok(self.check_windows(key, limits, now_ms).await?.0),
+        };
+        let _turn = line.lock().await;
+        let (o, exits_ms) = self.check_windows(key, limits, now_ms).await?;
+        // The windows were read before now: an exit is never taken to come sooner than it does.
+        let read_us = now_us();
+        let mut exits_us = [0; MAX_LIMITS];
+        for (e, ms) in exits_us.iter_mut().zip(exits_ms) {
+            *e = read_us + i64::try_from(ms).unwrap_or(i64::MAX / 2000) * 1000;
         }
-        Ok(Outcome::new(
-            called.outcome.allowed,
-            called.outcome.shadow_limited,
-            &quotas[..limits.len()],
-        ))
+        let mut rooms = [None; MAX_LIMITS];
+        for (r, q) in rooms.iter_mut().zip(o.quotas()) {
+            *r = Some(q.remaining);
+        }
+        let answer = Answer {
+            outcome: o,
+            rooms,
+            exits_us,
+            granted: None,
+            at_us: read_us,
+        };
+        let (told, _) = leases.settle(key, limits, 0, false, answer);
+        Ok(told)
     }
 
     /// Gives lease `id` of `key` back at lease-clock `until_us` (its bucket's end), unless a call
@@ -528,7 +536,13 @@ impl RedisStore {
         tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
             let Some(store) = me.upgrade() else { return };
-            let Some(g) = store.leases.as_ref().and_then(|l| l.expire(&key, id)) else {
+            let Some(leases) = &store.leases else { return };
+            // A give-back is a call of the counter like any other: it waits its turn.
+            let Some(line) = leases.turn(&key) else {
+                return;
+            };
+            let _turn = line.lock().await;
+            let Some(g) = leases.expire(&key, id) else {
                 return;
             };
             let now_ms = store.clock.now_ms();
@@ -565,6 +579,56 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The sliding windows of `key` as Redis holds them at `now_ms` (Redis' time with its clock,
+    /// returned), read with one `HGETALL` per hash: nothing counted.
+    async fn read_windows(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        now_ms: u64,
+    ) -> Result<(WindowSet, u64), StoreError> {
+        let now_ms = match self.time_source {
+            TimeSource::Local => now_ms,
+            TimeSource::Redis => {
+                let (seconds, micros): (u64, u64) = self.command(redis::cmd("TIME")).await?;
+                seconds * 1000 + micros / 1000
+            }
+        };
+        let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
+        let mut pipe = redis::pipe();
+        for hash in peek_keys(&self.prefix, key, limits, minute) {
+            pipe.cmd("HGETALL").arg(hash);
+        }
+        let replies: Vec<Fields> = self
+            .bounded(self.on_connection(|mut conn| {
+                let pipe = pipe.clone();
+                async move { pipe.query_async::<Vec<Fields>>(&mut conn).await }
+            }))
+            .await?;
+        Ok((peek_windows(limits, now_ms, replies), now_ms))
+    }
+
+    /// A check (cost 0) of sliding windows: what the reference answers for a hit of 0
+    /// ([`WindowSet::hit`]) on the windows as Redis holds them, nothing counted; and when each
+    /// window's oldest count leaves it, in milliseconds from the time they were read at (0 when
+    /// it holds none).
+    async fn check_windows(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        now_ms: u64,
+    ) -> Result<(Outcome, [u64; MAX_LIMITS]), StoreError> {
+        let (mut windows, now_ms) = self.read_windows(key, limits, now_ms).await?;
+        let o = windows.hit(limits, 0, now_ms);
+        let mut exits_ms = [0; MAX_LIMITS];
+        for (e, l) in exits_ms.iter_mut().zip(limits) {
+            if let Some(ms) = windows.get(l.w).and_then(|w| w.oldest_exit_ms(now_ms)) {
+                *e = ms.saturating_sub(now_ms);
+            }
+        }
+        Ok((o, exits_ms))
+    }
+
     async fn run_window_script(
         &self,
         key: &CounterKey,
@@ -599,6 +663,7 @@ impl RedisStore {
                         grant: 0,
                         redis_now_ms,
                         resets_ms: [0; MAX_LIMITS],
+                        rooms: [None; MAX_LIMITS],
                     });
                 }
                 Some(WindowReply::Decided {
@@ -608,6 +673,7 @@ impl RedisStore {
                     micros,
                     retry_ms,
                     resets_ms,
+                    rooms,
                 }) => {
                     self.stats().decided_by_redis.inc();
                     if let Some(micros) = micros {
@@ -637,6 +703,7 @@ impl RedisStore {
                         grant,
                         redis_now_ms,
                         resets_ms,
+                        rooms,
                     });
                 }
                 None => {
@@ -653,7 +720,8 @@ impl RedisStore {
 
     /// [`RedisStore::hit_fixed_script`] with leases: decided from the window's lease while it
     /// has credit left (for at most a second, never past the window's end), else by a script
-    /// call that gives back what an ended lease left and, for a busy window, takes the next.
+    /// call in the counter's turn that gives back what an ended lease left and, for a busy
+    /// window, takes the next. A check (cost 0) changes no lease.
     async fn hit_fixed_leased(
         &self,
         leases: &Leases,
@@ -666,16 +734,22 @@ impl RedisStore {
         let key = &CounterKey::fixed(name);
         let limits = std::slice::from_ref(l);
         let now_us = || leases.elapsed_us();
-        let planned = self.plan_leased(leases, key, limits, cost, now_us, 0);
-        let (args, mut taking) = match planned.await? {
-            Leased::Local(o) => {
-                let q = o.quotas()[0];
-                let ttl = i64::try_from(q.reset).unwrap_or(i64::MAX);
-                return Ok(fixed_outcome(l, cost, o.allowed, q.remaining, ttl));
-            }
-            Leased::Ask { args, taking } => (args, taking),
+        let local = |o: Outcome| {
+            let q = o.quotas()[0];
+            let ttl = i64::try_from(q.reset).unwrap_or(i64::MAX);
+            fixed_outcome(l, cost, o.allowed, q.remaining, ttl)
         };
-        let fetching = taking.armed;
+        let line = match self.turn_of(leases, key, limits, cost, now_us) {
+            Ok(o) => return Ok(local(o)),
+            Err(Some(line)) => line,
+            Err(None) => return self.hit_fixed_script(name, l, seconds, cost).await,
+        };
+        let _turn = line.lock().await;
+        let args = match leases.plan_in_turn(key, limits, cost, now_us()) {
+            Plan::Local(o) => return Ok(local(o)),
+            Plan::Ask { args, .. } => args,
+            Plan::Turn(_) | Plan::Alone => None,
+        };
         let sent_us = leases.elapsed_us();
         let args = args.unwrap_or_default();
         let reply = self
@@ -696,29 +770,31 @@ impl RedisStore {
             ));
         };
         self.stats().decided_by_redis.inc();
-        let granted = (grant > 0 && pttl_ms > 0).then(|| {
+        // The window ends there no sooner than its TTL from the reply's arrival here.
+        let reply_us = leases.elapsed_us();
+        let granted = (grant > 0 && pttl_ms > 0).then(|| Granted {
+            units: grant,
+            at_ms: expiry_ms,
             // Redis read its clock after the call left: the lease ends here before the window
-            // ends there. Resets count from the reply's arrival, less half a second: the local
-            // answers round up what Redis' TTL rounds to the nearest second.
-            let reset_us = leases.elapsed_us() + pttl_ms * 1000 - 500_000;
-            Granted {
-                units: grant,
-                at_ms: expiry_ms,
-                until_us: sent_us + pttl_ms.min(1000) * 1000,
-                reset_at_us: [reset_us; MAX_LIMITS],
-            }
+            // ends there.
+            until_us: sent_us + pttl_ms.min(1000) * 1000,
         });
-        let outcome = fixed_outcome(l, cost, d.allowed, d.credit, d.ttl);
-        let lease = leases.settle(key, limits, cost, fetching, Some(&outcome), granted);
-        taking.armed = false;
-        let Some(g) = granted else {
-            return Ok(outcome);
+        let mut rooms = [None; MAX_LIMITS];
+        rooms[0] = Some(d.credit);
+        let mut exits_us = [0; MAX_LIMITS];
+        exits_us[0] = reply_us + pttl_ms.max(0) * 1000;
+        let answer = Answer {
+            outcome: fixed_outcome(l, cost, d.allowed, d.credit, d.ttl),
+            rooms,
+            exits_us,
+            granted,
+            at_us: reply_us,
         };
-        if let Some(id) = lease {
+        let (told, lease) = leases.settle(key, limits, cost, args.want > 0, answer);
+        if let (Some(g), Some(id)) = (granted, lease) {
             self.give_back_at(key, id, g.until_us, leases);
         }
-        // This instance's own leased credit is credit for its next hits.
-        Ok(fixed_outcome(l, cost, d.allowed, d.credit + g.units, d.ttl))
+        Ok(told)
     }
 
     /// `divvy.lua` with lease arguments (`args.want` 0 and `cost` 0: a give-back alone).
@@ -783,8 +859,7 @@ impl RedisStore {
         let span = Span::of(l, now_ms);
         let name = keys::fixed_window(key, l, &span);
         match &self.leases {
-            // A check (cost 0) counts nothing: nothing to lease.
-            Some(leases) if cost > 0 => {
+            Some(leases) => {
                 self.bounded(self.hit_fixed_leased(leases, &name, l, span.seconds, cost))
                     .await
             }
@@ -854,25 +929,8 @@ impl CounterStore for RedisStore {
         if Shape::of(limits) != Shape::Sliding {
             return Err(StoreError::peek_fixed());
         }
-        let now_ms = match self.time_source {
-            TimeSource::Local => now_ms,
-            TimeSource::Redis => {
-                let (seconds, micros): (u64, u64) = self.command(redis::cmd("TIME")).await?;
-                seconds * 1000 + micros / 1000
-            }
-        };
-        let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
-        let mut pipe = redis::pipe();
-        for hash in peek_keys(&self.prefix, key, limits, minute) {
-            pipe.cmd("HGETALL").arg(hash);
-        }
-        let replies: Vec<Fields> = self
-            .bounded(self.on_connection(|mut conn| {
-                let pipe = pipe.clone();
-                async move { pipe.query_async::<Vec<Fields>>(&mut conn).await }
-            }))
-            .await?;
-        Ok(peek_windows(limits, now_ms, replies).peek(limits, cost, now_ms))
+        let (windows, now_ms) = self.read_windows(key, limits, now_ms).await?;
+        Ok(windows.peek(limits, cost, now_ms))
     }
 
     /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a

@@ -114,6 +114,8 @@ pub struct LeaseArgs {
 
 /// What `window.lua` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Read once per call and consumed at once: boxing the decision would allocate per request.
+#[allow(clippy::large_enum_variant)]
 pub enum WindowReply {
     /// Now's minute was not among the keys: ask again with the minute of `redis_now_ms`.
     WrongMinute { redis_now_ms: i64 },
@@ -132,6 +134,9 @@ pub enum WindowReply {
         retry_ms: i64,
         /// Each limit's reset in milliseconds (what the quotas round up to seconds).
         resets_ms: [i64; MAX_LIMITS],
+        /// Each limit's room: its quota's remaining, and for a limit the cost did not fit (told
+        /// as 0), the room it has (`None`: the call did not read it).
+        rooms: [Option<u64>; MAX_LIMITS],
     },
 }
 
@@ -159,8 +164,14 @@ impl WindowReply {
                 let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
                 let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
                 let mut resets_ms = [0; MAX_LIMITS];
-                for (r, f) in resets_ms.iter_mut().zip(per_limit.chunks(4)) {
+                let mut rooms = [None; MAX_LIMITS];
+                for ((r, room), f) in resets_ms
+                    .iter_mut()
+                    .zip(&mut rooms)
+                    .zip(per_limit.chunks(4))
+                {
                     *r = f[2].max(0);
+                    *room = u64::try_from(f[1]).ok();
                 }
                 for (q, (l, f)) in quotas
                     .iter_mut()
@@ -170,7 +181,8 @@ impl WindowReply {
                     *q = Quota {
                         allowed: fits == 1,
                         limit: l.rl,
-                        remaining: nonneg(remaining),
+                        // A limit without room for the cost tells none, whatever it has.
+                        remaining: if fits == 1 { nonneg(remaining) } else { 0 },
                         reset: ceil_seconds(nonneg(reset_ms)),
                         retry_after: (retry_ms >= 0).then(|| ceil_seconds(nonneg(retry_ms))),
                     };
@@ -186,6 +198,7 @@ impl WindowReply {
                     micros: (*micros >= 0).then_some(*micros),
                     retry_ms: if limits.len() == 1 { per_limit[3] } else { -1 },
                     resets_ms,
+                    rooms,
                 })
             }
             _ => None,

@@ -48,7 +48,8 @@
 -- Returns one string (the client decodes one value instead of many): "allowed shadow_limited
 -- now_ms usec grant" (usec: microseconds of TIME, -1 when ARGV[2] gave the time; grant: the extra
 -- units counted as a lease), then per limit "fits remaining reset_ms retry_ms" (retry_ms -1 when
--- none; remaining counts the lease as used); "-1 now_ms" when now's minute is not among KEYS (the
+-- none; remaining counts the lease as used; for a limit the cost did not fit, the room it has, or
+-- -1 when the call did not read it); "-1 now_ms" when now's minute is not among KEYS (the
 -- caller then retries with the minute it learned, nothing was written); "2 now_ms" after a give-back
 -- alone.
 --
@@ -132,7 +133,7 @@ if ARGV[5] == '1' and ARGV[7] == '60' and ARGV[8] == '0' and #ARGV == 8 then
     elseif c and c <= t and b and t < b and tonumber(st[5]) == rl - cost then
       -- Refused until second b for this room (limit - cost): nothing to read or count.
       local retry = b * 1000 - now_ms
-      return fmt('0 0 %d %d 0 0 0 %d %d', now_ms, usec, retry, retry)
+      return fmt('0 0 %d %d 0 0 -1 %d %d', now_ms, usec, retry, retry)
     elseif not c then
       -- The first call of this minute: the window is what the previous minute's hash holds after
       -- second t-60. When that hash was last counted in at second pc, within the last 30 seconds,
@@ -184,7 +185,7 @@ for i = 1, k do
   local rl = tonumber(ARGV[3 + 3 * i])
   -- Every field a limit will get, at once: a table that grows is rebuilt.
   local l = {rl = rl, w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1',
-    never = rl < cost, fits = false, remaining = 0, reset = 0, retry = -1}
+    never = rl < cost, fits = false, remaining = -1, reset = 0, retry = -1}
   if l.w == 60 then has60 = true end
   limits[i] = l
 end
@@ -226,7 +227,7 @@ local function dyn_check(l)
   local o0 = o
 
   if b and bl == room and t < b then
-    l.fits, l.remaining, l.retry = false, 0, b * 1000 - nowx
+    l.fits, l.remaining, l.retry = false, -1, b * 1000 - nowx
     l.reset = l.retry
     return {} -- refused until b: nothing will be counted
   end
@@ -354,7 +355,7 @@ local function dyn_check(l)
     if not c then
       call('EXPIRE', cur, ttl) -- set once, by the hash's first write; it outlives the next minute
     end
-    l.fits, l.remaining, l.retry = false, 0, (t + retry) * 1000 - nowx
+    l.fits, l.remaining, l.retry = false, math.max(l.rl - w, 0), (t + retry) * 1000 - nowx
     l.reset = l.retry
     return {} -- refused: nothing will be counted
   end
@@ -500,7 +501,7 @@ local function gen_check(l, key)
       if found then break end
       b, batch = last + 1, batch * 4
     end
-    l.fits, l.remaining, l.retry = false, 0, start(at + n) - nowx
+    l.fits, l.remaining, l.retry = false, math.max(l.rl - s, 0), start(at + n) - nowx
     l.reset = l.retry
   else
     l.fits, l.remaining, l.retry = true, l.rl - s, -1
@@ -676,7 +677,7 @@ local enforced_ok, shadow_ok = true, true
 local next_key = has60 and 5 or 1
 for i, l in ipairs(limits) do
   if l.never then
-    l.fits, l.remaining, l.reset, l.retry = false, 0, l.w * 1000, -1
+    l.fits, l.remaining, l.reset, l.retry = false, -1, l.w * 1000, -1
   elseif l.w ~= 60 then
     state[i] = gen_check(l, KEYS[next_key])
   end

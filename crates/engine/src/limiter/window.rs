@@ -181,6 +181,14 @@ impl Window {
         }
     }
 
+    /// When the oldest count in the window at `now_ms` leaves it (Unix ms), if it holds any:
+    /// until then nothing it holds can leave.
+    pub fn oldest_exit_ms(&self, now_ms: u64) -> Option<u64> {
+        let mut probe = self.clone();
+        let c = probe.check(now_ms, u64::MAX, 0);
+        c.oldest.map(|b| bucket_start(self.w, b + self.n()))
+    }
+
     /// Counts `cost` in the bucket of the last [`Window::check`].
     pub fn count(&mut self, cost: u64) {
         let n = self.n();
@@ -297,6 +305,18 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.retry_after, Some(60));
+    }
+
+    #[test]
+    fn the_oldest_count_leaves_a_window_length_after_its_bucket_starts() {
+        let mut w = Window::of_seconds(10);
+        assert_eq!(w.oldest_exit_ms(5_000), None, "empty");
+        w.hit_ms(5_050, 3);
+        w.hit_ms(7_000, 3);
+        // 100 ms buckets: the first count's bucket starts at 5,000 ms.
+        assert_eq!(w.oldest_exit_ms(7_000), Some(15_000));
+        assert_eq!(w.oldest_exit_ms(15_000), Some(17_000));
+        assert_eq!(w.oldest_exit_ms(17_000), None);
     }
 
     #[test]
