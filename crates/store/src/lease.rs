@@ -165,19 +165,24 @@ pub struct GiveBack {
     pub at_ms: i64,
 }
 
+/// A counter's turn to call Redis from this instance, held.
+pub type Turn = tokio::sync::OwnedMutexGuard<()>;
+
 /// What a request on a counter does.
 #[derive(Debug)]
 pub enum Plan {
     /// Decided here, from the counter's lease.
     Local(Outcome),
-    /// Redis must decide: wait for the counter's turn ([`Leases::turn`]), then plan again in it
-    /// ([`Leases::plan_in_turn`]).
+    /// Redis must decide and another call of the counter is out: wait for the counter's turn
+    /// ([`Leases::turn`]), then plan again in it ([`Leases::plan_in_turn`]).
     Turn(Arc<tokio::sync::Mutex<()>>),
     /// Ask Redis: with `args` (a lease wanted, an old one given back) or plainly. `give_apart`: a
     /// lease counted with other limits (a new catalog), to give back in a call of its own first.
+    /// `turn`: the counter's turn, taken here when it was free (held until the call is settled).
     Ask {
         args: Option<LeaseArgs>,
         give_apart: Option<GiveBack>,
+        turn: Option<Turn>,
     },
     /// Too many counters are followed: Redis alone decides, nothing is leased or told here.
     Alone,
@@ -288,13 +293,19 @@ impl Leases {
             self.stats.units_used.inc_by(cost);
             return Plan::Local(told.spend(cost, now_us));
         }
-        if !in_turn {
-            return Plan::Turn(e.line.clone());
-        }
+        let turn = if in_turn {
+            None
+        } else {
+            match e.line.clone().try_lock_owned() {
+                Ok(t) => Some(t),
+                Err(_) => return Plan::Turn(e.line.clone()),
+            }
+        };
         if cost == 0 {
             return Plan::Ask {
                 args: None,
                 give_apart: None,
+                turn,
             };
         }
         let rate = e.prev_used.max(e.used + cost);
@@ -324,7 +335,11 @@ impl Leases {
             give: give.map_or(0, |g| g.units),
             given_at_ms: give.map_or(0, |g| g.at_ms),
         });
-        Plan::Ask { args, give_apart }
+        Plan::Ask {
+            args,
+            give_apart,
+            turn,
+        }
     }
 
     /// The counter's turn to call Redis from this instance (`None`: it is not followed). A
@@ -597,13 +612,13 @@ mod tests {
         limits: &[Limit],
         now_us: i64,
     ) -> (Option<LeaseArgs>, Option<GiveBack>) {
-        assert!(
-            matches!(l.plan(k, limits, 1, now_us), Plan::Turn(_)),
-            "Redis decides"
-        );
-        match l.plan_in_turn(k, limits, 1, now_us) {
-            Plan::Ask { args, give_apart } => (args, give_apart),
-            other => panic!("not a call: {other:?}"),
+        match l.plan(k, limits, 1, now_us) {
+            Plan::Ask {
+                args,
+                give_apart,
+                turn: Some(_),
+            } => (args, give_apart),
+            other => panic!("not a call in its turn: {other:?}"),
         }
     }
 
@@ -835,7 +850,7 @@ mod tests {
             retry_after: None,
         };
         let call = |shadow_limited: bool, enforced: u64, shadow: u64| {
-            assert!(matches!(l.plan(&k, &limits, 1, 0), Plan::Turn(_)));
+            assert!(matches!(l.plan(&k, &limits, 1, 0), Plan::Ask { .. }));
             let o = Outcome::new(true, shadow_limited, &[q(enforced), q(shadow)]);
             let (o, _) = l.settle(&k, &limits, 1, false, reply(o, None, 0, EXIT));
             (o.quotas()[0].remaining, o.quotas()[1].remaining)
@@ -883,13 +898,20 @@ mod tests {
         };
         assert_eq!(o.quotas()[0].remaining, 96);
         // Once the lease has ended, a check asks Redis without giving it back.
-        assert!(matches!(l.plan(&k, &limits, 0, 1_000_000), Plan::Turn(_)));
+        let Plan::Ask {
+            args: None,
+            give_apart: None,
+            turn: Some(turn),
+        } = l.plan(&k, &limits, 0, 1_000_000)
+        else {
+            panic!("a call in its turn")
+        };
+        // While it is out, the counter's other calls wait for the turn; in it, they plan again.
+        assert!(matches!(l.plan(&k, &limits, 1, 1_000_001), Plan::Turn(_)));
+        drop(turn);
         assert!(matches!(
-            l.plan_in_turn(&k, &limits, 0, 1_000_000),
-            Plan::Ask {
-                args: None,
-                give_apart: None
-            }
+            l.plan_in_turn(&k, &limits, 1, 1_000_002),
+            Plan::Ask { turn: None, .. }
         ));
     }
 

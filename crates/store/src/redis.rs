@@ -21,7 +21,9 @@ use redis::Script;
 use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
-use super::lease::{Answer, GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, bucket_end_ms};
+use super::lease::{
+    Answer, GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, Turn, bucket_end_ms,
+};
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
@@ -124,6 +126,21 @@ struct Called {
     resets_ms: [i64; MAX_LIMITS],
     /// Each limit's room, also where the cost did not fit ([`WindowReply::Decided`]).
     rooms: [Option<u64>; MAX_LIMITS],
+}
+
+/// A request on a leased counter, planned ([`RedisStore::plan_leased`]).
+enum Planned {
+    /// Decided from the counter's lease.
+    Local(Outcome),
+    /// A call to make (`args`: a lease wanted, one given back; `give_apart`: a lease of other
+    /// limits to give back first) in the counter's turn, `turn`: held until it is settled.
+    Call {
+        args: Option<LeaseArgs>,
+        give_apart: Option<GiveBack>,
+        turn: Option<Turn>,
+    },
+    /// The counter is not followed: Redis alone decides.
+    Alone,
 }
 
 /// One multiplexed connection the hot path uses.
@@ -377,21 +394,51 @@ impl RedisStore {
         }
     }
 
-    /// Plans a request on a leased counter: decided by its lease, or a call to make in the
-    /// counter's turn (`Ok(Err(turn))`, whose guard the caller holds while it calls).
-    /// `now_us`: the lease clock, read again once the turn comes.
-    fn turn_of(
+    /// Plans a request on a leased counter: decided by its lease, or the call to make in the
+    /// counter's turn (waited for when another call of it is out). `now_us`: the lease clock,
+    /// read again once the turn comes.
+    async fn plan_leased(
         &self,
         leases: &Leases,
         key: &CounterKey,
         limits: &[Limit],
         cost: u64,
         now_us: impl Fn() -> i64,
-    ) -> Result<Outcome, Option<Arc<tokio::sync::Mutex<()>>>> {
-        match leases.plan(key, limits, cost, now_us()) {
-            Plan::Local(o) => Ok(o),
-            Plan::Turn(line) => Err(Some(line)),
-            Plan::Ask { .. } | Plan::Alone => Err(None),
+    ) -> Planned {
+        // One call of the counter at a time from this instance: the lease held here and the
+        // counts a reply reflects then always match. Those waiting are mostly decided by the
+        // lease the call before them took.
+        let line = match leases.plan(key, limits, cost, now_us()) {
+            Plan::Local(o) => return Planned::Local(o),
+            Plan::Ask {
+                args,
+                give_apart,
+                turn,
+            } => {
+                return Planned::Call {
+                    args,
+                    give_apart,
+                    turn,
+                };
+            }
+            Plan::Alone => return Planned::Alone,
+            Plan::Turn(line) => line,
+        };
+        let turn = Some(line.lock_owned().await);
+        match leases.plan_in_turn(key, limits, cost, now_us()) {
+            Plan::Local(o) => Planned::Local(o),
+            Plan::Ask {
+                args, give_apart, ..
+            } => Planned::Call {
+                args,
+                give_apart,
+                turn,
+            },
+            Plan::Turn(_) | Plan::Alone => Planned::Call {
+                args: None,
+                give_apart: None,
+                turn,
+            },
         }
     }
 
@@ -408,22 +455,18 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         let now_us = || self.lease_now_us(leases, now_ms);
-        let line = match self.turn_of(leases, key, limits, cost, now_us) {
-            Ok(o) => return Ok(o),
-            Err(Some(line)) => line,
-            Err(None) => {
+        let planned = self.plan_leased(leases, key, limits, cost, now_us).await;
+        let (args, give_apart, _turn) = match planned {
+            Planned::Local(o) => return Ok(o),
+            Planned::Call {
+                args,
+                give_apart,
+                turn,
+            } => (args, give_apart, turn),
+            Planned::Alone => {
                 let call = self.run_window_script(key, limits, cost, now_ms, None);
                 return call.await.map(|c| c.outcome);
             }
-        };
-        // One call of the counter at a time from this instance: the lease held here and the
-        // counts a reply reflects then always match. Those waiting are mostly decided by the
-        // lease the call before them took.
-        let _turn = line.lock().await;
-        let (args, give_apart) = match leases.plan_in_turn(key, limits, cost, now_us()) {
-            Plan::Local(o) => return Ok(o),
-            Plan::Ask { args, give_apart } => (args, give_apart),
-            Plan::Turn(_) | Plan::Alone => (None, None),
         };
         if let Some(g) = give_apart {
             self.give_back(key, g, now_ms).await?;
@@ -497,12 +540,11 @@ impl RedisStore {
             return Ok(self.check_windows(key, limits, now_ms).await?.0);
         };
         let now_us = || self.lease_now_us(leases, now_ms);
-        let line = match self.turn_of(leases, key, limits, 0, now_us) {
-            Ok(o) => return Ok(o),
-            Err(Some(line)) => line,
-            Err(None) => return Ok(self.check_windows(key, limits, now_ms).await?.0),
+        let _turn = match self.plan_leased(leases, key, limits, 0, now_us).await {
+            Planned::Local(o) => return Ok(o),
+            Planned::Call { turn, .. } => turn,
+            Planned::Alone => return Ok(self.check_windows(key, limits, now_ms).await?.0),
         };
-        let _turn = line.lock().await;
         let (o, exits_ms) = self.check_windows(key, limits, now_ms).await?;
         // The windows were read before now: an exit is never taken to come sooner than it does.
         let read_us = now_us();
@@ -739,16 +781,10 @@ impl RedisStore {
             let ttl = i64::try_from(q.reset).unwrap_or(i64::MAX);
             fixed_outcome(l, cost, o.allowed, q.remaining, ttl)
         };
-        let line = match self.turn_of(leases, key, limits, cost, now_us) {
-            Ok(o) => return Ok(local(o)),
-            Err(Some(line)) => line,
-            Err(None) => return self.hit_fixed_script(name, l, seconds, cost).await,
-        };
-        let _turn = line.lock().await;
-        let args = match leases.plan_in_turn(key, limits, cost, now_us()) {
-            Plan::Local(o) => return Ok(local(o)),
-            Plan::Ask { args, .. } => args,
-            Plan::Turn(_) | Plan::Alone => None,
+        let (args, _turn) = match self.plan_leased(leases, key, limits, cost, now_us).await {
+            Planned::Local(o) => return Ok(local(o)),
+            Planned::Call { args, turn, .. } => (args, turn),
+            Planned::Alone => return self.hit_fixed_script(name, l, seconds, cost).await,
         };
         let sent_us = leases.elapsed_us();
         let args = args.unwrap_or_default();
