@@ -151,8 +151,8 @@ struct Entry {
     /// The epoch in which Redis granted no lease (the counter is near its limit): no more are
     /// asked for in it, so its calls keep the script's cheaper path for plain decisions.
     dry: Option<i64>,
-    /// The counter's calls to Redis from this instance, one at a time ([`Leases::turn`]).
-    line: Arc<tokio::sync::Mutex<()>>,
+    /// The counter's calls to Redis from this instance, in turns ([`Turn`]).
+    line: Line,
     /// What this instance has told of the counter's windows (none before its first answer).
     told: Option<Told>,
 }
@@ -165,27 +165,57 @@ pub struct GiveBack {
     pub at_ms: i64,
 }
 
-/// A counter's turn to call Redis from this instance, held.
-pub type Turn = tokio::sync::OwnedMutexGuard<()>;
+/// A counter's calls to Redis from this instance ([`Leases::turn`]).
+pub type Line = Arc<tokio::sync::RwLock<()>>;
+
+/// A counter's turn to call Redis from this instance, held until the call is settled: shared by
+/// calls that take and give back no lease (several may be out at once), alone for one that does
+/// (while it is out, no other call of the counter is).
+#[derive(Debug)]
+pub enum Turn {
+    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
+    Alone(tokio::sync::OwnedRwLockWriteGuard<()>),
+}
+
+impl Turn {
+    /// Waits for a turn on `line`, alone or shared.
+    pub async fn wait(line: Line, alone: bool) -> Turn {
+        if alone {
+            Turn::Alone(line.write_owned().await)
+        } else {
+            Turn::Shared(line.read_owned().await)
+        }
+    }
+
+    fn is_alone(&self) -> bool {
+        matches!(self, Turn::Alone(_))
+    }
+}
+
+/// What this instance had told of each window of a counter when a request was planned: nothing
+/// told for that request may be more, less its cost ([`Told`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Seen([u64; MAX_LIMITS]);
 
 /// What a request on a counter does.
 #[derive(Debug)]
 pub enum Plan {
     /// Decided here, from the counter's lease.
     Local(Outcome),
-    /// Redis must decide and another call of the counter is out: wait for the counter's turn
-    /// ([`Leases::turn`]), then plan again in it ([`Leases::plan_in_turn`]).
-    Turn(Arc<tokio::sync::Mutex<()>>),
-    /// Ask Redis: with `args` (a lease wanted, an old one given back) or plainly. `give_apart`: a
-    /// lease counted with other limits (a new catalog), to give back in a call of its own first.
-    /// `turn`: the counter's turn, taken here when it was free (held until the call is settled).
+    /// Redis must decide and the counter's turn is not free: wait for it ([`Turn::wait`], alone
+    /// or not), then plan again in it ([`Leases::plan_in_turn`]).
+    Wait { line: Line, alone: bool, seen: Seen },
+    /// Ask Redis, in `turn`: with `args` (a lease wanted, an old one given back) or plainly.
+    /// `give_apart`: a lease counted with other limits (a new catalog), to give back in a call
+    /// of its own first.
     Ask {
         args: Option<LeaseArgs>,
         give_apart: Option<GiveBack>,
-        turn: Option<Turn>,
+        turn: Turn,
+        seen: Seen,
     },
     /// Too many counters are followed: Redis alone decides, nothing is leased or told here.
-    Alone,
+    Unfollowed,
 }
 
 type Counters = HashMap<CounterKey, Entry, foldhash::fast::RandomState>;
@@ -234,16 +264,25 @@ impl Leases {
     }
 
     /// What a request of `cost` on `key` under `limits` does at `now_us` (lease clock): decided
-    /// from the counter's lease, or by Redis in the counter's turn.
+    /// from the counter's lease, or by Redis in the counter's turn: a call that gives back what
+    /// an ended lease left and, for a busy counter, takes the next, or a plain one. A check (cost
+    /// 0) changes no lease.
     pub fn plan(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_us: i64) -> Plan {
-        self.plan_at(key, limits, cost, now_us, false)
+        self.plan_at(key, limits, cost, now_us, None)
     }
 
-    /// [`Leases::plan`] again, holding the counter's turn: the call before may have left a lease
-    /// that decides this request; else the call to make, giving back what an ended lease left and,
-    /// for a busy counter, taking the next. A check (cost 0) changes no lease.
-    pub fn plan_in_turn(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_us: i64) -> Plan {
-        self.plan_at(key, limits, cost, now_us, true)
+    /// [`Leases::plan`] again once `turn` came: the call before may have left a lease that
+    /// decides this request. In a shared turn no lease is changed.
+    pub fn plan_in_turn(
+        &self,
+        key: &CounterKey,
+        limits: &[Limit],
+        cost: u64,
+        now_us: i64,
+        turn: Turn,
+        seen: Seen,
+    ) -> Plan {
+        self.plan_at(key, limits, cost, now_us, Some((turn, seen)))
     }
 
     fn plan_at(
@@ -252,7 +291,7 @@ impl Leases {
         limits: &[Limit],
         cost: u64,
         now_us: i64,
-        in_turn: bool,
+        held: Option<(Turn, Seen)>,
     ) -> Plan {
         let mut shard = self.shard(key);
         if !shard.contains_key(key) {
@@ -266,14 +305,14 @@ impl Leases {
                         || now_us / period - e.epoch < 2
                 });
                 if shard.len() >= MAX_COUNTERS / SHARDS {
-                    return Plan::Alone;
+                    return Plan::Unfollowed;
                 }
             }
             shard.insert(key.clone(), Entry::default());
         }
         let Some(e) = shard.get_mut(key) else {
             // Inserted above: never taken.
-            return Plan::Alone;
+            return Plan::Unfollowed;
         };
         let epoch = now_us / bucket_us(limits);
         if epoch != e.epoch {
@@ -293,27 +332,44 @@ impl Leases {
             self.stats.units_used.inc_by(cost);
             return Plan::Local(told.spend(cost, now_us));
         }
-        let turn = if in_turn {
-            None
-        } else {
-            match e.line.clone().try_lock_owned() {
-                Ok(t) => Some(t),
-                Err(_) => return Plan::Turn(e.line.clone()),
-            }
-        };
-        if cost == 0 {
-            return Plan::Ask {
-                args: None,
-                give_apart: None,
-                turn,
-            };
-        }
         let rate = e.prev_used.max(e.used + cost);
-        let want = if rate >= BUSY_UNITS && e.dry != Some(epoch) {
+        let want = if cost > 0 && rate >= BUSY_UNITS && e.dry != Some(epoch) {
             rate.min(self.max_units)
         } else {
             0
         };
+        // A lease left over must go back with the next call that counts (ended, or too small).
+        let changes = want > 0 || (cost > 0 && e.lease.as_ref().is_some_and(|l| l.left > 0));
+        let (turn, seen) = match held {
+            Some(held) => held,
+            None => {
+                let seen = Seen::of(e.told.as_ref().filter(|t| t.is_for(limits)));
+                let line = e.line.clone();
+                let taken = if changes {
+                    line.clone().try_write_owned().ok().map(Turn::Alone)
+                } else {
+                    line.clone().try_read_owned().ok().map(Turn::Shared)
+                };
+                match taken {
+                    Some(turn) => (turn, seen),
+                    None => {
+                        return Plan::Wait {
+                            line,
+                            alone: changes,
+                            seen,
+                        };
+                    }
+                }
+            }
+        };
+        if !changes || !turn.is_alone() {
+            return Plan::Ask {
+                args: None,
+                give_apart: None,
+                turn,
+                seen,
+            };
+        }
         let mut give = None;
         let mut give_apart = None;
         if let Some(old) = e.lease.take()
@@ -339,18 +395,20 @@ impl Leases {
             args,
             give_apart,
             turn,
+            seen,
         }
     }
 
-    /// The counter's turn to call Redis from this instance (`None`: it is not followed). A
-    /// give-back of its own takes it too.
-    pub fn turn(&self, key: &CounterKey) -> Option<Arc<tokio::sync::Mutex<()>>> {
+    /// The counter's calls to Redis from this instance (`None`: it is not followed): a give-back
+    /// of its own takes a turn alone too.
+    pub fn turn(&self, key: &CounterKey) -> Option<Line> {
         self.shard(key).get(key).map(|e| e.line.clone())
     }
 
     /// Records a script call's answer on `key` for a request of `cost`, made in the counter's
-    /// turn (`asked`: it asked for a lease). Returns the answer to give, its remaining what this
-    /// instance tells ([`Told`]), and the new lease's id, for its timer.
+    /// `turn` (`asked`: it asked for a lease; `seen`: as planned). Returns the answer to give, its
+    /// remaining what this instance tells ([`Told`]), and the new lease's id, for its timer.
+    #[allow(clippy::too_many_arguments)]
     pub fn settle(
         &self,
         key: &CounterKey,
@@ -358,6 +416,8 @@ impl Leases {
         cost: u64,
         asked: bool,
         a: Answer,
+        turn: &Turn,
+        seen: Seen,
     ) -> (Outcome, Option<u64>) {
         let mut shard = self.shard(key);
         let Some(e) = shard.get_mut(key) else {
@@ -397,7 +457,7 @@ impl Leases {
             Some(t) => t,
             None => e.told.insert(Told::new(limits)),
         };
-        (told.reply(&a, cost, own), id)
+        (told.reply(&a, cost, own, seen, turn.is_alone()), id)
     }
 
     /// The lease `id` of `key`, if it is still the counter's and has units left: taken away (its
@@ -483,6 +543,17 @@ struct Slot {
     exit_us: i64,
 }
 
+impl Seen {
+    /// What `told` says now (nothing told yet: no bound).
+    fn of(told: Option<&Told>) -> Seen {
+        let mut seen = [u64::MAX; MAX_LIMITS];
+        for (v, s) in seen.iter_mut().zip(told.map_or(&[][..], |t| &t.slots[..])) {
+            *v = s.floor;
+        }
+        Seen(seen)
+    }
+}
+
 impl Told {
     fn new(limits: &[Limit]) -> Told {
         Told {
@@ -502,8 +573,9 @@ impl Told {
     }
 
     /// Answer `a` for a request of `cost`, with `own` units of this instance's lease unused after
-    /// it. The outcome to tell.
-    fn reply(&mut self, a: &Answer, cost: u64, own: u64) -> Outcome {
+    /// it; `seen`: what was told when it was planned; `alone`: no other call of the counter was
+    /// out meanwhile. The outcome to tell.
+    fn reply(&mut self, a: &Answer, cost: u64, own: u64, seen: Seen, alone: bool) -> Outcome {
         let outcome = &a.outcome;
         let granted = a.granted.map_or(0, |g| g.units);
         let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
@@ -518,38 +590,51 @@ impl Told {
             } else {
                 a.rooms[i]
             };
-            if room.is_none() {
+            let Some(room) = room else {
                 // Refused without reading the window (a remembered refusal): it has less room
                 // than the cost, which is all that is known.
                 s.floor = s.floor.min(cost.saturating_sub(1).saturating_add(own));
-            }
-            if let Some(room) = room {
-                let fresh = room.saturating_add(own);
-                s.floor = if a.at_us >= s.exit_us || room.saturating_add(took) >= s.limit.rl {
-                    // Counts may have left the window since it was last told, or it holds
-                    // nothing but what this call counted (a fixed window begun again, though
-                    // its end moved less than time did): told as it is.
-                    fresh
-                } else {
-                    s.floor
-                        .saturating_sub(if counted { cost } else { 0 })
-                        .min(fresh)
+                quotas[i] = Quota {
+                    remaining: q.remaining.min(s.floor),
+                    ..*q
                 };
-                // A refusal's reset is its wait, not when the oldest count leaves.
-                if q.allowed {
-                    s.exit_us = a.exits_us[i];
-                }
+                continue;
+            };
+            let fresh = room.saturating_add(own);
+            let told = if a.at_us >= s.exit_us || room.saturating_add(took) >= s.limit.rl {
+                // Counts may have left the window since it was last told, or it holds nothing
+                // but what this call counted (a fixed window begun again, though its end moved
+                // less than time did): told as it is.
+                s.floor = fresh;
+                fresh
+            } else {
+                // Never more than was told before this request, less what it took. Calls out
+                // together may settle in another order than Redis ran them: each goes by what
+                // was told when it was planned. A call alone also by what was told since (from
+                // the lease, while it waited for its turn).
+                let before = if alone {
+                    seen.0[i].min(s.floor)
+                } else {
+                    seen.0[i]
+                };
+                let told = fresh.min(before.saturating_sub(if counted { cost } else { 0 }));
+                s.floor = s.floor.min(told);
+                told
+            };
+            // A refusal's reset is its wait, not when the oldest count leaves.
+            if q.allowed {
+                s.exit_us = a.exits_us[i];
             }
             quotas[i] = if q.allowed {
                 Quota {
-                    remaining: s.floor,
+                    remaining: told,
                     ..*q
                 }
             } else {
                 // No room for this cost: told as every store tells it (a sliding window's 0, a
                 // fixed window's credit), never above what was told before.
                 Quota {
-                    remaining: q.remaining.min(s.floor),
+                    remaining: q.remaining.min(told),
                     ..*q
                 }
             };
@@ -614,12 +699,19 @@ mod tests {
     ) -> (Option<LeaseArgs>, Option<GiveBack>) {
         match l.plan(k, limits, 1, now_us) {
             Plan::Ask {
-                args,
-                give_apart,
-                turn: Some(_),
+                args, give_apart, ..
             } => (args, give_apart),
             other => panic!("not a call in its turn: {other:?}"),
         }
+    }
+
+    /// A turn alone, and nothing seen: a call settled by itself.
+    fn alone() -> (Turn, Seen) {
+        let line: Line = Arc::default();
+        (
+            Turn::Alone(line.try_write_owned().unwrap()),
+            Seen([u64::MAX; MAX_LIMITS]),
+        )
     }
 
     fn granted(units: u64, at_ms: i64, until_us: i64) -> Granted {
@@ -664,6 +756,8 @@ mod tests {
             1,
             asked,
             reply(answer(allowed, remaining), lease, now_us, exit_us),
+            &alone().0,
+            alone().1,
         );
         o.quotas()[0].remaining
     }
@@ -826,7 +920,7 @@ mod tests {
         // room is below the cost (others' leases counted as used).
         ask(&l, &k, &limits, 1_000);
         let refused = reply(answer(false, 0), None, 1_000, EXIT);
-        let (o, _) = l.settle(&k, &limits, 1, false, refused);
+        let (o, _) = l.settle(&k, &limits, 1, false, refused, &alone().0, alone().1);
         assert_eq!(o.quotas()[0].remaining, 0);
         // Another instance gave its lease back: Redis admits again, with room 30 after it. The
         // window's counts have not left: what is told stays at 0.
@@ -852,7 +946,15 @@ mod tests {
         let call = |shadow_limited: bool, enforced: u64, shadow: u64| {
             assert!(matches!(l.plan(&k, &limits, 1, 0), Plan::Ask { .. }));
             let o = Outcome::new(true, shadow_limited, &[q(enforced), q(shadow)]);
-            let (o, _) = l.settle(&k, &limits, 1, false, reply(o, None, 0, EXIT));
+            let (o, _) = l.settle(
+                &k,
+                &limits,
+                1,
+                false,
+                reply(o, None, 0, EXIT),
+                &alone().0,
+                alone().1,
+            );
             (o.quotas()[0].remaining, o.quotas()[1].remaining)
         };
         assert_eq!(call(false, 9, 1), (9, 1));
@@ -897,22 +999,62 @@ mod tests {
             panic!("decided here")
         };
         assert_eq!(o.quotas()[0].remaining, 96);
-        // Once the lease has ended, a check asks Redis without giving it back.
+        // Once the lease has ended, a check asks Redis in a shared turn, giving nothing back.
         let Plan::Ask {
             args: None,
             give_apart: None,
-            turn: Some(turn),
+            turn,
+            ..
         } = l.plan(&k, &limits, 0, 1_000_000)
         else {
             panic!("a call in its turn")
         };
-        // While it is out, the counter's other calls wait for the turn; in it, they plan again.
-        assert!(matches!(l.plan(&k, &limits, 1, 1_000_001), Plan::Turn(_)));
-        drop(turn);
+        assert!(!turn.is_alone());
+        // Another check shares it; a request that must give the lease back waits for a turn
+        // alone, then gives it back.
         assert!(matches!(
-            l.plan_in_turn(&k, &limits, 1, 1_000_002),
-            Plan::Ask { turn: None, .. }
+            l.plan(&k, &limits, 0, 1_000_001),
+            Plan::Ask { .. }
         ));
+        let Plan::Wait {
+            line,
+            alone: true,
+            seen,
+        } = l.plan(&k, &limits, 1, 1_000_001)
+        else {
+            panic!("waits for its turn")
+        };
+        drop(turn);
+        let turn = Turn::Alone(line.try_write_owned().unwrap());
+        let Plan::Ask { args: Some(a), .. } = l.plan_in_turn(&k, &limits, 1, 1_000_002, turn, seen)
+        else {
+            panic!("a call that gives back")
+        };
+        assert_eq!(a.give, 5);
+    }
+
+    #[test]
+    fn calls_out_together_each_tell_their_own_answer() {
+        let l = Leases::new(1000, StoreStats::default());
+        let (k, limits) = (key(), [lim(100, 60)]);
+        ask(&l, &k, &limits, 0);
+        assert_eq!(settle(&l, &k, &limits, false, true, 90, None, 0, EXIT), 90);
+        // Two plain calls share the counter's turn; Redis runs x then y, y's answer comes first.
+        let mut out = Vec::new();
+        for now in [10, 11] {
+            let Plan::Ask { turn, seen, .. } = l.plan(&k, &limits, 1, now) else {
+                panic!("a call")
+            };
+            assert!(!turn.is_alone());
+            out.push((turn, seen));
+        }
+        let (y, x) = (out.pop().unwrap(), out.pop().unwrap());
+        let told = |(turn, seen): &(Turn, Seen), remaining| {
+            let a = reply(answer(true, remaining), None, 20, EXIT);
+            l.settle(&k, &limits, 1, false, a, turn, *seen).0.quotas()[0].remaining
+        };
+        assert_eq!(told(&y, 88), 88);
+        assert_eq!(told(&x, 89), 89, "each its own: one instance is exact");
     }
 
     #[test]
@@ -965,6 +1107,8 @@ mod tests {
                 1_000_000,
                 EXIT,
             ),
+            &alone().0,
+            alone().1,
         );
         let id = id.unwrap();
         assert!(l.expire(&k, id + 1).is_none());

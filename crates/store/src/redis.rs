@@ -22,7 +22,7 @@ use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
 use super::lease::{
-    Answer, GiveBack, Granted, LeaseMode, Leases, Plan, StoreStats, Turn, bucket_end_ms,
+    Answer, GiveBack, Granted, LeaseMode, Leases, Plan, Seen, StoreStats, Turn, bucket_end_ms,
 };
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
@@ -133,14 +133,16 @@ enum Planned {
     /// Decided from the counter's lease.
     Local(Outcome),
     /// A call to make (`args`: a lease wanted, one given back; `give_apart`: a lease of other
-    /// limits to give back first) in the counter's turn, `turn`: held until it is settled.
+    /// limits to give back first) in the counter's `turn`, held until it is settled; `seen`: for
+    /// [`Leases::settle`].
     Call {
         args: Option<LeaseArgs>,
         give_apart: Option<GiveBack>,
-        turn: Option<Turn>,
+        turn: Turn,
+        seen: Seen,
     },
     /// The counter is not followed: Redis alone decides.
-    Alone,
+    Unfollowed,
 }
 
 /// One multiplexed connection the hot path uses.
@@ -395,8 +397,8 @@ impl RedisStore {
     }
 
     /// Plans a request on a leased counter: decided by its lease, or the call to make in the
-    /// counter's turn (waited for when another call of it is out). `now_us`: the lease clock,
-    /// read again once the turn comes.
+    /// counter's turn (waited for when it is not free). `now_us`: the lease clock, read again
+    /// once the turn comes.
     async fn plan_leased(
         &self,
         leases: &Leases,
@@ -405,40 +407,29 @@ impl RedisStore {
         cost: u64,
         now_us: impl Fn() -> i64,
     ) -> Planned {
-        // One call of the counter at a time from this instance: the lease held here and the
-        // counts a reply reflects then always match. Those waiting are mostly decided by the
-        // lease the call before them took.
-        let line = match leases.plan(key, limits, cost, now_us()) {
-            Plan::Local(o) => return Planned::Local(o),
+        // Calls that change a lease take the counter's turn alone, the others share it: the lease
+        // held here and the counts a reply reflects then always match. Those waiting for a call
+        // that takes a lease are mostly decided by it.
+        let mut plan = leases.plan(key, limits, cost, now_us());
+        if let Plan::Wait { line, alone, seen } = plan {
+            let turn = Turn::wait(line, alone).await;
+            plan = leases.plan_in_turn(key, limits, cost, now_us(), turn, seen);
+        }
+        match plan {
+            Plan::Local(o) => Planned::Local(o),
             Plan::Ask {
                 args,
                 give_apart,
                 turn,
-            } => {
-                return Planned::Call {
-                    args,
-                    give_apart,
-                    turn,
-                };
-            }
-            Plan::Alone => return Planned::Alone,
-            Plan::Turn(line) => line,
-        };
-        let turn = Some(line.lock_owned().await);
-        match leases.plan_in_turn(key, limits, cost, now_us()) {
-            Plan::Local(o) => Planned::Local(o),
-            Plan::Ask {
-                args, give_apart, ..
+                seen,
             } => Planned::Call {
                 args,
                 give_apart,
                 turn,
+                seen,
             },
-            Plan::Turn(_) | Plan::Alone => Planned::Call {
-                args: None,
-                give_apart: None,
-                turn,
-            },
+            // Planned in its turn: never waits again.
+            Plan::Wait { .. } | Plan::Unfollowed => Planned::Unfollowed,
         }
     }
 
@@ -456,14 +447,15 @@ impl RedisStore {
     ) -> Result<Outcome, StoreError> {
         let now_us = || self.lease_now_us(leases, now_ms);
         let planned = self.plan_leased(leases, key, limits, cost, now_us).await;
-        let (args, give_apart, _turn) = match planned {
+        let (args, give_apart, turn, seen) = match planned {
             Planned::Local(o) => return Ok(o),
             Planned::Call {
                 args,
                 give_apart,
                 turn,
-            } => (args, give_apart, turn),
-            Planned::Alone => {
+                seen,
+            } => (args, give_apart, turn, seen),
+            Planned::Unfollowed => {
                 let call = self.run_window_script(key, limits, cost, now_ms, None);
                 return call.await.map(|c| c.outcome);
             }
@@ -516,7 +508,8 @@ impl RedisStore {
             granted,
             at_us: reply_us,
         };
-        let (told, lease) = leases.settle(key, limits, cost, asked, answer);
+        let (told, lease) = leases.settle(key, limits, cost, asked, answer, &turn, seen);
+        drop(turn);
         if let Some(g) = granted {
             self.blocked.remove(key);
             if let Some(id) = lease
@@ -540,10 +533,10 @@ impl RedisStore {
             return Ok(self.check_windows(key, limits, now_ms).await?.0);
         };
         let now_us = || self.lease_now_us(leases, now_ms);
-        let _turn = match self.plan_leased(leases, key, limits, 0, now_us).await {
+        let (turn, seen) = match self.plan_leased(leases, key, limits, 0, now_us).await {
             Planned::Local(o) => return Ok(o),
-            Planned::Call { turn, .. } => turn,
-            Planned::Alone => return Ok(self.check_windows(key, limits, now_ms).await?.0),
+            Planned::Call { turn, seen, .. } => (turn, seen),
+            Planned::Unfollowed => return Ok(self.check_windows(key, limits, now_ms).await?.0),
         };
         let (o, exits_ms) = self.check_windows(key, limits, now_ms).await?;
         // The windows were read before now: an exit is never taken to come sooner than it does.
@@ -563,7 +556,7 @@ impl RedisStore {
             granted: None,
             at_us: read_us,
         };
-        let (told, _) = leases.settle(key, limits, 0, false, answer);
+        let (told, _) = leases.settle(key, limits, 0, false, answer, &turn, seen);
         Ok(told)
     }
 
@@ -583,7 +576,7 @@ impl RedisStore {
             let Some(line) = leases.turn(&key) else {
                 return;
             };
-            let _turn = line.lock().await;
+            let _turn = Turn::wait(line, true).await;
             let Some(g) = leases.expire(&key, id) else {
                 return;
             };
@@ -781,10 +774,12 @@ impl RedisStore {
             let ttl = i64::try_from(q.reset).unwrap_or(i64::MAX);
             fixed_outcome(l, cost, o.allowed, q.remaining, ttl)
         };
-        let (args, _turn) = match self.plan_leased(leases, key, limits, cost, now_us).await {
+        let (args, turn, seen) = match self.plan_leased(leases, key, limits, cost, now_us).await {
             Planned::Local(o) => return Ok(local(o)),
-            Planned::Call { args, turn, .. } => (args, turn),
-            Planned::Alone => return self.hit_fixed_script(name, l, seconds, cost).await,
+            Planned::Call {
+                args, turn, seen, ..
+            } => (args, turn, seen),
+            Planned::Unfollowed => return self.hit_fixed_script(name, l, seconds, cost).await,
         };
         let sent_us = leases.elapsed_us();
         let args = args.unwrap_or_default();
@@ -826,7 +821,8 @@ impl RedisStore {
             granted,
             at_us: reply_us,
         };
-        let (told, lease) = leases.settle(key, limits, cost, args.want > 0, answer);
+        let (told, lease) = leases.settle(key, limits, cost, args.want > 0, answer, &turn, seen);
+        drop(turn);
         if let (Some(g), Some(id)) = (granted, lease) {
             self.give_back_at(key, id, g.until_us, leases);
         }
