@@ -14,15 +14,10 @@
 //! decision is one call again. A counter is "busy" (asks for leases) from [`BUSY_UNITS`] units a
 //! bucket.
 //!
-//! Every call this instance makes for one counter waits its turn ([`Leases::turn`]): while it is
-//! out, no lease of the counter is taken or given back here, so the counts a reply reflects and
-//! the lease this instance holds always match, and what it tells ([`Told`]) is exact for one
-//! instance.
-//!
-//! Every call this instance makes for one counter waits its turn ([`Leases::turn`]): while it is
-//! out, no lease of the counter is taken or given back here, so the counts a reply reflects and
-//! the lease this instance holds always match, and what it tells ([`Told`]) is exact for one
-//! instance.
+//! Every call this instance makes for one counter takes a turn ([`Turn`]): a call that takes or
+//! gives back a lease alone, the others together. So no lease of the counter changes here while
+//! another call is out, the counts a reply reflects and the lease this instance holds always
+//! match, and what it tells ([`Told`]) is exact for one instance.
 //!
 //! Time: with the caller's clock (`time_source = local`) a lease ends at its bucket's end by that
 //! clock, exactly. With Redis' clock it ends at the local instant the call was sent plus the time
