@@ -8,6 +8,7 @@
 //! directly; the Redis script (`store/window.lua`) computes the same answers, and the store
 //! behaviour suite holds them equal.
 
+pub mod calendar;
 mod fixed;
 mod window;
 
