@@ -62,6 +62,8 @@ pub struct Admin {
     /// The gateway's request path, for `/limits`; `None` when only the Divvy port runs.
     proxy: Option<Arc<Proxy>>,
     settings: AdminSettings,
+    /// The effective configuration, secrets shown as `***` (`/status`).
+    config: serde_json::Value,
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -78,6 +80,7 @@ impl Admin {
         store: Arc<Store>,
         proxy: Option<Arc<Proxy>>,
         settings: AdminSettings,
+        config: serde_json::Value,
     ) -> Admin {
         Admin {
             metrics,
@@ -85,6 +88,7 @@ impl Admin {
             store,
             proxy,
             settings,
+            config,
         }
     }
 
@@ -268,6 +272,7 @@ impl Admin {
         let samples = crate::status::parse_samples(&self.metrics.render(&state));
         let mut out = crate::status::traffic(&samples);
         out["version"] = env!("CARGO_PKG_VERSION").into();
+        out["config"] = self.config.clone();
         out["store"] = serde_json::json!({
             "kind": self.store.kind(),
             "policy": self.store.policy().as_str(),

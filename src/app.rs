@@ -175,6 +175,7 @@ impl App {
                 store.clone(),
                 gateway.as_ref().map(|g| g.proxy().clone()),
                 a.clone(),
+                settings.config.redacted(),
             ))
         });
         let divvy_limits = settings

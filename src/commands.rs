@@ -60,8 +60,10 @@ pub async fn gateway(
             token.clone().cancelled_owned(),
         ));
     }
-    // Only once everything started: a start-up error is then the one line it should be.
-    tracing::info!(config = %settings.config.redacted_json(), "effective configuration");
+    // Only once everything started: a start-up error is then the one line it should be. The
+    // whole configuration (1.5 kB) is for debugging, and in /status; the line below says what
+    // runs.
+    tracing::debug!(config = %settings.config.redacted_json(), "effective configuration");
     // Parts that are off are left out of the line rather than shown empty.
     let shown = |a: Option<SocketAddr>| a.map(tracing::field::display);
     if let Some(gateway) = &app.gateway {

@@ -453,6 +453,45 @@ async fn an_unreachable_redis_is_said_at_start_up() {
     q.signal("-TERM");
 }
 
+/// Start-up says what runs in one short line at INFO; the whole configuration is at DEBUG and in
+/// `/status`, its secrets shown as `***`.
+#[tokio::test]
+async fn startup_logs_one_short_line_and_status_shows_the_configuration_redacted() {
+    let (gw, up) = (free_port(), free_port());
+    let q = quickstart(gw, up, &["--set", "admin.secret=s3cret-admin"]);
+    let mut before = Vec::new();
+    let listening = loop {
+        let line = q
+            .lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a log line within 10 s");
+        if line["message"] == "quotagate listening" {
+            break line;
+        }
+        before.push(line);
+    };
+    assert!(
+        before
+            .iter()
+            .all(|l| l["message"] != "effective configuration"),
+        "the whole configuration is not logged at INFO: {before:?}"
+    );
+    let shown = listening.to_string();
+    assert!(shown.len() < 600, "one short line: {shown}");
+    assert_eq!(listening["store"], "memory");
+    let admin = listening["admin"].as_str().unwrap().to_owned();
+    let status = get(&format!("http://{admin}/status"), &[]).await;
+    let body = String::from_utf8_lossy(&status.body).into_owned();
+    assert!(!body.contains("s3cret-admin"), "{body}");
+    let status = status.json();
+    assert_eq!(status["config"]["admin"]["secret"], "***", "{status}");
+    assert_eq!(
+        status["config"]["upstream"]["url"],
+        format!("http://127.0.0.1:{up}")
+    );
+    q.signal("-TERM");
+}
+
 /// The admin dashboard in a real headless browser (Debian's chromium; `.ci/run` installs it): it
 /// loads with no console message at all and shows the numbers of real traffic.
 #[tokio::test]
