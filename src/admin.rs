@@ -64,6 +64,19 @@ pub struct Admin {
     settings: AdminSettings,
     /// The effective configuration, secrets shown as `***` (`/status`).
     config: serde_json::Value,
+    /// The parts this process runs (`/status`: the dashboard shows those).
+    parts: Parts,
+}
+
+/// The parts a process runs, as `/status` tells them.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Parts {
+    /// The HTTP gateway (catalog, endpoints, upstream).
+    pub gateway: bool,
+    /// The Divvy port.
+    pub divvy: bool,
+    /// The Envoy rate-limit service.
+    pub rls: bool,
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -81,6 +94,7 @@ impl Admin {
         proxy: Option<Arc<Proxy>>,
         settings: AdminSettings,
         config: serde_json::Value,
+        parts: Parts,
     ) -> Admin {
         Admin {
             metrics,
@@ -89,6 +103,7 @@ impl Admin {
             proxy,
             settings,
             config,
+            parts,
         }
     }
 
@@ -273,6 +288,7 @@ impl Admin {
         let mut out = crate::status::traffic(&samples);
         out["version"] = env!("CARGO_PKG_VERSION").into();
         out["config"] = self.config.clone();
+        out["parts"] = serde_json::to_value(self.parts).unwrap_or_default();
         out["store"] = serde_json::json!({
             "kind": self.store.kind(),
             "policy": self.store.policy().as_str(),

@@ -176,6 +176,11 @@ impl App {
                 gateway.as_ref().map(|g| g.proxy().clone()),
                 a.clone(),
                 settings.config.redacted(),
+                crate::admin::Parts {
+                    gateway: gateway.is_some(),
+                    divvy: divvy.is_some(),
+                    rls: rls.is_some(),
+                },
             ))
         });
         let divvy_limits = settings

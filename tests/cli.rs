@@ -489,6 +489,10 @@ async fn startup_logs_one_short_line_and_status_shows_the_configuration_redacted
         status["config"]["upstream"]["url"],
         format!("http://127.0.0.1:{up}")
     );
+    assert_eq!(
+        status["parts"],
+        serde_json::json!({"gateway": true, "divvy": false, "rls": false})
+    );
     q.signal("-TERM");
 }
 
@@ -548,6 +552,16 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
     );
     let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
     assert!(console.is_empty(), "console messages: {console:?}");
+    // Only the parts that run: no Divvy port here; the upstream target, up, with its requests.
+    assert!(
+        dom.contains(r#"<section id="divvy-part" hidden="">"#),
+        "the Divvy port's part is hidden: {dom}"
+    );
+    let target = dom
+        .split("<tr")
+        .find(|r| r.contains(&format!(r#"data-target="http://127.0.0.1:{up}""#)))
+        .unwrap_or_else(|| panic!("no row for the upstream target: {dom}"));
+    assert!(target.contains(r#"<td class="ok">up</td>"#), "{target}");
     // The row of GET /reports/{id}: 1 allowed, 3 limited, 0 rejected, as sent.
     let row = dom
         .split("<tr")
