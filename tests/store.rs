@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quotagate_engine::limiter::{
-    FixedWindow, Kind, Limit, Outcome, Quota, Span, Window, WindowSet,
+    FixedWindow, Kind, Limit, Outcome, Period, Quota, Span, Window, WindowSet, ZoneId,
 };
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
@@ -242,7 +242,93 @@ on_every_store!(
     peeking_several_windows_agrees_with_the_reference,
     fixed_windows_take_a_cost_only_when_it_fits,
     fixed_windows_agree_with_the_engine_on_random_costs,
+    a_day_quota_beside_a_per_second_limit_resets_at_local_midnight,
+    calendar_periods_agree_with_the_reference_across_their_boundaries,
 );
+
+fn calendar(rl: u64, period: Period, zone: &str) -> Limit {
+    Limit::calendar(rl, period, ZoneId::of(zone).unwrap())
+}
+
+/// A day quota in Los Angeles beside 2 per second: a request refused by either takes nothing
+/// from the other; a used-up day refuses until local midnight (told in `reset` and
+/// `retry_after`), then starts again from zero; a check counts nothing.
+async fn a_day_quota_beside_a_per_second_limit_resets_at_local_midnight(s: Subject) {
+    let limits = [lim(2, 1), calendar(5, Period::Day, "America/Los_Angeles")];
+    let k = key("day");
+    // 2023-11-14T23:59:00-08:00: a minute before midnight in Los Angeles.
+    let t = 1_700_035_140_000;
+    assert!(s.hit_all(&k, &limits, 1, t).await.allowed);
+    assert!(s.hit_all(&k, &limits, 1, t + 10).await.allowed);
+    let o = s.hit_all(&k, &limits, 1, t + 20).await;
+    assert!(!o.allowed, "the per-second limit refuses");
+    assert_eq!(o.quotas()[1].remaining, 3, "nothing taken from the day");
+    let o = s.hit_all(&k, &limits, 3, t + 1_000).await;
+    assert!(!o.allowed, "2 per second refuses a cost of 3 for good");
+    assert_eq!(o.retry_after(&limits), None);
+    for i in 0..3 {
+        let o = s.hit_all(&k, &limits, 1, t + 2_000 + 500 * i).await;
+        assert!(o.allowed, "hit {i}");
+        assert_eq!(o.quotas()[1].remaining, 2 - i);
+        let to_midnight = (60_000 - 2_000 - 500 * i).div_ceil(1_000);
+        assert_eq!(o.quotas()[1].reset, to_midnight, "until midnight");
+    }
+    let o = s.hit_all(&k, &limits, 1, t + 5_000).await;
+    assert!(!o.allowed, "the day is used up");
+    assert_eq!(o.retry_after(&limits), Some(55));
+    assert_eq!(o.most_restrictive(&limits), Some(1));
+    let o = s.hit_all(&k, &limits, 0, t + 30_000).await;
+    assert!(o.allowed, "a check passes");
+    assert_eq!(o.quotas()[1].remaining, 0);
+    let o = s.hit_all(&k, &limits, 1, t + 60_000).await;
+    assert!(o.allowed, "a new day at midnight");
+    assert_eq!(o.quotas()[1].remaining, 4);
+    assert_eq!(o.quotas()[1].reset, 86_400);
+    let p = s.store.peek(&k, &limits, 1, t + 61_000).await.unwrap();
+    assert_eq!(p.quotas()[1].remaining, 4, "peeking counts nothing");
+}
+
+/// The random walk of several windows, with calendar periods in zones far apart (and in shadow),
+/// through hours, days, weeks and months: every answer the reference's (`WindowSet`).
+async fn calendar_periods_agree_with_the_reference_across_their_boundaries(s: Subject) {
+    let mut next = xorshift(0x51_7CC1_B727_220Au64);
+    let sets: [Vec<Limit>; 4] = [
+        vec![lim(3, 1), calendar(20, Period::Hour, "UTC")],
+        vec![
+            lim(10, 60),
+            calendar(50, Period::Day, "America/Los_Angeles"),
+        ],
+        vec![
+            calendar(30, Period::Week, "Asia/Kolkata").shadowed(true),
+            calendar(40, Period::Month, "Pacific/Kiritimati"),
+        ],
+        vec![
+            lim(4, 10),
+            calendar(5, Period::Hour, "Asia/Kathmandu").shadowed(true),
+            calendar(60, Period::Day, "Europe/Berlin"),
+        ],
+    ];
+    let keys = [key("a"), key("b")];
+    let mut reference = vec![WindowSet::default(); keys.len()];
+    let mut now = T0 * 1000 + 17;
+    for step in 0..1200 {
+        match next(100) {
+            0..=49 => {}
+            50..=84 => now += next(400),
+            85..=94 => now += next(900_000),
+            _ => now += next(3 * 86_400_000),
+        }
+        let i = next(2) as usize;
+        let set = &sets[(i + step / 300) % sets.len()];
+        let cost = next(4);
+        let want = reference[i].hit(set, cost, now);
+        let got = s.hit_all(&keys[i], set, cost, now).await;
+        assert_eq!(
+            got, want,
+            "step {step}, key {i}, now {now}, cost {cost}, {set:?}"
+        );
+    }
+}
 
 /// The fixed windows (Divvy's, from the first hit, and the rate-limit service's, on the clock): a
 /// hit of `cost` takes credit only when all of it fits; a cost of 0 checks. Limits that mix a

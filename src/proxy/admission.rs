@@ -175,8 +175,8 @@ impl<'s> Pending<'s, '_> {
         self.held.counter()
     }
 
-    /// The second half: the store's verdict turned into the admission.
-    pub fn conclude(self, verdict: Verdict) -> Admission<'s> {
+    /// The second half: the store's verdict (asked at `now_ms`) turned into the admission.
+    pub fn conclude(self, verdict: Verdict, now_ms: u64) -> Admission<'s> {
         let endpoint = self.held.endpoint;
         let outcome = match verdict {
             Verdict::Decided(o) | Verdict::Local(o) => o,
@@ -205,6 +205,7 @@ impl<'s> Pending<'s, '_> {
             limits: self.limits,
             outcome,
             cost: self.cost,
+            at_ms: now_ms,
         };
         if allowed {
             let decision = if shadow_limited {
@@ -238,12 +239,15 @@ fn refusal_detail(rate: &Rate) -> String {
         return format!("{} refused the request", rate.name);
     };
     let (l, q) = (rate.limits[i], rate.outcome.quotas()[i]);
+    let per = match l.period() {
+        Some(p) => p.as_str().to_owned(),
+        None => format!("{} s", l.w),
+    };
     let allows = |rl| {
         format!(
-            "{} allows {} per {} s",
+            "{} allows {} per {per}",
             rate.name,
             quotagate_engine::text::plural(rl, "request", "requests"),
-            l.w
         )
     };
     match rate.outcome.retry_after(&rate.limits) {
@@ -694,7 +698,7 @@ mod tests {
             retry_after: None,
         };
         let outcome = |q: Quota| Outcome::new(q.allowed, false, &[q]);
-        let a = pending().conclude(Verdict::Decided(outcome(quota)));
+        let a = pending().conclude(Verdict::Decided(outcome(quota)), 0);
         assert_eq!(a.decision, Decision::Allowed);
         assert!(
             matches!(&a.action, Action::Forward(Target { limit: Some(r), .. }) if r.outcome.quotas() == [quota])
@@ -705,7 +709,7 @@ mod tests {
             retry_after: Some(7),
             ..quota
         };
-        let a = pending().conclude(Verdict::Local(outcome(refused)));
+        let a = pending().conclude(Verdict::Local(outcome(refused)), 0);
         let Action::Reject(r) = &a.action else {
             panic!()
         };
@@ -716,16 +720,16 @@ mod tests {
         );
         assert_eq!(r.response(HeaderSet::Both).headers()["retry-after"], "7");
         assert_eq!(
-            pending().conclude(Verdict::Open).decision,
+            pending().conclude(Verdict::Open, 0).decision,
             Decision::StoreOpen
         );
         assert_eq!(
-            pending().conclude(Verdict::Closed).decision,
+            pending().conclude(Verdict::Closed, 0).decision,
             Decision::StoreUnavailable
         );
         let shadowed = Outcome::new(true, true, &[quota]);
         assert_eq!(
-            pending().conclude(Verdict::Decided(shadowed)).decision,
+            pending().conclude(Verdict::Decided(shadowed), 0).decision,
             Decision::ShadowLimited
         );
         // A default limit applies to a known key without its own.

@@ -68,14 +68,10 @@ impl Proxy {
                 }
             }
             Step::Count(pending) => {
+                let now_ms = self.clock.now_ms();
                 let o = self
                     .store
-                    .peek(
-                        &pending.counter(),
-                        &pending.limits,
-                        pending.cost,
-                        self.clock.now_ms(),
-                    )
+                    .peek(&pending.counter(), &pending.limits, pending.cost, now_ms)
                     .await?;
                 let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
@@ -86,15 +82,20 @@ impl Proxy {
                     .iter()
                     .zip(o.quotas())
                     .map(|(l, q)| {
-                        json!({
-                            "window_seconds": l.w,
+                        let mut about = json!({
+                            "window_seconds": l.seconds_at(now_ms),
                             "shadow": l.shadow,
                             "limit": q.limit,
                             "remaining": q.remaining,
                             "reset_seconds": q.reset,
                             "retry_after_seconds": q.retry_after,
                             "next_request": if q.allowed { "allowed" } else { "limited" },
-                        })
+                        });
+                        if let Some(p) = l.period() {
+                            about["period"] = p.as_str().into();
+                            about["tz"] = l.zone.name().into();
+                        }
+                        about
                     })
                     .collect::<Vec<_>>()
                     .into();

@@ -16,7 +16,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::config::HeaderSet;
 #[cfg(test)]
 use quotagate_engine::limiter::Quota;
-use quotagate_engine::limiter::{Rate, WINDOW_SECONDS};
+use quotagate_engine::limiter::{Limit, Rate, WINDOW_SECONDS};
 
 /// Hop-by-hop fields that never cross the proxy.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -148,15 +148,21 @@ fn sf_string(s: &str) -> String {
 }
 
 /// Appends `"<name>";<a>=<x>;<b>=<y>` to `v`, without `fmt` (this runs on every counted request).
-/// The policy of a window other than 60 s is named `<name> <w>s`, so every policy of an endpoint
-/// has a distinct name and the per-minute one keeps the endpoint's name.
-fn push_sf_item(v: &mut String, name: &str, w: u32, a: &str, x: u64, b: &str, y: u64) {
+/// The policy of a window other than 60 s is named `<name> <w>s`, a calendar quota's `<name>
+/// <period>` (`"GET /a day"`), so every policy of an endpoint has a distinct name and the
+/// per-minute one keeps the endpoint's name.
+fn push_sf_item(v: &mut String, name: &str, l: &Limit, a: &str, x: u64, b: &str, y: u64) {
     let mut digits = itoa::Buffer::new();
     push_sf_string(v, name);
-    if u64::from(w) != WINDOW_SECONDS {
+    if let Some(p) = l.period() {
         v.pop(); // the closing quote
         v.push(' ');
-        v.push_str(digits.format(w));
+        v.push_str(p.as_str());
+        v.push('"');
+    } else if u64::from(l.w) != WINDOW_SECONDS {
+        v.pop();
+        v.push(' ');
+        v.push_str(digits.format(l.w));
         v.push_str("s\"");
     }
     v.push(';');
@@ -183,16 +189,9 @@ pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
                 policy.push_str(", ");
                 state.push_str(", ");
             }
-            push_sf_item(
-                &mut policy,
-                rate.name,
-                l.w,
-                "q",
-                q.limit,
-                "w",
-                u64::from(l.w),
-            );
-            push_sf_item(&mut state, rate.name, l.w, "r", q.remaining, "t", q.reset);
+            let w = l.seconds_at(rate.at_ms);
+            push_sf_item(&mut policy, rate.name, l, "q", q.limit, "w", w);
+            push_sf_item(&mut state, rate.name, l, "r", q.remaining, "t", q.reset);
         }
         if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state))
             && !p.is_empty()
@@ -295,7 +294,52 @@ mod tests {
             limits: quotagate_engine::limiter::Limits::new(Box::leak(Box::new(limits)), false),
             outcome: quotagate_engine::limiter::Outcome::new(q.allowed, false, &[*q]),
             cost: 1,
+            at_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_calendar_quota_is_named_by_its_period_and_tells_its_length_and_end() {
+        use quotagate_engine::limiter::{Limit, Limits, Outcome, Period, ZoneId};
+        let all = [
+            Limit::sliding(10, 1),
+            Limit::calendar(
+                1000,
+                Period::Day,
+                ZoneId::of("America/Los_Angeles").unwrap(),
+            ),
+        ];
+        let q = |limit, remaining, reset, retry_after: Option<u64>| Quota {
+            allowed: retry_after.is_none(),
+            limit,
+            remaining,
+            reset,
+            retry_after,
+        };
+        // 2024-03-10T12:00:00-07:00: a day of 23 hours in Los Angeles, 12 hours left.
+        let rate = Rate {
+            name: "GET /a",
+            limits: Limits::new(&all, false),
+            outcome: Outcome::new(
+                false,
+                false,
+                &[q(10, 9, 1, None), q(1000, 0, 43_200, Some(43_200))],
+            ),
+            cost: 1,
+            at_ms: 1_710_097_200_000,
+        };
+        let mut h = HeaderMap::new();
+        set_rate_limit(&mut h, HeaderSet::Both, &rate);
+        assert_eq!(
+            h["ratelimit-policy"],
+            r#""GET /a 1s";q=10;w=1, "GET /a day";q=1000;w=82800"#
+        );
+        assert_eq!(
+            h["ratelimit"],
+            r#""GET /a 1s";r=9;t=1, "GET /a day";r=0;t=43200"#
+        );
+        assert_eq!(h["retry-after"], "43200");
+        assert_eq!(h["ratelimit-reset"], "43200");
     }
 
     #[test]
@@ -325,6 +369,7 @@ mod tests {
             limits,
             outcome: ok,
             cost: 1,
+            at_ms: 0,
         };
         let mut h = HeaderMap::new();
         set_rate_limit(&mut h, HeaderSet::Both, &rate);

@@ -186,19 +186,15 @@ impl Proxy {
                     });
                 }
                 let asked = Instant::now();
+                let now_ms = self.clock.now_ms();
                 let verdict = self
                     .store
-                    .hit(
-                        &pending.counter(),
-                        &pending.limits,
-                        pending.cost,
-                        self.clock.now_ms(),
-                    )
+                    .hit(&pending.counter(), &pending.limits, pending.cost, now_ms)
                     .await;
                 self.metrics
                     .decision_seconds
                     .observe(asked.elapsed().as_secs_f64());
-                let a = pending.conclude(verdict);
+                let a = pending.conclude(verdict, now_ms);
                 if a.decision == Decision::ShadowLimited {
                     tracing::debug!(
                         endpoint = a.endpoint.map(|e| e.name.as_str()),

@@ -429,6 +429,8 @@ fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderVal
         limits: Limits::new(&first, false),
         outcome: Outcome::new(allowed, false, &[q]),
         cost: 1,
+        // Its limits are never calendar periods: no period's length to read.
+        at_ms: 0,
     };
     let mut headers = HeaderMap::new();
     set_rate_limit(&mut headers, HeaderSet::Both, &rate);

@@ -7,9 +7,10 @@
 //! adjacent minutes (which one script call touches together) always share a slot.
 //!
 //! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`;
-//! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<api key>}:<endpoint>:s<w>`.
+//! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<api key>}:<endpoint>:s<w>`;
+//! of one counter's calendar period: `<prefix>:w:{<api key>}:<endpoint>:<period>:<start, Unix s>`.
 
-use quotagate_engine::limiter::{Kind, Limit, Span};
+use quotagate_engine::limiter::{Kind, Limit, Period, Span};
 
 /// Redis key prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "quotagate";
@@ -156,6 +157,25 @@ pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
     s.push_str(&counter.0);
     s.push_str(":s");
     s.push_str(w);
+    s
+}
+
+/// The Redis hash that holds `counter`'s count (field `n`) for the calendar `period` starting at
+/// Unix millisecond `start_ms`: `<counter>:day:<start in Unix seconds>`. A period's name can never
+/// be a minute number or `s<w>`, and one counter has at most one limit per period.
+pub fn calendar_hash(prefix: &str, counter: &CounterKey, period: Period, start_ms: u64) -> String {
+    let mut digits = itoa::Buffer::new();
+    let start = digits.format(start_ms / 1000);
+    let name = period.as_str();
+    let mut s =
+        String::with_capacity(prefix.len() + counter.0.len() + name.len() + start.len() + 6);
+    s.push_str(prefix);
+    s.push_str(":w:");
+    s.push_str(&counter.0);
+    s.push(':');
+    s.push_str(name);
+    s.push(':');
+    s.push_str(start);
     s
 }
 

@@ -75,23 +75,29 @@ pub struct StoreStats {
 }
 
 /// The last instant (on the lease clock, microseconds) a lease counted at `at_ms` may be spent:
-/// the earliest end, over `limits`, of the bucket holding `at_ms`, in milliseconds.
+/// the earliest end, over `limits`, of the bucket holding `at_ms`, in milliseconds. A calendar
+/// period's lease lasts to the end of its second (periods start and end on whole seconds), so
+/// what one instance holds back from the others is never more than a second's worth.
 pub fn bucket_end_ms(limits: &[Limit], at_ms: u64) -> u64 {
     limits
         .iter()
-        .map(|l| bucket_start(l.w, bucket_of(l.w, at_ms) + 1))
+        .map(|l| match l.kind {
+            Kind::Calendar(_) => (at_ms / 1000 + 1) * 1000,
+            _ => bucket_start(l.w, bucket_of(l.w, at_ms) + 1),
+        })
         .min()
         .unwrap_or(at_ms)
 }
 
 /// The shortest bucket of `limits`, in microseconds: the period of a counter's rate. A fixed
-/// window's lease is spent for at most a second: its rate is counted per second.
+/// window's or a calendar period's lease is spent for at most a second: its rate is counted per
+/// second.
 fn bucket_us(limits: &[Limit]) -> i64 {
     limits
         .iter()
         .map(|l| match l.kind {
             Kind::Sliding => i64::from(l.w) * 1_000_000 / buckets(l.w) as i64,
-            Kind::Fixed | Kind::Aligned => 1_000_000,
+            Kind::Fixed | Kind::Aligned | Kind::Calendar(_) => 1_000_000,
         })
         .min()
         .unwrap_or(1_000_000)
@@ -333,8 +339,13 @@ impl Leases {
         } else {
             0
         };
-        // A lease left over must go back with the next call that counts (ended, or too small).
-        let changes = want > 0 || (cost > 0 && e.lease.as_ref().is_some_and(|l| l.left > 0));
+        // A lease left over must go back with the next call that counts (ended, or too small),
+        // and an ended one with a check too: its units may have left some windows and not
+        // others, so no answer could count them as this instance's room.
+        let changes = want > 0
+            || e.lease.as_ref().is_some_and(|l| {
+                l.left > 0 && (cost > 0 || now_us >= l.until_us || l.limits.as_slice() != limits)
+            });
         let (turn, seen) = match held {
             Some(held) => held,
             None => {
@@ -644,7 +655,7 @@ impl Told {
             s.floor = s.floor.saturating_sub(cost);
             // Redis rounds a fixed window's TTL to the nearest second: so does this answer.
             let shave = match s.limit.kind {
-                Kind::Sliding => 0,
+                Kind::Sliding | Kind::Calendar(_) => 0,
                 Kind::Fixed | Kind::Aligned => 500_000,
             };
             let reset_us = u64::try_from(s.exit_us - shave - now_us).unwrap_or(0);
@@ -994,38 +1005,32 @@ mod tests {
             panic!("decided here")
         };
         assert_eq!(o.quotas()[0].remaining, 96);
-        // Once the lease has ended, a check asks Redis in a shared turn, giving nothing back.
+        // Once the lease has ended, a check gives it back first, in a turn alone: its units may
+        // have left one window and not another, so no answer could count them as room.
         let Plan::Ask {
-            args: None,
+            args: Some(a),
             give_apart: None,
             turn,
             ..
         } = l.plan(&k, &limits, 0, 1_000_000)
         else {
-            panic!("a call in its turn")
+            panic!("a call in its turn that gives back")
         };
-        assert!(!turn.is_alone());
-        // Another check shares it; a request that must give the lease back waits for a turn
-        // alone, then gives it back.
+        assert!(turn.is_alone());
+        assert_eq!((a.want, a.give, a.given_at_ms), (0, 5, 0));
+        // Another check waits for that turn; then checks share turns again.
         assert!(matches!(
             l.plan(&k, &limits, 0, 1_000_001),
-            Plan::Ask { .. }
+            Plan::Wait { alone: false, .. }
         ));
-        let Plan::Wait {
-            line,
-            alone: true,
-            seen,
-        } = l.plan(&k, &limits, 1, 1_000_001)
-        else {
-            panic!("waits for its turn")
-        };
         drop(turn);
-        let turn = Turn::Alone(line.try_write_owned().unwrap());
-        let Plan::Ask { args: Some(a), .. } = l.plan_in_turn(&k, &limits, 1, 1_000_002, turn, seen)
+        let Plan::Ask {
+            args: None, turn, ..
+        } = l.plan(&k, &limits, 0, 1_000_002)
         else {
-            panic!("a call that gives back")
+            panic!("a plain call")
         };
-        assert_eq!(a.give, 5);
+        assert!(!turn.is_alone());
     }
 
     #[test]

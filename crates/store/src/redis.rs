@@ -22,10 +22,11 @@ use super::blocked::BlockCache;
 use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
 use super::lease::{
-    Answer, GiveBack, Granted, LeaseMode, Leases, Plan, Seen, StoreStats, Turn, bucket_end_ms,
+    Answer, GiveBack, Granted, LeaseMode, Leases, LimitSet, Plan, Seen, StoreStats, Turn,
+    bucket_end_ms,
 };
 use super::script::{
-    Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, minute_of, peek_keys, peek_windows,
+    Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
 };
 use super::{CounterStore, StoreError};
@@ -535,7 +536,23 @@ impl RedisStore {
         let now_us = || self.lease_now_us(leases, now_ms);
         let (turn, seen) = match self.plan_leased(leases, key, limits, 0, now_us).await {
             Planned::Local(o) => return Ok(o),
-            Planned::Call { turn, seen, .. } => (turn, seen),
+            Planned::Call {
+                args,
+                give_apart,
+                turn,
+                seen,
+            } => {
+                // An ended lease goes back before the windows are read.
+                let give = args.filter(|a| a.give > 0).map(|a| GiveBack {
+                    limits: LimitSet::new(limits),
+                    units: a.give,
+                    at_ms: a.given_at_ms,
+                });
+                for g in give_apart.into_iter().chain(give) {
+                    self.give_back(key, g, now_ms).await?;
+                }
+                (turn, seen)
+            }
             Planned::Unfollowed => return Ok(self.check_windows(key, limits, now_ms).await?.0),
         };
         let (o, exits_ms) = self.check_windows(key, limits, now_ms).await?;
@@ -629,9 +646,8 @@ impl RedisStore {
                 seconds * 1000 + micros / 1000
             }
         };
-        let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
         let mut pipe = redis::pipe();
-        for hash in peek_keys(&self.prefix, key, limits, minute) {
+        for hash in peek_keys(&self.prefix, key, limits, now_ms) {
             pipe.cmd("HGETALL").arg(hash);
         }
         let replies: Vec<Fields> = self
@@ -657,7 +673,15 @@ impl RedisStore {
         let o = windows.hit(limits, 0, now_ms);
         let mut exits_ms = [0; MAX_LIMITS];
         for (e, l) in exits_ms.iter_mut().zip(limits) {
-            if let Some(ms) = windows.get(l.w).and_then(|w| w.oldest_exit_ms(now_ms)) {
+            let exit = match l.period() {
+                // Nothing leaves a period before it ends.
+                Some(p) => windows
+                    .get_tally(p, l.zone)
+                    .filter(|t| t.count > 0)
+                    .map(|t| t.end_ms),
+                None => windows.get(l.w).and_then(|w| w.oldest_exit_ms(now_ms)),
+            };
+            if let Some(ms) = exit {
                 *e = ms.saturating_sub(now_ms);
             }
         }
@@ -680,8 +704,7 @@ impl RedisStore {
                 TimeSource::Redis => (now + self.offset.load(Ordering::Relaxed), None),
                 TimeSource::Local => (now, Some(now)),
             };
-            let minute = minute_of(estimate);
-            let call = window.command(cost, minute, caller_ms, lease, |k, a, b| {
+            let call = window.command(cost, estimate, caller_ms, lease, |k, a, b| {
                 WINDOW.call(k, a, b)
             });
             let call = &call;

@@ -9,11 +9,11 @@
 //! bookkeeping and never counts.
 
 use quotagate_engine::limiter::{
-    Limit, MAX_LIMITS, Outcome, Quota, WINDOW_SECONDS, Window, WindowSet, bucket_of, buckets,
-    ceil_seconds,
+    Limit, MAX_LIMITS, Outcome, Quota, Tally, WINDOW_SECONDS, Window, WindowSet, bucket_of,
+    buckets, ceil_seconds, period_bounds,
 };
 
-use crate::keys::{CounterKey, minute_hash, window_hash};
+use crate::keys::{CounterKey, calendar_hash, minute_hash, window_hash};
 
 /// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
 /// during which the hash is still read as the previous minute.
@@ -27,14 +27,21 @@ pub fn minute_of(ms: i64) -> i64 {
     ms.div_euclid(WINDOW_SECONDS as i64 * 1000)
 }
 
+/// Is `l` a sliding window of a minute (the DynLimits layout)?
+fn is_minute(l: &Limit) -> bool {
+    l.period().is_none() && l.w == MINUTE
+}
+
 /// The hashes one decision on `key` reads and writes: the minute hashes m-2 .. m+1 when a limit is
 /// a minute long (which one is "now" is the script's to say, by Redis' clock), then one hash per
-/// limit of any other length, in the limits' order.
+/// other limit, in the limits' order: a sliding window's own, or a calendar period's (the one
+/// holding the caller's estimate of now; the script refuses to count in another).
 pub struct WindowCall<'a> {
     prefix: &'a str,
     key: &'a CounterKey,
     limits: &'a [Limit],
     minute_window: bool,
+    /// The sliding windows' hashes (calendar periods' are named per call).
     others: Vec<String>,
 }
 
@@ -45,35 +52,60 @@ impl<'a> WindowCall<'a> {
             prefix,
             key,
             limits,
-            minute_window: limits.iter().any(|l| l.w == MINUTE),
+            minute_window: limits.iter().any(is_minute),
             // Most requests have none: no allocation then.
             others: limits
                 .iter()
-                .filter(|l| l.w != MINUTE)
+                .filter(|l| !is_minute(l) && l.period().is_none())
                 .map(|l| window_hash(prefix, key, l.w))
                 .collect(),
         }
     }
 
     /// The command that runs `window.lua` for one request of `cost` (0: only give `lease` back),
-    /// with the caller's estimate of the `minute` and, for [`crate::TimeSource::Local`], its own
-    /// time (`now_ms`; `None`: Redis' `TIME`). `evalsha(keys, args, bytes)` starts the command:
-    /// the script's hash and the number of keys, with room for `args` arguments of `bytes` bytes.
+    /// with the caller's estimate of now (`estimate_ms`: it names the minute hashes and the
+    /// calendar periods) and, for [`crate::TimeSource::Local`], its own time (`now_ms`; `None`:
+    /// Redis' `TIME`). `evalsha(keys, args, bytes)` starts the command: the script's hash and the
+    /// number of keys, with room for `args` arguments of `bytes` bytes.
     pub fn command(
         &self,
         cost: u64,
-        minute: i64,
+        estimate_ms: i64,
         now_ms: Option<i64>,
         lease: Option<LeaseArgs>,
         evalsha: impl FnOnce(usize, usize, usize) -> redis::Cmd,
     ) -> redis::Cmd {
         let (prefix, key, limits) = (self.prefix, self.key, self.limits);
+        let minute = minute_of(estimate_ms);
         let minutes: [String; 4] = match self.minute_window {
             true => std::array::from_fn(|i| minute_hash(prefix, key, minute - 2 + i as i64)),
             false => Default::default(),
         };
-        let keys = if self.minute_window { 4 } else { 0 } + self.others.len();
-        let key_bytes: usize = minutes.iter().chain(&self.others).map(String::len).sum();
+        // Calendar periods, by the estimate: their hashes, and their bounds as the script's `w`.
+        let estimate = u64::try_from(estimate_ms).unwrap_or(0);
+        let mut periods = Vec::new();
+        for l in limits {
+            if let Some(p) = l.period() {
+                let (start, end) = period_bounds(p, l.zone, estimate);
+                periods.push((
+                    calendar_hash(prefix, key, p, start),
+                    format!("{start}:{end}"),
+                ));
+            }
+        }
+        let mut sliding = self.others.iter();
+        let mut calendars = periods.iter();
+        let others: Vec<&str> = limits
+            .iter()
+            .filter(|l| !is_minute(l))
+            .filter_map(|l| match l.period() {
+                Some(_) => calendars.next().map(|(k, _)| k.as_str()),
+                None => sliding.next().map(String::as_str),
+            })
+            .collect();
+        let keys = if self.minute_window { 4 } else { 0 } + others.len();
+        let key_bytes: usize = minutes.iter().map(String::len).sum::<usize>()
+            + others.iter().map(|k| k.len()).sum::<usize>();
         // Keys, 5 arguments, 3 per limit; numbers of at most 20 digits.
         let mut cmd = evalsha(
             keys,
@@ -83,14 +115,21 @@ impl<'a> WindowCall<'a> {
         if self.minute_window {
             cmd.arg(&minutes[..]);
         }
-        cmd.arg(&self.others[..]).arg(minute);
+        cmd.arg(&others[..]).arg(minute);
         match now_ms {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
         cmd.arg(MINUTE_HASH_TTL).arg(cost).arg(limits.len());
+        let mut bounds = periods.iter();
         for l in limits {
-            cmd.arg(l.rl).arg(l.w).arg(u8::from(l.shadow));
+            cmd.arg(l.rl);
+            match l.period() {
+                // `"<start ms>:<end ms>"`: the period the caller named the hash for.
+                Some(_) => cmd.arg(bounds.next().map_or("0:0", |(_, b)| b.as_str())),
+                None => cmd.arg(l.w),
+            };
+            cmd.arg(u8::from(l.shadow));
         }
         // Absent unless asked: the script's straight line is for calls without them.
         if let Some(l) = lease {
@@ -209,10 +248,14 @@ impl WindowReply {
 /// The hashes that hold `limits`' windows of `key` at `minute` (now's), in the order
 /// [`peek_windows`] reads their `HGETALL`s: the previous and the current minute's hash for a
 /// minute-long limit, the limit's own hash for the others.
-pub fn peek_keys(prefix: &str, key: &CounterKey, limits: &[Limit], minute: i64) -> Vec<String> {
+pub fn peek_keys(prefix: &str, key: &CounterKey, limits: &[Limit], now_ms: u64) -> Vec<String> {
+    let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
     let mut keys = Vec::with_capacity(limits.len() + 1);
     for l in limits {
-        if l.w == MINUTE {
+        if let Some(p) = l.period() {
+            let (start, _) = period_bounds(p, l.zone, now_ms);
+            keys.push(calendar_hash(prefix, key, p, start));
+        } else if l.w == MINUTE {
             keys.push(minute_hash(prefix, key, minute - 1));
             keys.push(minute_hash(prefix, key, minute));
         } else {
@@ -233,8 +276,17 @@ pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> Wind
     let number = |v: &str| v.parse::<u64>().ok();
     let mut replies = replies.into_iter();
     let mut windows = Vec::with_capacity(limits.len());
+    let mut tallies = Vec::new();
     for l in limits {
-        if l.w == MINUTE {
+        if let Some(p) = l.period() {
+            let fields = replies.next().unwrap_or_default();
+            let count = fields
+                .iter()
+                .find(|(f, _)| f == "n")
+                .and_then(|(_, v)| number(v))
+                .unwrap_or(0);
+            tallies.push(Tally::holding(p, l.zone, now_ms, count));
+        } else if l.w == MINUTE {
             let prev = replies.next().unwrap_or_default();
             let cur = replies.next().unwrap_or_default();
             let base = |m: u64| m * WINDOW_SECONDS;
@@ -267,7 +319,7 @@ pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> Wind
             windows.push(Window::from_counts(l.w, at, counts));
         }
     }
-    WindowSet::from_windows(windows)
+    WindowSet::from_windows(windows).with_tallies(tallies)
 }
 
 /// What `divvy.lua` decided: allowed, the credit left, and the window's `TTL` (seconds, rounded to

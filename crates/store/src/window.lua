@@ -34,13 +34,20 @@
 -- strings where a number would be formatted twice. A hash field that is absent costs a scan of
 -- the whole hash (a listpack) on every read, so b and bl are written with the first count.
 --
+-- A calendar period (a calendar quota's hour, day, week or month: the caller knows the time zones,
+-- this script does not) has one hash per counter and period, `<counter>:<period>:<start>`, whose
+-- field n holds the units counted in it. Its w argument is "<start_ms>:<end_ms>", the period the
+-- caller named the hash for by its estimate of now; when now is outside it, nothing is written and
+-- the reply is "-1 now_ms", as for a wrong minute. The hash expires a minute after the period ends.
+--
 -- KEYS[1..4]  the minute hashes m-2, m-1, m and m+1, when a limit has w = 60
 -- KEYS[...]   then one hash per other limit, in the order of the limits
 -- ARGV[1]     m: the caller's estimate of the current minute
 -- ARGV[2]     now in Unix milliseconds, or "" to use this server's TIME (one clock for every instance)
 -- ARGV[3]     TTL of a minute hash, in seconds
 -- ARGV[4]     cost of the request (>= 1)
--- ARGV[5]     k, the number of limits; then rl, w, shadow (0 or 1) for each
+-- ARGV[5]     k, the number of limits; then rl, w (or a calendar period's bounds), shadow (0 or
+--             1) for each
 -- ARGV[6+3k]  (optional, a lease) extra units wanted beyond the cost: "want"
 -- ARGV[7+3k]  units of a lease to give back first, and ARGV[8+3k] the time (Unix ms) the lease
 --             was counted at; a cost of 0 only gives back
@@ -183,9 +190,18 @@ local limits = {}
 local has60 = false
 for i = 1, k do
   local rl = tonumber(ARGV[3 + 3 * i])
+  local w = tonumber(ARGV[4 + 3 * i])
   -- Every field a limit will get, at once: a table that grows is rebuilt.
-  local l = {rl = rl, w = tonumber(ARGV[4 + 3 * i]), shadow = ARGV[5 + 3 * i] == '1',
-    never = rl < cost, fits = false, remaining = -1, reset = 0, retry = -1}
+  local l = {rl = rl, w = w or 0, shadow = ARGV[5 + 3 * i] == '1', never = rl < cost,
+    fits = false, remaining = -1, reset = 0, retry = -1, from = nil, to = nil}
+  if not w then
+    -- A calendar period, "<start_ms>:<end_ms>".
+    local a, b = string.match(ARGV[4 + 3 * i], '^(%d+):(%d+)$')
+    l.from, l.to = tonumber(a), tonumber(b)
+    if not l.from or now_ms < l.from or now_ms >= l.to then
+      return fmt('%d %d', -1, now_ms) -- the caller named another period: nothing written
+    end
+  end
   if l.w == 60 then has60 = true end
   limits[i] = l
 end
@@ -549,6 +565,34 @@ local function gen_write(l, g, counted, units)
   end
 end
 
+-- A calendar period. -----------------------------------------------------------------------------
+
+-- Reads the count of limit l's period (hash `key`) and checks the request against it. A period's
+-- reset is its end, whatever it holds.
+local function cal_check(l, key)
+  local n = tonumber(call('HGET', key, 'n')) or 0
+  l.reset = l.to - now_ms
+  if n + cost > l.rl then
+    l.fits, l.remaining, l.retry = false, math.max(l.rl - n, 0), l.reset
+  else
+    l.fits, l.remaining, l.retry = true, l.rl - n, -1
+  end
+  return {key = key, n = n, behind = false}
+end
+
+-- Counts `units` in the period whose count cal_check read (c), when `counted`.
+local function cal_write(l, c, counted, units)
+  if not counted then
+    return
+  end
+  call('HINCRBY', c.key, 'n', units)
+  if c.n == 0 then
+    -- Relative to now: the caller's clock may not be Redis' (time_source = local).
+    call('PEXPIRE', c.key, l.to - now_ms + 60000)
+  end
+  l.remaining = l.rl - c.n - units
+end
+
 -- Giving a lease back. ----------------------------------------------------------------------------
 
 -- The first second in s+1 .. c holding a count in the 60 s window (minute hashes from KEYS[i],
@@ -602,6 +646,17 @@ local function dyn_give(s, g)
   call('HSET', skey, 'w', w, 'o', o, 'b', '0')
 end
 
+-- Takes g units back from limit l's period (hash `key`), if the lease was counted in it (at_ms).
+local function cal_give(l, key, at_ms, g)
+  if at_ms < l.from or at_ms >= l.to then
+    return -- counted in a period that is over
+  end
+  local d = math.min(tonumber(call('HGET', key, 'n')) or 0, g)
+  if d > 0 then
+    call('HINCRBY', key, 'n', -d)
+  end
+end
+
 -- Takes g units back from the bucket of time at_ms of limit l's window (hash `key`), if that
 -- bucket is still in it.
 local function gen_give(l, key, at_ms, g)
@@ -650,7 +705,11 @@ if give > 0 then
     if l.w == 60 then
       dyn_give(div(given_at, 1000), give)
     else
-      gen_give(l, KEYS[next_key], given_at, give)
+      if l.from then
+        cal_give(l, KEYS[next_key], given_at, give)
+      else
+        gen_give(l, KEYS[next_key], given_at, give)
+      end
       next_key = next_key + 1
     end
   end
@@ -677,7 +736,9 @@ local enforced_ok, shadow_ok = true, true
 local next_key = has60 and 5 or 1
 for i, l in ipairs(limits) do
   if l.never then
-    l.fits, l.remaining, l.reset, l.retry = false, -1, l.w * 1000, -1
+    l.fits, l.remaining, l.reset, l.retry = false, -1, l.from and l.to - now_ms or l.w * 1000, -1
+  elseif l.from then
+    state[i] = cal_check(l, KEYS[next_key])
   elseif l.w ~= 60 then
     state[i] = gen_check(l, KEYS[next_key])
   end
@@ -709,6 +770,8 @@ for i, l in ipairs(limits) do
     -- nothing to write
   elseif l.w == 60 then
     if counted then dyn_count(l, state[i], cost + grant) end
+  elseif l.from then
+    cal_write(l, state[i], counted, cost + grant)
   else
     gen_write(l, state[i], counted, cost + grant)
   end

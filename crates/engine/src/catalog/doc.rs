@@ -35,6 +35,9 @@ pub struct CatalogDoc {
     /// "by_address"`). Our extension.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub anonymous: Vec<LimitDef>,
+    /// The time zone of calendar limits that name none (an IANA name). Default: `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
 }
 
 /// Unknown field paths reported per document at most; the rest are counted.
@@ -64,6 +67,10 @@ pub struct DefaultLimitDef {
     pub w: Option<serde_json::Number>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +80,7 @@ pub struct ApiLimits {
 }
 
 // `w` is read as a JSON number, so that 1.5 or -1 is a validation problem that names the field.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitDef {
     pub ep: i64,
     pub rl: i64,
@@ -83,6 +90,13 @@ pub struct LimitDef {
     /// Counted, never refuses. Default: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<bool>,
+    /// A calendar quota: `hour`, `day`, `week` or `month`, in place of `w`. Read as a string so
+    /// that an unknown period is a problem that names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    /// The zone of a calendar quota's periods (an IANA name). Default: the catalog's `tz`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
 }
 
 /// What changed in the API keys' limits between two catalog versions whose methods, paths and
@@ -167,17 +181,22 @@ impl CatalogDoc {
         self.version.as_ref().map_or("", |v| v.hash.as_str())
     }
 
-    /// The diff from `self` to `newer`, or `None` when their endpoints or anonymous limits differ
-    /// (a client then needs the whole catalog).
+    /// The diff from `self` to `newer`, or `None` when their endpoints, anonymous limits or
+    /// default zone differ (a client then needs the whole catalog).
     pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
-        if (&self.methods, &self.paths, &self.endpoints, &self.anonymous)
-            != (
-                &newer.methods,
-                &newer.paths,
-                &newer.endpoints,
-                &newer.anonymous,
-            )
-        {
+        if (
+            &self.methods,
+            &self.paths,
+            &self.endpoints,
+            &self.anonymous,
+            &self.tz,
+        ) != (
+            &newer.methods,
+            &newer.paths,
+            &newer.endpoints,
+            &newer.anonymous,
+            &newer.tz,
+        ) {
             return None;
         }
         let old: HashMap<&str, &ApiLimits> =
@@ -230,6 +249,7 @@ impl CatalogDoc {
             endpoints: self.endpoints.clone(),
             apilimits,
             anonymous: self.anonymous.clone(),
+            tz: self.tz.clone(),
         }
     }
 }

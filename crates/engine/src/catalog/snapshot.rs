@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::CatalogVersion;
 use super::{CatalogDoc, CatalogError, LimitDef, Problem};
-use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, WINDOW_SECONDS};
+use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, Period, WINDOW_SECONDS, ZoneId};
 use crate::router::{RouteMatch, RouteTable, Template};
 
 /// One endpoint of a snapshot, with what the request path needs precomputed.
@@ -172,48 +172,133 @@ fn cost_value(c: Option<&serde_json::Number>) -> Result<u64, Reason> {
 /// Largest cost of one request (an endpoint's `cost`, or the cost header).
 pub const MAX_COST: u64 = 1_000_000;
 
+/// The zone called `name`, or why there is none.
+fn zone_value(name: &str) -> Result<ZoneId, Reason> {
+    ZoneId::of(name).ok_or_else(|| {
+        Reason(format!(
+            "unknown time zone {name:?} (an IANA name such as \"Europe/Berlin\", or \"UTC\")"
+        ))
+    })
+}
+
+fn period_value(name: &str) -> Result<Period, Reason> {
+    serde_json::from_value(serde_json::Value::String(name.to_owned())).map_err(|_| {
+        Reason(format!(
+            "unknown period {name:?} (one of \"hour\", \"day\", \"week\", \"month\")"
+        ))
+    })
+}
+
+/// One limit as a catalog writes it (a key's, an endpoint's default, an anonymous one).
+#[derive(Clone, Copy, Default)]
+struct Spec<'a> {
+    rl: i64,
+    w: Option<&'a serde_json::Number>,
+    shadow: Option<bool>,
+    period: Option<&'a str>,
+    tz: Option<&'a str>,
+}
+
+impl<'a> Spec<'a> {
+    fn of(l: &'a LimitDef) -> Spec<'a> {
+        Spec {
+            rl: l.rl,
+            w: l.w.as_ref(),
+            shadow: l.shadow,
+            period: l.period.as_deref(),
+            tz: l.tz.as_deref(),
+        }
+    }
+
+    fn of_default(d: &'a super::DefaultLimitDef) -> Spec<'a> {
+        Spec {
+            rl: d.rl,
+            w: d.w.as_ref(),
+            shadow: d.shadow,
+            period: d.period.as_deref(),
+            tz: d.tz.as_deref(),
+        }
+    }
+}
+
 /// Checks one list of limits (a key's on one endpoint, an endpoint's defaults, the anonymous
-/// limits of one endpoint): each `rl` and `w`, no window twice, at most [`MAX_LIMITS`]. `at(j)`
-/// names entry `j`.
+/// limits of one endpoint): each `rl` and `w` or `period`, no window length or period twice, at
+/// most [`MAX_LIMITS`].
 struct LimitList {
     limits: Vec<Limit>,
+    /// The zone of calendar limits that name none (the catalog's `tz`).
+    tz: ZoneId,
 }
 
 impl LimitList {
-    fn new() -> Self {
-        LimitList { limits: Vec::new() }
+    fn new(tz: ZoneId) -> Self {
+        LimitList {
+            limits: Vec::new(),
+            tz,
+        }
     }
 
-    /// The limits, shortest window first (the order of the rate-limit fields).
+    /// The limits, shortest window first, then the calendar periods from the hour to the month
+    /// (the order of the rate-limit fields).
     fn sorted(mut self) -> Box<[Limit]> {
-        self.limits.sort_unstable_by_key(|l| l.w);
+        self.limits
+            .sort_unstable_by_key(|l| (l.period().map_or(0, |p| p as u8 + 1), l.w));
         self.limits.into()
     }
 
     /// Adds one entry, or says what is wrong with it (`Err((field, reason))`).
-    fn add(
-        &mut self,
-        rl: i64,
-        w: Option<&serde_json::Number>,
-        shadow: Option<bool>,
-        what: &str,
-    ) -> Result<(), (&'static str, String)> {
-        let rl = limit_value(rl).map_err(|r| ("rl", r.0))?;
-        let w = window_value(w).map_err(|r| ("w", r.0))?;
-        if self.limits.iter().any(|l| l.w == w) {
-            return Err((
-                "w",
-                format!("{what} already has a limit with a window of {w} s"),
-            ));
-        }
+    fn add(&mut self, spec: Spec, what: &str) -> Result<(), (&'static str, String)> {
+        let rl = limit_value(spec.rl).map_err(|r| ("rl", r.0))?;
+        let limit = match spec.period {
+            Some(_) if spec.w.is_some() => {
+                return Err((
+                    "period",
+                    "a limit has a window (\"w\") or a calendar period (\"period\"), not both"
+                        .into(),
+                ));
+            }
+            Some(name) => {
+                let period = period_value(name).map_err(|r| ("period", r.0))?;
+                let zone = match spec.tz {
+                    Some(tz) => zone_value(tz).map_err(|r| ("tz", r.0))?,
+                    None => self.tz,
+                };
+                if self.limits.iter().any(|l| l.period() == Some(period)) {
+                    return Err((
+                        "period",
+                        format!("{what} already has a limit per {}", period.as_str()),
+                    ));
+                }
+                Limit::calendar(rl, period, zone)
+            }
+            None if spec.tz.is_some() => {
+                return Err((
+                    "tz",
+                    "a time zone applies only to a calendar limit (one with \"period\")".into(),
+                ));
+            }
+            None => {
+                let w = window_value(spec.w).map_err(|r| ("w", r.0))?;
+                if self.limits.iter().any(|l| l.period().is_none() && l.w == w) {
+                    return Err((
+                        "w",
+                        format!("{what} already has a limit with a window of {w} s"),
+                    ));
+                }
+                Limit::sliding(rl, w)
+            }
+        };
         if self.limits.len() == MAX_LIMITS {
+            let field = if spec.period.is_some() { "period" } else { "w" };
             return Err((
-                "w",
-                format!("{what} has more than {MAX_LIMITS} limits (one per window length)"),
+                field,
+                format!(
+                    "{what} has more than {MAX_LIMITS} limits (one per window length or period)"
+                ),
             ));
         }
         self.limits
-            .push(Limit::sliding(rl, w).shadowed(shadow.unwrap_or(false)));
+            .push(limit.shadowed(spec.shadow.unwrap_or(false)));
         Ok(())
     }
 }
@@ -231,16 +316,24 @@ impl Problems {
 /// Checks every part of `raw` (all problems, not the first) and builds the snapshot from it.
 fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
     let mut problems = Problems::default();
-    let (mut endpoints, templates) = build_endpoints(&raw, &mut problems);
+    let tz = match raw.tz.as_deref().map(zone_value) {
+        None => ZoneId::UTC,
+        Some(Ok(tz)) => tz,
+        Some(Err(r)) => {
+            problems.add("tz".into(), r.0);
+            ZoneId::UTC
+        }
+    };
+    let (mut endpoints, templates) = build_endpoints(&raw, tz, &mut problems);
     // Anonymous limits go to their endpoints only when every endpoint parsed, so that indices
     // into `endpoints` are the catalog's.
-    let anonymous = anonymous_limits(&raw, &mut problems);
+    let anonymous = anonymous_limits(&raw, tz, &mut problems);
     if endpoints.len() == raw.endpoints.len() {
         for (e, a) in endpoints.iter_mut().zip(anonymous) {
             e.anonymous = a.sorted();
         }
     }
-    let keys = key_limits(&raw, &mut problems);
+    let keys = key_limits(&raw, tz, &mut problems);
     // Route conflicts are only meaningful once every endpoint parsed.
     let routes = match templates.len() == raw.endpoints.len() {
         true => build_routes(templates, &mut problems),
@@ -262,6 +355,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
 /// The endpoints that check out, and their templates with their index in the catalog.
 fn build_endpoints(
     raw: &CatalogDoc,
+    tz: ZoneId,
     problems: &mut Problems,
 ) -> (Vec<Endpoint>, Vec<(usize, Template)>) {
     let mut templates = Vec::with_capacity(raw.endpoints.len());
@@ -271,14 +365,20 @@ fn build_endpoints(
             .map_err(|r| problems.add(format!("endpoints[{i}].m"), r.0));
         let p = index(ep.p, raw.paths.len(), "paths")
             .map_err(|r| problems.add(format!("endpoints[{i}].p"), r.0));
-        let mut defaults = LimitList::new();
+        let mut defaults = LimitList::new(tz);
         if let Some(rl) = ep.default_rl
-            && let Err((_, r)) = defaults.add(rl, None, None, "this endpoint")
+            && let Err((_, r)) = defaults.add(
+                Spec {
+                    rl,
+                    ..Spec::default()
+                },
+                "this endpoint",
+            )
         {
             problems.add(format!("endpoints[{i}].default_rl"), r);
         }
         for (j, d) in ep.default_limits.iter().enumerate() {
-            if let Err((field, r)) = defaults.add(d.rl, d.w.as_ref(), d.shadow, "this endpoint") {
+            if let Err((field, r)) = defaults.add(Spec::of_default(d), "this endpoint") {
                 problems.add(format!("endpoints[{i}].default_limits[{j}].{field}"), r);
             }
         }
@@ -312,15 +412,16 @@ fn build_endpoints(
 }
 
 /// The anonymous limits of each endpoint, by the catalog's endpoint index.
-fn anonymous_limits(raw: &CatalogDoc, problems: &mut Problems) -> Vec<LimitList> {
-    let mut anonymous: Vec<LimitList> =
-        (0..raw.endpoints.len()).map(|_| LimitList::new()).collect();
+fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Vec<LimitList> {
+    let mut anonymous: Vec<LimitList> = (0..raw.endpoints.len())
+        .map(|_| LimitList::new(tz))
+        .collect();
     for (j, l) in raw.anonymous.iter().enumerate() {
         let at = format!("anonymous[{j}]");
         match index(l.ep, raw.endpoints.len(), "endpoints") {
             Ok(ep) => {
                 let what = format!("endpoint {ep}");
-                if let Err((field, r)) = anonymous[ep].add(l.rl, l.w.as_ref(), l.shadow, &what) {
+                if let Err((field, r)) = anonymous[ep].add(Spec::of(l), &what) {
                     problems.add(format!("{at}.{field}"), r);
                 }
             }
@@ -331,7 +432,7 @@ fn anonymous_limits(raw: &CatalogDoc, problems: &mut Problems) -> Vec<LimitList>
 }
 
 /// Every API key's limits, by endpoint.
-fn key_limits(raw: &CatalogDoc, problems: &mut Problems) -> KeyLimits {
+fn key_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> KeyLimits {
     let mut keys: KeyLimits =
         HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
@@ -350,8 +451,7 @@ fn key_limits(raw: &CatalogDoc, problems: &mut Problems) -> KeyLimits {
         let mut per_ep: Vec<(u32, LimitList)> = Vec::new();
         for (j, l) in entry.limits.iter().enumerate() {
             let at = format!("apilimits[{k}].limits[{j}]");
-            let LimitDef { ep, rl, w, shadow } = l;
-            let ep = match index(*ep, raw.endpoints.len(), "endpoints") {
+            let ep = match index(l.ep, raw.endpoints.len(), "endpoints") {
                 Ok(ep) => ep as u32,
                 Err(r) => {
                     problems.add(format!("{at}.ep"), r.0);
@@ -361,11 +461,11 @@ fn key_limits(raw: &CatalogDoc, problems: &mut Problems) -> KeyLimits {
             let list = match per_ep.iter().position(|(e, _)| *e == ep) {
                 Some(i) => &mut per_ep[i].1,
                 None => {
-                    per_ep.push((ep, LimitList::new()));
+                    per_ep.push((ep, LimitList::new(tz)));
                     &mut per_ep.last_mut().expect("just pushed").1
                 }
             };
-            if let Err((field, r)) = list.add(*rl, w.as_ref(), *shadow, &format!("endpoint {ep}")) {
+            if let Err((field, r)) = list.add(Spec::of(l), &format!("endpoint {ep}")) {
                 problems.add(format!("{at}.{field}"), r);
             }
         }
@@ -533,8 +633,61 @@ mod tests {
         ));
         assert_eq!(
             got,
-            ["apilimits[0].limits[6].w: endpoint 0 has more than 6 limits (one per window length)"]
+            [
+                "apilimits[0].limits[6].w: endpoint 0 has more than 6 limits (one per window length or period)"
+            ]
         );
+    }
+
+    #[test]
+    fn calendar_limits_load_in_their_zone_and_bad_ones_name_their_field() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a","/b"],"tz":"Europe/Berlin",
+                "endpoints":[{"p":0,"m":0,"default_limits":[{"rl":100,"period":"day"}]},{"p":1,"m":0}],
+                "apilimits":[{"key":"k","limits":[
+                    {"ep":0,"rl":10000,"period":"month","tz":"America/Los_Angeles"},
+                    {"ep":0,"rl":1000,"period":"day"},{"ep":0,"rl":10,"w":1},{"ep":0,"rl":50}]}],
+                "anonymous":[{"ep":1,"rl":5,"period":"hour","shadow":true}]}"#,
+        )
+        .unwrap();
+        let berlin = ZoneId::of("Europe/Berlin").unwrap();
+        let la = ZoneId::of("America/Los_Angeles").unwrap();
+        assert_eq!(
+            s.limit(b"k", 0),
+            LimitLookup::Limits(&[
+                Limit::sliding(10, 1),
+                Limit::per_minute(50),
+                Limit::calendar(1000, Period::Day, berlin),
+                Limit::calendar(10000, Period::Month, la),
+            ]),
+            "windows, then periods from the shortest"
+        );
+        assert_eq!(
+            &*s.endpoints()[0].default_limits,
+            &[Limit::calendar(100, Period::Day, berlin)]
+        );
+        assert_eq!(
+            &*s.endpoints()[1].anonymous,
+            &[Limit::calendar(5, Period::Hour, berlin).shadowed(true)]
+        );
+
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],"tz":"Europe/Atlantis",
+                "endpoints":[{"p":0,"m":0,"default_limits":[{"rl":2,"period":"fortnight"}]}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"rl":1,"period":"day","w":60},
+                    {"ep":0,"rl":1,"period":"week","tz":"Mars/Olympus_Mons"},{"ep":0,"rl":1,"w":5,"tz":"UTC"},
+                    {"ep":0,"rl":1,"period":"day"},{"ep":0,"rl":2,"period":"day","tz":"Asia/Tokyo"}]}]}"#,
+        );
+        let want = [
+            r#"tz: unknown time zone "Europe/Atlantis" (an IANA name such as "Europe/Berlin", or "UTC")"#,
+            r#"endpoints[0].default_limits[0].period: unknown period "fortnight" (one of "hour", "day", "week", "month")"#,
+            r#"apilimits[0].limits[0].period: a limit has a window ("w") or a calendar period ("period"), not both"#,
+            r#"apilimits[0].limits[1].tz: unknown time zone "Mars/Olympus_Mons" (an IANA name such as "Europe/Berlin", or "UTC")"#,
+            r#"apilimits[0].limits[2].tz: a time zone applies only to a calendar limit (one with "period")"#,
+            "apilimits[0].limits[4].period: endpoint 0 already has a limit per day",
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -631,8 +784,7 @@ mod tests {
             limits: vec![LimitDef {
                 ep: 1,
                 rl: 4,
-                w: None,
-                shadow: None,
+                ..LimitDef::default()
             }],
         });
         let d = a.diff_to(&b).unwrap();
@@ -662,10 +814,12 @@ mod tests {
         f.anonymous.push(LimitDef {
             ep: 0,
             rl: 5,
-            w: None,
-            shadow: None,
+            ..LimitDef::default()
         });
         assert!(a.diff_to(&f).is_none(), "anonymous limits changed: no diff");
+        let mut g = a.clone();
+        g.tz = Some("Europe/Berlin".into());
+        assert!(a.diff_to(&g).is_none(), "the default zone changed: no diff");
     }
 
     #[test]

@@ -39,6 +39,71 @@ pub fn zone(name: &str) -> Option<TimeZone> {
     TimeZone::get(name).ok()
 }
 
+/// A time zone a limit counts in, as a small number: a [`super::Limit`] stays 16 bytes (a
+/// catalog holds millions of them). The number indexes a table of the zones this process has
+/// met, which only grows by names the time zone database knows (a few hundred at most), so no
+/// input can grow it without bound. Numbers are this process's own: never stored or sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ZoneId(u16);
+
+/// The zones met so far, [`ZoneId`] `i` at index `i`; UTC is 0.
+static ZONES: std::sync::RwLock<Vec<(Box<str>, TimeZone)>> = std::sync::RwLock::new(Vec::new());
+
+fn zones_read() -> std::sync::RwLockReadGuard<'static, Vec<(Box<str>, TimeZone)>> {
+    ZONES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ZoneId {
+    /// UTC, the default zone.
+    pub const UTC: ZoneId = ZoneId(0);
+
+    /// The zone called `name`, if the time zone database knows it (`None` names an unknown zone).
+    pub fn of(name: &str) -> Option<ZoneId> {
+        if name == "UTC" {
+            return Some(ZoneId::UTC);
+        }
+        if let Some(i) = zones_read().iter().position(|(n, _)| &**n == name) {
+            return Some(ZoneId(i as u16 + 1));
+        }
+        let tz = zone(name)?;
+        let mut all = ZONES.write().unwrap_or_else(|e| e.into_inner());
+        // Another thread may have added it meanwhile.
+        let i = match all.iter().position(|(n, _)| &**n == name) {
+            Some(i) => i,
+            None => {
+                all.push((name.into(), tz));
+                all.len() - 1
+            }
+        };
+        // The database holds fewer than 65,535 names.
+        u16::try_from(i + 1).ok().map(ZoneId)
+    }
+
+    /// The zone's name, as the catalog wrote it.
+    pub fn name(self) -> String {
+        match self.0 {
+            0 => "UTC".to_owned(),
+            i => zones_read()
+                .get(usize::from(i) - 1)
+                .map_or_else(|| "UTC".to_owned(), |(n, _)| n.to_string()),
+        }
+    }
+
+    fn tz(self) -> TimeZone {
+        match self.0 {
+            0 => TimeZone::UTC,
+            i => zones_read()
+                .get(usize::from(i) - 1)
+                .map_or(TimeZone::UTC, |(_, tz)| tz.clone()),
+        }
+    }
+
+    /// [`span`] in this zone.
+    pub fn span(self, period: Period, now_ms: u64) -> Option<(u64, u64)> {
+        span(period, &self.tz(), now_ms)
+    }
+}
+
 /// The period of `period` in `tz` that holds `now_ms` (Unix milliseconds): its first instant and
 /// the first instant of the next (Unix milliseconds). `None` only outside the years jiff knows
 /// (-9999 to 9999).
@@ -80,6 +145,101 @@ pub fn span(period: Period, tz: &TimeZone, now_ms: u64) -> Option<(u64, u64)> {
     };
     let ms = |t: Timestamp| u64::try_from(t.as_millisecond()).ok();
     Some((ms(start)?, ms(end)?))
+}
+
+/// The count of one calendar limit ([`super::Kind::Calendar`]) in the period holding the last
+/// time it was checked at. A new period starts at zero; a clock that goes back into an earlier
+/// period is read as the tally's own period (as a sliding window's clock never runs backwards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    period: Period,
+    zone: ZoneId,
+    /// The period's first instant and the next period's, Unix milliseconds.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// Units counted in it.
+    pub count: u64,
+}
+
+impl Tally {
+    /// An empty tally of `period` in `zone`, for the period holding `now_ms`.
+    pub fn new(period: Period, zone: ZoneId, now_ms: u64) -> Tally {
+        let (start_ms, end_ms) = period_bounds(period, zone, now_ms);
+        Tally {
+            period,
+            zone,
+            start_ms,
+            end_ms,
+            count: 0,
+        }
+    }
+
+    /// A tally read from a store: `count` units in the period holding `now_ms`.
+    pub fn holding(period: Period, zone: ZoneId, now_ms: u64, count: u64) -> Tally {
+        Tally {
+            count,
+            ..Tally::new(period, zone, now_ms)
+        }
+    }
+
+    pub fn is_for(&self, period: Period, zone: ZoneId) -> bool {
+        (self.period, self.zone) == (period, zone)
+    }
+
+    /// Counts for the same limit as `other` (of the same period and zone).
+    pub fn same_as(&self, other: &Tally) -> bool {
+        other.is_for(self.period, self.zone)
+    }
+
+    /// Moves to the period holding `now_ms` when that one is later; whether `cost` units fit in
+    /// `limit` then.
+    pub fn check(&mut self, now_ms: u64, limit: u64, cost: u64) -> bool {
+        if now_ms >= self.end_ms {
+            *self = Tally::new(self.period, self.zone, now_ms);
+        }
+        self.count.saturating_add(cost) <= limit
+    }
+
+    pub fn count(&mut self, cost: u64) {
+        self.count = self.count.saturating_add(cost);
+    }
+
+    /// Nothing counted in the period holding `now_ms`.
+    pub fn is_idle(&self, now_ms: u64) -> bool {
+        self.count == 0 || now_ms >= self.end_ms
+    }
+
+    /// Milliseconds from `now_ms` to the period's end (at least 1: it never ends now).
+    pub fn ends_in_ms(&self, now_ms: u64) -> u64 {
+        self.end_ms.saturating_sub(now_ms).max(1)
+    }
+
+    /// The quota after the last [`Tally::check`] (`fits`) at `now_ms`, the request's `cost`
+    /// counted or not. `reset` is the period's end whatever it holds (what a user of a calendar
+    /// quota is told: when it starts again); a refusal waits for it.
+    pub fn quota(&self, fits: bool, now_ms: u64, limit: u64) -> super::Quota {
+        let reset = super::ceil_seconds(self.ends_in_ms(now_ms));
+        super::Quota {
+            allowed: fits,
+            limit,
+            remaining: if fits {
+                limit.saturating_sub(self.count)
+            } else {
+                0
+            },
+            reset,
+            retry_after: (!fits).then_some(reset),
+        }
+    }
+}
+
+/// The period of `period` in `zone` holding `now_ms`; outside the years the database knows
+/// (never with a real clock), the second holding it.
+pub fn period_bounds(period: Period, zone: ZoneId, now_ms: u64) -> (u64, u64) {
+    zone.span(period, now_ms).unwrap_or_else(|| {
+        let start = now_ms - now_ms % 1000;
+        (start, start + 1000)
+    })
 }
 
 /// The local `:00` of `z`'s hour, in `z`'s offset where that time exists in it.
@@ -281,6 +441,21 @@ mod tests {
         // A zone half an hour off UTC has its hours on its own :00.
         let (a, _) = of(Period::Hour, "Asia/Kolkata", "2024-06-01T10:00:00Z");
         assert_eq!(a, ms("2024-06-01T15:00:00+05:30"));
+    }
+
+    #[test]
+    fn zone_ids_name_their_zone_and_count_in_it() {
+        let berlin = ZoneId::of("Europe/Berlin").unwrap();
+        assert_eq!(ZoneId::of("Europe/Berlin"), Some(berlin), "met once");
+        assert_ne!(berlin, ZoneId::UTC);
+        assert_eq!(berlin.name(), "Europe/Berlin");
+        assert_eq!(ZoneId::of("UTC"), Some(ZoneId::UTC));
+        assert_eq!(ZoneId::UTC.name(), "UTC");
+        assert_eq!(ZoneId::of("Mars/Olympus_Mons"), None);
+        assert_eq!(
+            berlin.span(Period::Day, ms("2024-06-01T12:00:00Z")),
+            Some((ms("2024-05-31T22:00:00Z"), ms("2024-06-01T22:00:00Z")))
+        );
     }
 
     #[test]

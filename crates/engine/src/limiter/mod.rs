@@ -12,6 +12,7 @@ pub mod calendar;
 mod fixed;
 mod window;
 
+pub use calendar::{Period, Tally, ZoneId, period_bounds};
 pub use fixed::{FixedWindow, Span, fixed_outcome};
 pub use window::{Check, WINDOW_SECONDS, Window, bucket_of, bucket_start, buckets, ceil_seconds};
 
@@ -34,6 +35,10 @@ pub enum Kind {
     /// `w` seconds aligned to Unix time, `[k w, (k + 1) w)`, holding the credit left
     /// ([`FixedWindow`] over a [`Span`]): envoyproxy/ratelimit's.
     Aligned,
+    /// The hour, day, ISO week or month in the limit's `zone`, counted from zero at its start
+    /// ([`Tally`]): a calendar quota. It has no `w`. Counted beside sliding windows (a day quota
+    /// next to a per-second limit), by the same stores and in the same script.
+    Calendar(Period),
 }
 
 /// One limit: `rl` units per `w` seconds in a window of one [`Kind`], enforced or shadow.
@@ -41,11 +46,13 @@ pub enum Kind {
 pub struct Limit {
     pub rl: u64,
     /// Window length in seconds: 1 to [`MAX_WINDOW_SECONDS`] for a sliding window, above 0 for
-    /// the others.
+    /// the others; 0 for a calendar limit (its periods' lengths vary).
     pub w: u32,
     /// Computed and counted, never refuses.
     pub shadow: bool,
     pub kind: Kind,
+    /// The zone a calendar limit's periods lie in; UTC (unused) for the others.
+    pub zone: ZoneId,
 }
 
 impl Limit {
@@ -56,6 +63,35 @@ impl Limit {
             w,
             shadow: false,
             kind: Kind::Sliding,
+            zone: ZoneId::UTC,
+        }
+    }
+
+    /// An enforced calendar quota: `rl` units per `period` in `zone`.
+    pub const fn calendar(rl: u64, period: Period, zone: ZoneId) -> Limit {
+        Limit {
+            kind: Kind::Calendar(period),
+            zone,
+            ..Limit::sliding(rl, 0)
+        }
+    }
+
+    /// The calendar period this limit counts in, if it is a calendar limit.
+    pub const fn period(&self) -> Option<Period> {
+        match self.kind {
+            Kind::Calendar(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The length in seconds of the window holding `now_ms`: `w`, or the calendar period's.
+    pub fn seconds_at(&self, now_ms: u64) -> u64 {
+        match self.kind {
+            Kind::Calendar(p) => {
+                let (start, end) = period_bounds(p, self.zone, now_ms);
+                (end - start) / 1000
+            }
+            _ => u64::from(self.w),
         }
     }
 
@@ -85,10 +121,32 @@ impl Limit {
         Limit { shadow, ..self }
     }
 
+    /// Counted in a [`WindowSet`] (a sliding window or a calendar period), not as a fixed window.
+    const fn in_window_set(&self) -> bool {
+        matches!(self.kind, Kind::Sliding | Kind::Calendar(_))
+    }
+
     /// Can a request of `cost` ever pass this limit? Not when it is 0 or below the cost: such a
     /// request is refused without reading any window (and, in a window, counted nowhere).
     pub const fn can_pass(&self, cost: u64) -> bool {
         self.rl > 0 && cost <= self.rl
+    }
+
+    /// The quota of a sliding or calendar limit for a request it can never pass (its cost is
+    /// above the limit): refused for good, reset at the window's length or the period's end.
+    fn never(&self, now_ms: u64) -> Quota {
+        let reset = match self.kind {
+            Kind::Calendar(p) => {
+                let (_, end) = period_bounds(p, self.zone, now_ms);
+                ceil_seconds(end.saturating_sub(now_ms).max(1))
+            }
+            _ => u64::from(self.w),
+        };
+        Quota {
+            limit: self.rl,
+            reset,
+            ..Quota::zero_limit()
+        }
     }
 
     /// The answer for a request of `cost` that this limit gives alone, without any count: the
@@ -98,14 +156,9 @@ impl Limit {
     pub fn alone(&self, cost: u64, now_ms: u64) -> Option<Outcome> {
         match self.kind {
             // A shadow limit's refusal is the store's to tell (it counts the enforced ones).
-            Kind::Sliding if !self.shadow && cost > self.rl => {
+            Kind::Sliding | Kind::Calendar(_) if !self.shadow && cost > self.rl => {
                 // (A zero limit with a cost of 0 goes to the store, which refuses it too.)
-                let q = Quota {
-                    limit: self.rl,
-                    reset: u64::from(self.w),
-                    ..Quota::zero_limit()
-                };
-                Some(Outcome::new(false, false, &[q]))
+                Some(Outcome::new(false, false, &[self.never(now_ms)]))
             }
             Kind::Aligned if self.rl == 0 => {
                 let span = Span::of(self, now_ms);
@@ -123,7 +176,7 @@ impl Limit {
 /// The kinds of a request's limits, as a store decides them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape<'a> {
-    /// Sliding windows only (or none): one [`WindowSet`].
+    /// Sliding windows and calendar periods only (or none): one [`WindowSet`].
     Sliding,
     /// One fixed or aligned window.
     Fixed(&'a Limit),
@@ -135,8 +188,8 @@ pub enum Shape<'a> {
 impl<'a> Shape<'a> {
     pub fn of(limits: &'a [Limit]) -> Shape<'a> {
         match limits {
-            [l] if l.kind != Kind::Sliding => Shape::Fixed(l),
-            _ if limits.iter().all(|l| l.kind == Kind::Sliding) => Shape::Sliding,
+            _ if limits.iter().all(|l| l.in_window_set()) => Shape::Sliding,
+            [l] => Shape::Fixed(l),
             _ => Shape::Mixed,
         }
     }
@@ -286,12 +339,16 @@ pub struct Rate<'s> {
     pub outcome: Outcome,
     /// Units the request used.
     pub cost: u64,
+    /// When it was decided (Unix milliseconds): a calendar period's length depends on it.
+    pub at_ms: u64,
 }
 
-/// The windows of one (API key, endpoint) counter, one per window length.
+/// The windows of one (API key, endpoint) counter, one per window length, and its calendar
+/// tallies, one per period and zone.
 #[derive(Debug, Clone, Default)]
 pub struct WindowSet {
     windows: Vec<Window>,
+    tallies: Vec<Tally>,
 }
 
 impl WindowSet {
@@ -306,9 +363,37 @@ impl WindowSet {
         c
     }
 
+    /// `tallies` beside these windows (one per period and zone; later duplicates are ignored).
+    pub fn with_tallies(mut self, tallies: impl IntoIterator<Item = Tally>) -> WindowSet {
+        for t in tallies {
+            if !self.tallies.iter().any(|x| x.same_as(&t)) {
+                self.tallies.push(t);
+            }
+        }
+        self
+    }
+
     /// True when no window holds anything at `now_ms`.
     pub fn is_idle(&self, now_ms: u64) -> bool {
         self.windows.iter().all(|w| w.is_idle(now_ms))
+            && self.tallies.iter().all(|t| t.is_idle(now_ms))
+    }
+
+    /// The tally of calendar limit `l` (created empty, for the period holding `now_ms`, if new).
+    fn tally(&mut self, l: &Limit, now_ms: u64) -> usize {
+        let period = l.period().unwrap_or(Period::Hour);
+        match self.tallies.iter().position(|t| t.is_for(period, l.zone)) {
+            Some(i) => i,
+            None => {
+                self.tallies.push(Tally::new(period, l.zone, now_ms));
+                self.tallies.len() - 1
+            }
+        }
+    }
+
+    /// The tally of `period` in `zone`, if it has one.
+    pub fn get_tally(&self, period: Period, zone: ZoneId) -> Option<&Tally> {
+        self.tallies.iter().find(|t| t.is_for(period, zone))
     }
 
     /// The window of `w` seconds (created empty if new).
@@ -364,17 +449,24 @@ impl WindowSet {
     /// then, when `count`, the request counted where the rules above put it.
     fn decide(&mut self, limits: &[Limit], cost: u64, now_ms: u64, count: bool) -> Outcome {
         let limits = &limits[..limits.len().min(MAX_LIMITS)];
+        // Per limit: its window's index in `windows`, or its tally's in `tallies`.
         let mut at = [0usize; MAX_LIMITS];
         let mut checks = [None::<Check>; MAX_LIMITS];
+        let mut fit = [false; MAX_LIMITS];
         let (mut enforced_ok, mut shadow_ok) = (true, true);
         for (i, l) in limits.iter().enumerate() {
             // A limit below the cost can never pass: no window is needed to say so.
-            let fits = l.can_pass(cost) && {
-                at[i] = self.window(l.w);
-                let c = self.windows[at[i]].check(now_ms, l.rl, cost);
-                checks[i] = Some(c);
-                c.fits
-            };
+            let fits = l.can_pass(cost)
+                && if l.period().is_some() {
+                    at[i] = self.tally(l, now_ms);
+                    fit[i] = self.tallies[at[i]].check(now_ms, l.rl, cost);
+                    fit[i]
+                } else {
+                    at[i] = self.window(l.w);
+                    let c = self.windows[at[i]].check(now_ms, l.rl, cost);
+                    checks[i] = Some(c);
+                    c.fits
+                };
             if !fits {
                 if l.shadow {
                     shadow_ok = false;
@@ -385,15 +477,19 @@ impl WindowSet {
         }
         let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
         for (i, l) in limits.iter().enumerate() {
+            let counted = count && enforced_ok && (shadow_ok || !l.shadow);
+            if !l.can_pass(cost) {
+                quotas[i] = l.never(now_ms);
+                continue;
+            }
             let Some(c) = &checks[i] else {
-                quotas[i] = Quota {
-                    limit: l.rl,
-                    reset: u64::from(l.w),
-                    ..Quota::zero_limit()
-                };
+                let t = &mut self.tallies[at[i]];
+                if counted {
+                    t.count(cost);
+                }
+                quotas[i] = t.quota(fit[i], now_ms, l.rl);
                 continue;
             };
-            let counted = count && enforced_ok && (shadow_ok || !l.shadow);
             let win = &mut self.windows[at[i]];
             if counted {
                 win.count(cost);
@@ -512,6 +608,63 @@ mod tests {
         assert!(p.allowed);
         assert_eq!((p.quotas()[0].remaining, p.quotas()[1].remaining), (1, 2));
         assert_eq!(c.peek(&limits, 1, T0 + 10), p);
+    }
+
+    #[test]
+    fn a_limit_stays_sixteen_bytes() {
+        // A catalog holds millions of them (issue 32's memory per key).
+        assert_eq!(std::mem::size_of::<Limit>(), 16);
+    }
+
+    #[test]
+    fn a_day_quota_beside_a_per_second_limit_counts_in_both_or_neither() {
+        let day = Limit::calendar(5, Period::Day, ZoneId::UTC);
+        let limits = [lim(2, 1), day];
+        // 2023-11-14T22:13:20Z: 6,400 s before midnight UTC.
+        let t0 = 1_700_000_000_000;
+        let mut c = WindowSet::default();
+        assert!(c.hit(&limits, 1, t0).allowed);
+        assert!(c.hit(&limits, 1, t0).allowed);
+        let o = c.hit(&limits, 1, t0 + 10);
+        assert!(!o.allowed, "the per-second limit refuses");
+        assert_eq!(o.quotas()[1].remaining, 3, "nothing taken from the day");
+        assert_eq!(o.quotas()[1].reset, 6_400, "the day ends at midnight");
+        for i in 0..3 {
+            assert!(c.hit(&limits, 1, t0 + 1_000 * (i + 1)).allowed, "hit {i}");
+        }
+        let o = c.hit(&limits, 1, t0 + 5_000);
+        assert!(!o.allowed, "the day is used up");
+        assert_eq!(o.retry_after(&limits), Some(6_395), "until midnight");
+        assert_eq!(o.most_restrictive(&limits), Some(1));
+        assert!(!c.is_idle(t0 + 6_000_000), "a day holds its count");
+        let o = c.hit(&limits, 1, t0 + 6_400_000);
+        assert!(o.allowed, "a new day starts at zero");
+        assert_eq!(o.quotas()[1].remaining, 4);
+        assert_eq!(o.quotas()[1].reset, 86_400);
+        assert!(
+            c.hit(&limits, 1, t0 + 6_399_000).allowed,
+            "a clock back in yesterday counts in today"
+        );
+        assert_eq!(c.peek(&limits, 1, t0 + 6_400_000).quotas()[1].remaining, 3);
+        assert_eq!(day.seconds_at(t0), 86_400);
+        assert_eq!(
+            Limit::calendar(5, Period::Month, ZoneId::UTC).seconds_at(t0),
+            30 * 86_400
+        );
+    }
+
+    #[test]
+    fn a_calendar_limit_below_the_cost_never_passes_and_counts_nowhere() {
+        let limits = [lim(10, 60), Limit::calendar(3, Period::Hour, ZoneId::UTC)];
+        let mut c = WindowSet::default();
+        let o = c.hit(&limits, 4, T0 + 1_000);
+        assert!(!o.allowed);
+        assert_eq!(o.retry_after(&limits), None);
+        assert_eq!(o.quotas()[1].reset, 2_759, "until the hour's end");
+        assert_eq!(o.quotas()[0].remaining, 10);
+        assert!(c.is_idle(T0 + 1_000));
+        let alone = limits[1].alone(4, T0 + 1_000).unwrap();
+        assert_eq!(alone.quotas()[0], o.quotas()[1]);
     }
 
     #[test]
