@@ -1278,6 +1278,140 @@ async fn several_windows_cost_and_shadow_limits_on_redis() {
     windows_cost_and_shadow(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
 
+// ---- calendar quotas (issue 29) ----
+
+const CALENDAR_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/a", "/b"],
+  "tz": "Europe/Berlin",
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 0, "rl": 3, "period": "day"}, {"ep": 0, "rl": 2, "w": 1},
+                             {"ep": 1, "rl": 50, "period": "day", "tz": "UTC"}]}
+  ]
+}"#;
+
+/// A day quota in Berlin beside 2 per second, through the proxy: its policy and state in the
+/// headers (the period's length, the seconds to local midnight), a burst refused by the
+/// per-second limit taking nothing from the day, a used-up day refused until midnight with
+/// `Retry-After`, and the next day from zero.
+async fn a_day_quota_through_the_proxy(c: Config) {
+    // T0 is 2023-11-14T22:14:00Z: 23:14 in Berlin, 2760 s before local midnight.
+    let gw = TestGateway::start(c, CALENDAR_CATALOG, FakeClock::new(T0)).await;
+    let a = gw.url("/a");
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""GET /a 1s";q=2;w=1, "GET /a day";q=3;w=86400"#)
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /a 1s";r=1;t=1, "GET /a day";r=2;t=2760"#)
+    );
+    assert_eq!(get(&a, &[KEY]).await.status, 200);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("1")));
+    gw.clock.advance(1);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(
+        r.status, 200,
+        "the refused request took nothing from the day"
+    );
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"));
+    gw.clock.advance(1);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.header("retry-after"),
+        Some("2758"),
+        "until midnight in Berlin"
+    );
+    assert_eq!(r.header("ratelimit-reset"), Some("2758"));
+    assert_eq!(r.header("ratelimit-limit"), Some("3"));
+    assert_eq!(
+        r.json()["detail"],
+        "GET /a allows 3 requests per day; retry after 2758 s"
+    );
+    gw.clock.advance(2758);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 200, "a new day");
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /a 1s";r=1;t=1, "GET /a day";r=2;t=86400"#)
+    );
+    // The explain endpoint names the period and its zone, counting nothing.
+    let x = get(
+        &format!("http://{}/limits?method=GET&path=/b", gw.admin),
+        &[KEY],
+    )
+    .await;
+    assert_eq!(x.status, 200, "{:?}", x.body);
+    let l = &x.json()["limits"][0];
+    assert_eq!(
+        (&l["period"], &l["tz"], &l["remaining"]),
+        (&"day".into(), &"UTC".into(), &50.into())
+    );
+    assert_eq!(l["reset_seconds"], 3_600, "23:00 UTC at midnight in Berlin");
+}
+
+#[tokio::test]
+async fn a_day_quota_in_berlin_on_memory() {
+    let up = Upstream::start().await;
+    a_day_quota_through_the_proxy(config(&up)).await;
+}
+
+#[tokio::test]
+async fn a_day_quota_in_berlin_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    a_day_quota_through_the_proxy(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+/// Two instances on one Redis with leases (the default) share a day quota of 50: a burst of 200
+/// through both admits at most 50, and requests that keep coming to both get the rest, what
+/// leases held back included: exactly 50 in all, then 429 from both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_share_a_day_quota_exactly() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let c = redis_config(&up, &redis, FailurePolicy::Closed);
+    let a = TestGateway::start(c.clone(), CALENDAR_CATALOG, FakeClock::new(T0)).await;
+    let b = TestGateway::start(c, CALENDAR_CATALOG, FakeClock::new(T0)).await;
+    let client = Arc::new(http1_client());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let url = [&a, &b][i % 2].url("/b");
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, "GET", &url, &[KEY], Bytes::new()).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap().status {
+            200 => ok += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    assert!(ok <= 50, "{ok} passed a quota of 50");
+    let mut rounds = 0;
+    loop {
+        let (x, y) = (
+            get(&a.url("/b"), &[KEY]).await,
+            get(&b.url("/b"), &[KEY]).await,
+        );
+        ok += [x.status, y.status].iter().filter(|&&s| s == 200).count();
+        if (x.status, y.status) == (429, 429) {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds <= 100, "never refused: {ok} passed");
+    }
+    assert_eq!(ok, 50, "the whole quota, never more");
+    assert_eq!(up.requests().len(), 50);
+}
+
 #[tokio::test]
 async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
     let up = Upstream::start().await;
