@@ -244,7 +244,100 @@ on_every_store!(
     fixed_windows_agree_with_the_engine_on_random_costs,
     a_day_quota_beside_a_per_second_limit_resets_at_local_midnight,
     calendar_periods_agree_with_the_reference_across_their_boundaries,
+    pools_and_endpoints_agree_with_the_reference,
 );
+
+/// Requests of one API key on two endpoints that share a pool (`CounterKey::pool`): each counted
+/// in its endpoint's limits and the pool's, or in none, every answer the reference's
+/// (`limiter::hit_parts` on three `WindowSet`s). Endpoint b has no limit of its own half of the
+/// time (its requests then count in the pool alone); windows of 60 s on an endpoint and the pool
+/// (two minute layouts in one script call), calendar periods, shadows, costs and checks.
+async fn pools_and_endpoints_agree_with_the_reference(s: Subject) {
+    use quotagate_engine::limiter::hit_parts;
+    use quotagate_store::Part;
+    let mut next = xorshift(0x0DDB_1A5E_5BAD_5EEDu64);
+    let (a, b, pool) = (
+        CounterKey::new(b"walker", "GET /a"),
+        CounterKey::new(b"walker", "GET /b"),
+        CounterKey::pool(b"walker", "search"),
+    );
+    // (a's own, b's own, the pool's), changing as a catalog would.
+    let sets: [(Vec<Limit>, Vec<Limit>, Vec<Limit>); 3] = [
+        (
+            vec![lim(3, 1), lim(6, 60)],
+            vec![lim(2, 10)],
+            vec![lim(10, 60), calendar(40, Period::Hour, "UTC")],
+        ),
+        (
+            vec![calendar(25, Period::Day, "Europe/Berlin")],
+            vec![],
+            vec![lim(4, 1), shadow(8, 60)],
+        ),
+        (
+            vec![shadow(2, 1)],
+            vec![lim(5, 60)],
+            vec![calendar(30, Period::Week, "Asia/Kolkata"), lim(12, 90)],
+        ),
+    ];
+    let mut reference = [
+        WindowSet::default(),
+        WindowSet::default(),
+        WindowSet::default(),
+    ];
+    let mut now = T0 * 1000 + 17;
+    for step in 0..1500 {
+        match next(100) {
+            0..=49 => {}
+            50..=84 => now += next(400),
+            85..=94 => now += next(30_000),
+            _ => now += next(2 * 3_600_000),
+        }
+        let (own_a, own_b, shared) = &sets[step / 500];
+        let on_b = next(2) == 1;
+        let (counter, own, i) = if on_b { (&b, own_b, 1) } else { (&a, own_a, 0) };
+        let cost = next(4);
+        let [ra, rb, rp] = &mut reference;
+        let mine = if on_b { rb } else { ra };
+        let mut decided: Vec<(&mut WindowSet, &[Limit])> = Vec::new();
+        let mut parts = Vec::new();
+        if !own.is_empty() {
+            decided.push((mine, own));
+            parts.push(Part {
+                counter,
+                limits: own,
+            });
+        }
+        decided.push((rp, shared));
+        parts.push(Part {
+            counter: &pool,
+            limits: shared,
+        });
+        let want = hit_parts(&mut decided, cost, now);
+        let got = match s.store.hit_parts(&parts, cost, now).await {
+            Verdict::Decided(o) => o,
+            other => panic!("store did not decide: {other:?}"),
+        };
+        assert_eq!(
+            got,
+            want,
+            "step {step}, endpoint {i}, now {now}, cost {cost}, {:?}",
+            sets[step / 500]
+        );
+        if step % 97 == 0 {
+            let peeked = s.store.peek_parts(&parts, 1, now).await.unwrap();
+            let views: Vec<(&WindowSet, &[Limit])> = if own.is_empty() {
+                vec![(&reference[2], &shared[..])]
+            } else {
+                vec![(&reference[i], &own[..]), (&reference[2], &shared[..])]
+            };
+            assert_eq!(
+                peeked,
+                quotagate_engine::limiter::peek_parts(&views, 1, now),
+                "peek at step {step}"
+            );
+        }
+    }
+}
 
 fn calendar(rl: u64, period: Period, zone: &str) -> Limit {
     Limit::calendar(rl, period, ZoneId::of(zone).unwrap())

@@ -72,6 +72,16 @@ impl StoreError {
         }
     }
 
+    /// Parts of one request that are not all sliding windows and calendar periods of one hash
+    /// tag (the catalog never makes such a request).
+    pub(crate) fn parts_apart() -> Self {
+        StoreError {
+            cause: Cause::Unsupported(
+                "a request's counters must share one API key and count in sliding windows or calendar periods",
+            ),
+        }
+    }
+
     /// Peeking at fixed windows (only the admin peeks, at the catalog's sliding windows).
     pub(crate) fn peek_fixed() -> Self {
         StoreError {

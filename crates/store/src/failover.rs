@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::memory::MemoryStore;
-use super::{CounterKey, CounterStore, FailurePolicy, StoreError, Verdict};
+use super::{CounterKey, CounterStore, FailurePolicy, Part, StoreError, Verdict};
 use quotagate_engine::limiter::{Limit, Outcome, Quota};
 
 /// This instance's counters, and a shared store under the failure policy.
@@ -116,6 +116,56 @@ impl<B: CounterStore> Failover<B> {
             FailurePolicy::Local => self.in_local(key, limits, cost, now_ms, Verdict::Local),
             FailurePolicy::Open => Verdict::Open,
             FailurePolicy::Closed => Verdict::Closed,
+        }
+    }
+
+    /// [`Failover::hit`] across several counters ([`CounterStore::hit_parts`]: a request's own
+    /// and its pools').
+    pub async fn hit_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Verdict {
+        if let [p] = parts {
+            return Box::pin(self.hit(p.counter, p.limits, cost, now_ms)).await;
+        }
+        let Some(shared) = &self.shared else {
+            return self.parts_in_local(parts, cost, now_ms, Verdict::Decided);
+        };
+        if !self.is_degraded() {
+            match shared.hit_parts(parts, cost, now_ms).await {
+                Ok(o) => return Verdict::Decided(o),
+                Err(e) if e.is_unsupported() => return self.unanswerable(&e),
+                Err(e) => self.mark_down(&e),
+            }
+        }
+        match self.policy {
+            FailurePolicy::Local => self.parts_in_local(parts, cost, now_ms, Verdict::Local),
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
+        }
+    }
+
+    /// [`Failover::hit_parts`] in this instance's memory, the answer told as `told`.
+    fn parts_in_local(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+        told: impl FnOnce(Outcome) -> Verdict,
+    ) -> Verdict {
+        match self.local.hit_parts_now(parts, cost, now_ms) {
+            Ok(o) => told(o),
+            Err(e) => self.unanswerable(&e),
+        }
+    }
+
+    /// [`Failover::peek`] across several counters ([`CounterStore::peek_parts`]).
+    pub async fn peek_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        match &self.shared {
+            Some(shared) => shared.peek_parts(parts, cost, now_ms).await,
+            None => self.local.peek_parts(parts, cost, now_ms).await,
         }
     }
 

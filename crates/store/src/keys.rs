@@ -49,6 +49,33 @@ impl CounterKey {
         &self.0
     }
 
+    /// The counter of `api_key`'s pool `group` (limits shared by several endpoints):
+    /// `{<api key>}:@<group>`. An `@` is always escaped in an endpoint's name, so no endpoint
+    /// can share it, and it is in the API key's slot.
+    pub fn pool(api_key: &[u8], group: &str) -> Self {
+        let mut s = String::with_capacity(api_key.len() + group.len() + 8);
+        s.push('{');
+        escape(api_key, &mut s);
+        s.push_str("}:@");
+        escape(group.as_bytes(), &mut s);
+        CounterKey(s)
+    }
+
+    /// A pool's counter ([`CounterKey::pool`])?
+    pub fn is_pool(&self) -> bool {
+        self.0.starts_with('{') && self.0.contains("}:@")
+    }
+
+    /// The hash tag (`{<api key>}` and the like): what a Redis Cluster slot and a memory shard
+    /// are chosen by, so that every counter of one API key is in one. The whole name when it has
+    /// none.
+    pub fn tag(&self) -> &str {
+        match self.0.find('}') {
+            Some(end) if self.0.starts_with('{') => &self.0[..=end],
+            _ => &self.0,
+        }
+    }
+
     /// The counter of requests without an API key from the client address group `client` on
     /// `endpoint`: `{!<address>/<prefix>}:<endpoint>`. A `!` is always escaped in an API key's
     /// name, so no key can share it.

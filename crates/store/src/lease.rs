@@ -113,12 +113,20 @@ pub struct LimitSet {
 
 impl LimitSet {
     pub fn new(limits: &[Limit]) -> LimitSet {
-        let len = limits.len().min(MAX_LIMITS);
+        LimitSet::of_parts(std::iter::once(limits))
+    }
+
+    /// The limits of several counters' parts, in order, at most [`MAX_LIMITS`] in all.
+    pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [Limit]>) -> LimitSet {
         let mut set = LimitSet {
             limits: [Limit::per_minute(0); MAX_LIMITS],
-            len,
+            len: 0,
         };
-        set.limits[..len].copy_from_slice(&limits[..len]);
+        for limits in parts {
+            let n = limits.len().min(MAX_LIMITS - set.len);
+            set.limits[set.len..set.len + n].copy_from_slice(&limits[..n]);
+            set.len += n;
+        }
         set
     }
 
@@ -267,8 +275,8 @@ impl Leases {
     /// What a request of `cost` on `key` under `limits` does at `now_us` (lease clock): decided
     /// from the counter's lease, or by Redis in the counter's turn: a call that gives back what
     /// an ended lease left and, for a busy counter, takes the next, or a plain one. A check (cost
-    /// 0) changes no lease.
-    pub fn plan(&self, key: &CounterKey, limits: &[Limit], cost: u64, now_us: i64) -> Plan {
+    /// 0) takes no lease.
+    pub fn plan(&self, key: &CounterKey, limits: &LimitSet, cost: u64, now_us: i64) -> Plan {
         self.plan_at(key, limits, cost, now_us, None)
     }
 
@@ -277,7 +285,7 @@ impl Leases {
     pub fn plan_in_turn(
         &self,
         key: &CounterKey,
-        limits: &[Limit],
+        limits: &LimitSet,
         cost: u64,
         now_us: i64,
         turn: Turn,
@@ -289,7 +297,7 @@ impl Leases {
     fn plan_at(
         &self,
         key: &CounterKey,
-        limits: &[Limit],
+        limits: &LimitSet,
         cost: u64,
         now_us: i64,
         held: Option<(Turn, Seen)>,
@@ -297,7 +305,7 @@ impl Leases {
         let mut shard = self.shard(key);
         if !shard.contains_key(key) {
             if shard.len() >= MAX_COUNTERS / SHARDS {
-                let period = bucket_us(limits);
+                let period = bucket_us(limits.as_slice());
                 // Entries holding nothing, with no call out, and idle for two buckets tell
                 // nothing any more.
                 shard.retain(|_, e| {
@@ -315,14 +323,14 @@ impl Leases {
             // Inserted above: never taken.
             return Plan::Unfollowed;
         };
-        let epoch = now_us / bucket_us(limits);
+        let epoch = now_us / bucket_us(limits.as_slice());
         if epoch != e.epoch {
             e.prev_used = if epoch == e.epoch + 1 { e.used } else { 0 };
             e.used = 0;
             e.epoch = epoch;
         }
         if let Some(l) = e.lease.as_deref_mut()
-            && l.limits.as_slice() == limits
+            && l.limits == *limits
             && now_us < l.until_us
             && l.left >= cost
             && let Some(told) = e.told.as_mut().filter(|t| t.is_for(limits))
@@ -344,7 +352,7 @@ impl Leases {
         // others, so no answer could count them as this instance's room.
         let changes = want > 0
             || e.lease.as_ref().is_some_and(|l| {
-                l.left > 0 && (cost > 0 || now_us >= l.until_us || l.limits.as_slice() != limits)
+                l.left > 0 && (cost > 0 || now_us >= l.until_us || l.limits != *limits)
             });
         let (turn, seen) = match held {
             Some(held) => held,
@@ -386,7 +394,7 @@ impl Leases {
                 units: old.left,
                 at_ms: old.at_ms,
             };
-            if old.limits.as_slice() == limits {
+            if old.limits == *limits {
                 give = Some(g);
             } else {
                 give_apart = Some(g);
@@ -418,7 +426,7 @@ impl Leases {
     pub fn settle(
         &self,
         key: &CounterKey,
-        limits: &[Limit],
+        limits: &LimitSet,
         cost: u64,
         asked: bool,
         a: Answer,
@@ -444,7 +452,7 @@ impl Leases {
             self.stats.units_leased.inc_by(g.units);
             // Calls take turns: no other lease of this counter was taken meanwhile.
             e.lease = Some(Box::new(Lease {
-                limits: LimitSet::new(limits),
+                limits: *limits,
                 left: g.units,
                 at_ms: g.at_ms,
                 until_us: g.until_us,
@@ -457,7 +465,7 @@ impl Leases {
         let own = e
             .lease
             .as_ref()
-            .filter(|l| l.limits.as_slice() == limits)
+            .filter(|l| l.limits == *limits)
             .map_or(0, |l| l.left);
         let told = match e.told.as_mut().filter(|t| t.is_for(limits)) {
             Some(t) => t,
@@ -536,6 +544,8 @@ pub struct Answer {
 /// instances' unused leases, and those given back since counts last left (docs/stores.md).
 #[derive(Debug)]
 pub struct Told {
+    /// The limits it tells of (a new catalog's are told anew).
+    set: LimitSet,
     slots: Box<[Slot]>,
 }
 
@@ -561,9 +571,11 @@ impl Seen {
 }
 
 impl Told {
-    fn new(limits: &[Limit]) -> Told {
+    fn new(set: &LimitSet) -> Told {
         Told {
-            slots: limits
+            set: *set,
+            slots: set
+                .as_slice()
                 .iter()
                 .map(|&limit| Slot {
                     limit,
@@ -574,8 +586,8 @@ impl Told {
         }
     }
 
-    fn is_for(&self, limits: &[Limit]) -> bool {
-        self.slots.iter().map(|s| &s.limit).eq(limits)
+    fn is_for(&self, set: &LimitSet) -> bool {
+        self.set == *set
     }
 
     /// Answer `a` for a request of `cost`, with `own` units of this instance's lease unused after
@@ -703,7 +715,7 @@ mod tests {
         limits: &[Limit],
         now_us: i64,
     ) -> (Option<LeaseArgs>, Option<GiveBack>) {
-        match l.plan(k, limits, 1, now_us) {
+        match l.plan(k, &LimitSet::new(limits), 1, now_us) {
             Plan::Ask {
                 args, give_apart, ..
             } => (args, give_apart),
@@ -758,7 +770,7 @@ mod tests {
     ) -> u64 {
         let (o, _) = l.settle(
             k,
-            limits,
+            &LimitSet::new(limits),
             1,
             asked,
             reply(answer(allowed, remaining), lease, now_us, exit_us),
@@ -769,7 +781,7 @@ mod tests {
     }
 
     fn local(l: &Leases, k: &CounterKey, limits: &[Limit], now_us: i64) -> u64 {
-        match l.plan(k, limits, 1, now_us) {
+        match l.plan(k, &LimitSet::new(limits), 1, now_us) {
             Plan::Local(o) => o.quotas()[0].remaining,
             other => panic!("not decided here: {other:?}"),
         }
@@ -926,7 +938,15 @@ mod tests {
         // room is below the cost (others' leases counted as used).
         ask(&l, &k, &limits, 1_000);
         let refused = reply(answer(false, 0), None, 1_000, EXIT);
-        let (o, _) = l.settle(&k, &limits, 1, false, refused, &alone().0, alone().1);
+        let (o, _) = l.settle(
+            &k,
+            &LimitSet::new(&limits),
+            1,
+            false,
+            refused,
+            &alone().0,
+            alone().1,
+        );
         assert_eq!(o.quotas()[0].remaining, 0);
         // Another instance gave its lease back: Redis admits again, with room 30 after it. The
         // window's counts have not left: what is told stays at 0.
@@ -950,11 +970,14 @@ mod tests {
             retry_after: None,
         };
         let call = |shadow_limited: bool, enforced: u64, shadow: u64| {
-            assert!(matches!(l.plan(&k, &limits, 1, 0), Plan::Ask { .. }));
+            assert!(matches!(
+                l.plan(&k, &LimitSet::new(&limits), 1, 0),
+                Plan::Ask { .. }
+            ));
             let o = Outcome::new(true, shadow_limited, &[q(enforced), q(shadow)]);
             let (o, _) = l.settle(
                 &k,
-                &limits,
+                &LimitSet::new(&limits),
                 1,
                 false,
                 reply(o, None, 0, EXIT),
@@ -1001,7 +1024,7 @@ mod tests {
         let lease = Some(granted(5, 0, 900_000));
         assert_eq!(settle(&l, &k, &limits, true, true, 91, lease, 0, EXIT), 96);
         // A check spends nothing of the lease and is told what is left.
-        let Plan::Local(o) = l.plan(&k, &limits, 0, 10) else {
+        let Plan::Local(o) = l.plan(&k, &LimitSet::new(&limits), 0, 10) else {
             panic!("decided here")
         };
         assert_eq!(o.quotas()[0].remaining, 96);
@@ -1012,7 +1035,7 @@ mod tests {
             give_apart: None,
             turn,
             ..
-        } = l.plan(&k, &limits, 0, 1_000_000)
+        } = l.plan(&k, &LimitSet::new(&limits), 0, 1_000_000)
         else {
             panic!("a call in its turn that gives back")
         };
@@ -1020,13 +1043,13 @@ mod tests {
         assert_eq!((a.want, a.give, a.given_at_ms), (0, 5, 0));
         // Another check waits for that turn; then checks share turns again.
         assert!(matches!(
-            l.plan(&k, &limits, 0, 1_000_001),
+            l.plan(&k, &LimitSet::new(&limits), 0, 1_000_001),
             Plan::Wait { alone: false, .. }
         ));
         drop(turn);
         let Plan::Ask {
             args: None, turn, ..
-        } = l.plan(&k, &limits, 0, 1_000_002)
+        } = l.plan(&k, &LimitSet::new(&limits), 0, 1_000_002)
         else {
             panic!("a plain call")
         };
@@ -1042,7 +1065,7 @@ mod tests {
         // Two plain calls share the counter's turn; Redis runs x then y, y's answer comes first.
         let mut out = Vec::new();
         for now in [10, 11] {
-            let Plan::Ask { turn, seen, .. } = l.plan(&k, &limits, 1, now) else {
+            let Plan::Ask { turn, seen, .. } = l.plan(&k, &LimitSet::new(&limits), 1, now) else {
                 panic!("a call")
             };
             assert!(!turn.is_alone());
@@ -1051,7 +1074,10 @@ mod tests {
         let (y, x) = (out.pop().unwrap(), out.pop().unwrap());
         let told = |(turn, seen): &(Turn, Seen), remaining| {
             let a = reply(answer(true, remaining), None, 20, EXIT);
-            l.settle(&k, &limits, 1, false, a, turn, *seen).0.quotas()[0].remaining
+            l.settle(&k, &LimitSet::new(&limits), 1, false, a, turn, *seen)
+                .0
+                .quotas()[0]
+                .remaining
         };
         assert_eq!(told(&y, 88), 88);
         assert_eq!(told(&x, 89), 89, "each its own: one instance is exact");
@@ -1098,7 +1124,7 @@ mod tests {
         ask(&l, &k, &limits, 1_000_000);
         let (_, id) = l.settle(
             &k,
-            &limits,
+            &LimitSet::new(&limits),
             1,
             true,
             reply(

@@ -47,6 +47,16 @@ pub use target::{RedisMode, RedisTarget};
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{Limit, Outcome};
 
+/// One counter of a request and the limits that count in it: a request whose limits count in
+/// several counters (its endpoint's and its pools') is decided over all of them at once
+/// ([`CounterStore::hit_parts`]). Every counter of one request has the same hash tag (one API
+/// key's, [`CounterKey::tag`]), so one Redis script call and one memory lock decide it.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    pub counter: &'a CounterKey,
+    pub limits: &'a [Limit],
+}
+
 /// A place counters live. Calls are bounded by the backend's own timeout.
 pub trait CounterStore: Send + Sync + 'static {
     /// The one question every door asks: may a request of `cost` units (0: a check) on counter
@@ -63,6 +73,42 @@ pub trait CounterStore: Send + Sync + 'static {
         cost: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+
+    /// [`CounterStore::hit`] across several counters ([`Part`]): the request passes only if
+    /// every enforced limit of every part has room, and is counted in all of them or in none
+    /// ([`quotagate_engine::limiter::hit_parts`]); quotas in the parts' order. Sliding windows and
+    /// calendar periods only, all parts with the same hash tag; else
+    /// [`StoreError::is_unsupported`].
+    /// (By default: one part only.)
+    fn hit_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        async move {
+            match parts {
+                [p] => self.hit(p.counter, p.limits, cost, now_ms).await,
+                _ => Err(StoreError::parts_apart()),
+            }
+        }
+    }
+
+    /// [`CounterStore::peek`] across several counters ([`CounterStore::hit_parts`]). (By
+    /// default: one part only.)
+    fn peek_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        async move {
+            match parts {
+                [p] => self.peek(p.counter, p.limits, cost, now_ms).await,
+                _ => Err(StoreError::parts_apart()),
+            }
+        }
+    }
 
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -9,9 +9,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
 use super::keys::{self, CounterKey};
-use super::{CounterStore, StoreError};
+use super::{CounterStore, Part, StoreError};
 use quotagate_engine::limiter::FixedWindow;
-use quotagate_engine::limiter::{Limit, Outcome, Shape, Span, WindowSet, fixed_outcome};
+use quotagate_engine::limiter::{
+    Limit, Outcome, Shape, Span, WindowSet, fixed_outcome, hit_parts, peek_parts,
+};
 
 const SHARDS: usize = 32;
 /// A shard is never swept below this many entries: sweeping tiny maps costs more than it saves.
@@ -56,8 +58,10 @@ impl SlidingWindows {
         }
     }
 
+    /// The shard of `key`: by its hash tag, so that every counter of one API key (a request's
+    /// endpoint and its pools) is under one lock.
     fn shard(&self, key: &CounterKey) -> std::sync::MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let i = (self.hasher.hash_one(key.tag()) as usize) % self.shards.len();
         // A panic while holding the lock cannot leave a window half-updated in a way that matters
         // more than refusing service would, so a poisoned lock is used as is.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -70,10 +74,7 @@ impl SlidingWindows {
         if let Some(c) = shard.windows.get_mut(key) {
             return c.hit(limits, cost, now_ms);
         }
-        if shard.windows.len() >= shard.sweep_at {
-            shard.windows.retain(|_, c| !c.is_idle(now_ms));
-            shard.sweep_at = (shard.windows.len() * 2).max(MIN_SWEEP_AT);
-        }
+        shard.sweep(now_ms);
         let mut counter = WindowSet::default();
         let outcome = counter.hit(limits, cost, now_ms);
         // A request that counted nothing leaves nothing behind.
@@ -81,6 +82,49 @@ impl SlidingWindows {
             shard.windows.insert(key.clone(), counter);
         }
         outcome
+    }
+
+    /// [`hit_parts`] on the parts' counters, under one lock (they share a hash tag: the caller
+    /// checks). A counter that holds nothing afterwards is not kept.
+    pub fn hit_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Outcome {
+        let mut shard = self.shard(parts[0].counter);
+        // Taken out of the map while deciding (the parts need their windows at once), and put
+        // back with the same key.
+        let mut sets: Vec<(CounterKey, WindowSet)> = parts
+            .iter()
+            .map(|p| {
+                shard
+                    .windows
+                    .remove_entry(p.counter)
+                    .unwrap_or_else(|| (p.counter.clone(), WindowSet::default()))
+            })
+            .collect();
+        let outcome = {
+            let mut decided: Vec<(&mut WindowSet, &[Limit])> = sets
+                .iter_mut()
+                .zip(parts)
+                .map(|((_, set), p)| (set, p.limits))
+                .collect();
+            hit_parts(&mut decided, cost, now_ms)
+        };
+        shard.sweep(now_ms);
+        for (key, set) in sets {
+            if !set.is_idle(now_ms) {
+                shard.windows.insert(key, set);
+            }
+        }
+        outcome
+    }
+
+    /// [`peek_parts`] on the parts' counters (empty ones where there are none).
+    pub fn peek_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Outcome {
+        let shard = self.shard(parts[0].counter);
+        let empty = WindowSet::default();
+        let sets: Vec<(&WindowSet, &[Limit])> = parts
+            .iter()
+            .map(|p| (shard.windows.get(p.counter).unwrap_or(&empty), p.limits))
+            .collect();
+        peek_parts(&sets, cost, now_ms)
     }
 
     /// [`WindowSet::peek`] of `key`'s counter (an empty one when it has none).
@@ -112,6 +156,17 @@ impl SlidingWindows {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Shard {
+    /// Sweeps out idle counters once the shard has doubled since its last sweep (before a new
+    /// counter goes in).
+    fn sweep(&mut self, now_ms: u64) {
+        if self.windows.len() >= self.sweep_at {
+            self.windows.retain(|_, c| !c.is_idle(now_ms));
+            self.sweep_at = (self.windows.len() * 2).max(MIN_SWEEP_AT);
+        }
     }
 }
 
@@ -264,6 +319,39 @@ impl MemoryStore {
     }
 }
 
+/// Parts one store call can decide: at least one, every limit a sliding window or a calendar
+/// period, every counter with the first one's hash tag.
+pub(crate) fn check_parts(parts: &[Part<'_>]) -> Result<(), StoreError> {
+    let Some(first) = parts.first() else {
+        return Err(StoreError::parts_apart());
+    };
+    let tag = first.counter.tag();
+    let fine = parts
+        .iter()
+        .all(|p| p.counter.tag() == tag && Shape::of(p.limits) == Shape::Sliding);
+    if fine {
+        Ok(())
+    } else {
+        Err(StoreError::parts_apart())
+    }
+}
+
+impl MemoryStore {
+    /// [`CounterStore::hit_parts`] without a future (the failover's local fallback too).
+    pub fn hit_parts_now(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        if let [p] = parts {
+            return self.hit_now(p.counter, p.limits, cost, now_ms);
+        }
+        check_parts(parts)?;
+        Ok(self.windows.hit_parts(parts, cost, now_ms))
+    }
+}
+
 impl CounterStore for MemoryStore {
     async fn hit(
         &self,
@@ -294,6 +382,25 @@ impl CounterStore for MemoryStore {
 
     async fn reset(&self, api_key: &[u8]) -> Result<u64, StoreError> {
         Ok(self.windows.forget(&CounterKey::api_key_prefix(api_key)))
+    }
+
+    async fn hit_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        self.hit_parts_now(parts, cost, now_ms)
+    }
+
+    async fn peek_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        check_parts(parts)?;
+        Ok(self.windows.peek_parts(parts, cost, now_ms))
     }
 
     fn kind(&self) -> &'static str {

@@ -25,14 +25,15 @@ use super::lease::{
     Answer, GiveBack, Granted, LeaseMode, Leases, LimitSet, Plan, Seen, StoreStats, Turn,
     bucket_end_ms,
 };
+use super::memory::check_parts;
 use super::script::{
     Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, peek_keys, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
 };
-use super::{CounterStore, StoreError};
+use super::{CounterStore, Part, StoreError};
 use quotagate_engine::clock::{Clock, SystemClock};
 use quotagate_engine::limiter::{
-    Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, WindowSet, fixed_outcome,
+    Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, WindowSet, fixed_outcome, hit_parts, peek_parts,
 };
 
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
@@ -339,32 +340,41 @@ impl RedisStore {
         }
     }
 
-    /// Checks one request of `cost` against `limits` and counts it where it belongs. `now_ms` is
-    /// the caller's clock; with [`TimeSource::Redis`] it only helps name the keys.
+    /// Checks one request of `cost` against the limits of its `parts` (its counters: one, or
+    /// its own and its pools') and counts it where it belongs. `now_ms` is the caller's clock;
+    /// with [`TimeSource::Redis`] it only helps name the keys.
     async fn hit_sliding(
         &self,
-        key: &CounterKey,
-        limits: &[Limit],
+        parts: &[Part<'_>],
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
-        let limits = &limits[..limits.len().min(MAX_LIMITS)];
         if cost == 0 {
-            return self.bounded(self.check_sliding(key, limits, now_ms)).await;
+            return self.bounded(self.check_sliding(parts, now_ms)).await;
         }
-        if let Some(q) = self.check_blocked(key, limits, cost, now_ms) {
+        if let [p] = parts
+            && let Some(q) = self.check_blocked(p.counter, p.limits, cost, now_ms)
+        {
             self.stats().decided_by_block.inc();
             return Ok(Outcome::new(false, false, &[q]));
         }
-        match &self.leases {
-            Some(leases) => {
-                self.bounded(self.hit_leased(leases, key, limits, cost, now_ms))
-                    .await
-            }
+        match self.leases_for(parts) {
+            Some((leases, p)) => self.bounded(self.hit_leased(leases, p, cost, now_ms)).await,
             None => {
-                let call = self.run_window_script(key, limits, cost, now_ms, None);
+                let call = self.run_window_script(parts, cost, now_ms, None);
                 self.bounded(call).await.map(|c| c.outcome)
             }
+        }
+    }
+
+    /// The leases `parts` are decided with, and its one part: none for a request that counts in
+    /// a pool. A lease is one counter's, spent by the requests of that counter alone; a pool's
+    /// windows are counted by the requests of several endpoints, so what one of them could tell
+    /// from a lease would miss what the others counted meanwhile (docs/stores.md).
+    fn leases_for<'a>(&'a self, parts: &'a [Part<'a>]) -> Option<(&'a Leases, &'a Part<'a>)> {
+        match (&self.leases, parts) {
+            (Some(leases), [p]) if !p.counter.is_pool() => Some((leases, p)),
+            _ => None,
         }
     }
 
@@ -404,7 +414,7 @@ impl RedisStore {
         &self,
         leases: &Leases,
         key: &CounterKey,
-        limits: &[Limit],
+        limits: &LimitSet,
         cost: u64,
         now_us: impl Fn() -> i64,
     ) -> Planned {
@@ -441,13 +451,15 @@ impl RedisStore {
     async fn hit_leased(
         &self,
         leases: &Leases,
-        key: &CounterKey,
-        limits: &[Limit],
+        part: &Part<'_>,
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
         let now_us = || self.lease_now_us(leases, now_ms);
-        let planned = self.plan_leased(leases, key, limits, cost, now_us).await;
+        let parts = std::slice::from_ref(part);
+        let (key, limits) = (part.counter, part.limits);
+        let set = LimitSet::new(limits);
+        let planned = self.plan_leased(leases, key, &set, cost, now_us).await;
         let (args, give_apart, turn, seen) = match planned {
             Planned::Local(o) => return Ok(o),
             Planned::Call {
@@ -457,7 +469,7 @@ impl RedisStore {
                 seen,
             } => (args, give_apart, turn, seen),
             Planned::Unfollowed => {
-                let call = self.run_window_script(key, limits, cost, now_ms, None);
+                let call = self.run_window_script(parts, cost, now_ms, None);
                 return call.await.map(|c| c.outcome);
             }
         };
@@ -467,9 +479,7 @@ impl RedisStore {
         let sent_us = leases.elapsed_us();
         // A give-back in a failed call may or may not have happened: its units stay counted at
         // worst, until they leave the window (refusing early, never too much).
-        let called = self
-            .run_window_script(key, limits, cost, now_ms, args)
-            .await?;
+        let called = self.run_window_script(parts, cost, now_ms, args).await?;
         if let Some(a) = args
             && a.give > 0
         {
@@ -509,7 +519,7 @@ impl RedisStore {
             granted,
             at_us: reply_us,
         };
-        let (told, lease) = leases.settle(key, limits, cost, asked, answer, &turn, seen);
+        let (told, lease) = leases.settle(key, &set, cost, asked, answer, &turn, seen);
         drop(turn);
         if let Some(g) = granted {
             self.blocked.remove(key);
@@ -524,17 +534,14 @@ impl RedisStore {
 
     /// A check (cost 0) of sliding windows ([`RedisStore::check_windows`]); with leases in the
     /// counter's turn and told by the one rule.
-    async fn check_sliding(
-        &self,
-        key: &CounterKey,
-        limits: &[Limit],
-        now_ms: u64,
-    ) -> Result<Outcome, StoreError> {
-        let Some(leases) = &self.leases else {
-            return Ok(self.check_windows(key, limits, now_ms).await?.0);
+    async fn check_sliding(&self, parts: &[Part<'_>], now_ms: u64) -> Result<Outcome, StoreError> {
+        let Some((leases, part)) = self.leases_for(parts) else {
+            return Ok(self.check_windows(parts, now_ms).await?.0);
         };
         let now_us = || self.lease_now_us(leases, now_ms);
-        let (turn, seen) = match self.plan_leased(leases, key, limits, 0, now_us).await {
+        let key = part.counter;
+        let set = LimitSet::new(part.limits);
+        let (turn, seen) = match self.plan_leased(leases, key, &set, 0, now_us).await {
             Planned::Local(o) => return Ok(o),
             Planned::Call {
                 args,
@@ -544,7 +551,7 @@ impl RedisStore {
             } => {
                 // An ended lease goes back before the windows are read.
                 let give = args.filter(|a| a.give > 0).map(|a| GiveBack {
-                    limits: LimitSet::new(limits),
+                    limits: set,
                     units: a.give,
                     at_ms: a.given_at_ms,
                 });
@@ -553,9 +560,9 @@ impl RedisStore {
                 }
                 (turn, seen)
             }
-            Planned::Unfollowed => return Ok(self.check_windows(key, limits, now_ms).await?.0),
+            Planned::Unfollowed => return Ok(self.check_windows(parts, now_ms).await?.0),
         };
-        let (o, exits_ms) = self.check_windows(key, limits, now_ms).await?;
+        let (o, exits_ms) = self.check_windows(parts, now_ms).await?;
         // The windows were read before now: an exit is never taken to come sooner than it does.
         let read_us = now_us();
         let mut exits_us = [0; MAX_LIMITS];
@@ -573,7 +580,7 @@ impl RedisStore {
             granted: None,
             at_us: read_us,
         };
-        let (told, _) = leases.settle(key, limits, 0, false, answer, &turn, seen);
+        let (told, _) = leases.settle(key, &set, 0, false, answer, &turn, seen);
         Ok(told)
     }
 
@@ -621,7 +628,11 @@ impl RedisStore {
                 self.fixed_script(name, l.rl, 1, 0, Some(args)).await?;
             }
             _ => {
-                self.run_window_script(key, g.limits.as_slice(), 0, now_ms, Some(args))
+                let parts = [Part {
+                    counter: key,
+                    limits: g.limits.as_slice(),
+                }];
+                self.run_window_script(&parts, 0, now_ms, Some(args))
                     .await?;
             }
         }
@@ -631,14 +642,13 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The sliding windows of `key` as Redis holds them at `now_ms` (Redis' time with its clock,
-    /// returned), read with one `HGETALL` per hash: nothing counted.
+    /// The windows of each part's counter as Redis holds them at `now_ms` (Redis' time with its
+    /// clock, returned), read with one `HGETALL` per hash: nothing counted.
     async fn read_windows(
         &self,
-        key: &CounterKey,
-        limits: &[Limit],
+        parts: &[Part<'_>],
         now_ms: u64,
-    ) -> Result<(WindowSet, u64), StoreError> {
+    ) -> Result<(Vec<WindowSet>, u64), StoreError> {
         let now_ms = match self.time_source {
             TimeSource::Local => now_ms,
             TimeSource::Redis => {
@@ -647,8 +657,13 @@ impl RedisStore {
             }
         };
         let mut pipe = redis::pipe();
-        for hash in peek_keys(&self.prefix, key, limits, now_ms) {
-            pipe.cmd("HGETALL").arg(hash);
+        let mut counts = Vec::with_capacity(parts.len());
+        for p in parts {
+            let hashes = peek_keys(&self.prefix, p.counter, p.limits, now_ms);
+            counts.push(hashes.len());
+            for hash in hashes {
+                pipe.cmd("HGETALL").arg(hash);
+            }
         }
         let replies: Vec<Fields> = self
             .bounded(self.on_connection(|mut conn| {
@@ -656,7 +671,13 @@ impl RedisStore {
                 async move { pipe.query_async::<Vec<Fields>>(&mut conn).await }
             }))
             .await?;
-        Ok((peek_windows(limits, now_ms, replies), now_ms))
+        let mut replies = replies.into_iter();
+        let sets = parts
+            .iter()
+            .zip(counts)
+            .map(|(p, n)| peek_windows(p.limits, now_ms, replies.by_ref().take(n).collect()))
+            .collect();
+        Ok((sets, now_ms))
     }
 
     /// A check (cost 0) of sliding windows: what the reference answers for a hit of 0
@@ -665,14 +686,24 @@ impl RedisStore {
     /// it holds none).
     async fn check_windows(
         &self,
-        key: &CounterKey,
-        limits: &[Limit],
+        parts: &[Part<'_>],
         now_ms: u64,
     ) -> Result<(Outcome, [u64; MAX_LIMITS]), StoreError> {
-        let (mut windows, now_ms) = self.read_windows(key, limits, now_ms).await?;
-        let o = windows.hit(limits, 0, now_ms);
+        let (mut sets, now_ms) = self.read_windows(parts, now_ms).await?;
+        let o = {
+            let mut decided: Vec<(&mut WindowSet, &[Limit])> = sets
+                .iter_mut()
+                .zip(parts)
+                .map(|(w, p)| (w, p.limits))
+                .collect();
+            hit_parts(&mut decided, 0, now_ms)
+        };
         let mut exits_ms = [0; MAX_LIMITS];
-        for (e, l) in exits_ms.iter_mut().zip(limits) {
+        let each = parts
+            .iter()
+            .zip(&sets)
+            .flat_map(|(p, w)| p.limits.iter().map(move |l| (l, w)));
+        for (e, (l, windows)) in exits_ms.iter_mut().zip(each) {
             let exit = match l.period() {
                 // Nothing leaves a period before it ends.
                 Some(p) => windows
@@ -690,14 +721,21 @@ impl RedisStore {
 
     async fn run_window_script(
         &self,
-        key: &CounterKey,
-        limits: &[Limit],
+        parts: &[Part<'_>],
         cost: u64,
         now_ms: u64,
         lease: Option<LeaseArgs>,
     ) -> Result<Called, StoreError> {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
-        let window = WindowCall::new(&self.prefix, key, limits);
+        let window = WindowCall::new(&self.prefix, parts);
+        let set;
+        let limits = match parts {
+            [p] => p.limits,
+            _ => {
+                set = LimitSet::of_parts(parts.iter().map(|p| p.limits));
+                set.as_slice()
+            }
+        };
         // Two tries: the second uses the minute Redis told us about in the first.
         for _ in 0..2 {
             let (estimate, caller_ms) = match self.time_source {
@@ -739,7 +777,8 @@ impl RedisStore {
                         self.blocked
                             .observe_redis_time(redis_now_ms.div_euclid(1000), micros);
                     }
-                    if let [l] = limits
+                    if let [p] = parts
+                        && let [l] = p.limits
                         && !l.shadow
                         && !outcome.allowed
                         && retry_ms > 0
@@ -754,7 +793,7 @@ impl RedisStore {
                             }
                         };
                         self.blocked
-                            .remember(key, l, cost, redis_now_ms, retry_ms, trust_ms);
+                            .remember(p.counter, l, cost, redis_now_ms, retry_ms, trust_ms);
                     }
                     return Ok(Called {
                         outcome,
@@ -790,7 +829,7 @@ impl RedisStore {
     ) -> Result<Outcome, StoreError> {
         // Fixed windows live by Redis' expiry: their leases keep this store's own clock.
         let key = &CounterKey::fixed(name);
-        let limits = std::slice::from_ref(l);
+        let limits = &LimitSet::new(std::slice::from_ref(l));
         let now_us = || leases.elapsed_us();
         let local = |o: Outcome| {
             let q = o.quotas()[0];
@@ -955,11 +994,44 @@ impl CounterStore for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Outcome, StoreError> {
+        let limits = &limits[..limits.len().min(MAX_LIMITS)];
         match Shape::of(limits) {
-            Shape::Sliding => self.hit_sliding(key, limits, cost, now_ms).await,
+            Shape::Sliding => {
+                let parts = [Part {
+                    counter: key,
+                    limits,
+                }];
+                self.hit_sliding(&parts, cost, now_ms).await
+            }
             Shape::Fixed(l) => self.hit_fixed(key, l, cost, now_ms).await,
             Shape::Mixed => Err(StoreError::mixed_kinds()),
         }
+    }
+
+    async fn hit_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        if let [p] = parts {
+            return self.hit(p.counter, p.limits, cost, now_ms).await;
+        }
+        check_parts(parts)?;
+        self.hit_sliding(parts, cost, now_ms).await
+    }
+
+    async fn peek_parts(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        check_parts(parts)?;
+        let (sets, now_ms) = self.read_windows(parts, now_ms).await?;
+        let sets: Vec<(&WindowSet, &[Limit])> =
+            sets.iter().zip(parts).map(|(w, p)| (w, p.limits)).collect();
+        Ok(peek_parts(&sets, cost, now_ms))
     }
 
     /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster
@@ -984,8 +1056,11 @@ impl CounterStore for RedisStore {
         if Shape::of(limits) != Shape::Sliding {
             return Err(StoreError::peek_fixed());
         }
-        let (windows, now_ms) = self.read_windows(key, limits, now_ms).await?;
-        Ok(windows.peek(limits, cost, now_ms))
+        let parts = [Part {
+            counter: key,
+            limits,
+        }];
+        self.peek_parts(&parts, cost, now_ms).await
     }
 
     /// Deletes every minute hash of `api_key` (`SCAN` over the keyspace: an admin operation, not a

@@ -13,6 +13,7 @@ use quotagate_engine::limiter::{
     buckets, ceil_seconds, period_bounds,
 };
 
+use crate::Part;
 use crate::keys::{CounterKey, calendar_hash, minute_hash, window_hash};
 
 /// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
@@ -27,39 +28,28 @@ pub fn minute_of(ms: i64) -> i64 {
     ms.div_euclid(WINDOW_SECONDS as i64 * 1000)
 }
 
-/// Is `l` a sliding window of a minute (the DynLimits layout)?
-fn is_minute(l: &Limit) -> bool {
-    l.period().is_none() && l.w == MINUTE
-}
-
-/// The hashes one decision on `key` reads and writes: the minute hashes m-2 .. m+1 when a limit is
-/// a minute long (which one is "now" is the script's to say, by Redis' clock), then one hash per
-/// other limit, in the limits' order: a sliding window's own, or a calendar period's (the one
-/// holding the caller's estimate of now; the script refuses to count in another).
+/// The hashes one decision reads and writes, per limit in the order of the limits of its parts
+/// (its counters, [`Part`]): for a limit a minute long, its counter's minute hashes m-2 .. m+1
+/// (which one is "now" is the script's to say, by Redis' clock); for another window, its hash; for
+/// a calendar period, the hash of the one holding the caller's estimate of now (the script refuses
+/// to count in another).
 pub struct WindowCall<'a> {
     prefix: &'a str,
-    key: &'a CounterKey,
-    limits: &'a [Limit],
-    minute_window: bool,
-    /// The sliding windows' hashes (calendar periods' are named per call).
-    others: Vec<String>,
+    parts: &'a [Part<'a>],
 }
 
 impl<'a> WindowCall<'a> {
-    /// The call for `key`'s `limits`, whose hashes are named under `prefix`.
-    pub fn new(prefix: &'a str, key: &'a CounterKey, limits: &'a [Limit]) -> WindowCall<'a> {
-        WindowCall {
-            prefix,
-            key,
-            limits,
-            minute_window: limits.iter().any(is_minute),
-            // Most requests have none: no allocation then.
-            others: limits
-                .iter()
-                .filter(|l| !is_minute(l) && l.period().is_none())
-                .map(|l| window_hash(prefix, key, l.w))
-                .collect(),
-        }
+    /// The call for `parts`, whose hashes are named under `prefix`.
+    pub fn new(prefix: &'a str, parts: &'a [Part<'a>]) -> WindowCall<'a> {
+        WindowCall { prefix, parts }
+    }
+
+    /// The limits of every part, at most [`MAX_LIMITS`], with their counters.
+    fn limits(&self) -> impl Iterator<Item = (&'a CounterKey, &'a Limit)> {
+        self.parts
+            .iter()
+            .flat_map(|p| p.limits.iter().map(|l| (p.counter, l)))
+            .take(MAX_LIMITS)
     }
 
     /// The command that runs `window.lua` for one request of `cost` (0: only give `lease` back),
@@ -75,58 +65,43 @@ impl<'a> WindowCall<'a> {
         lease: Option<LeaseArgs>,
         evalsha: impl FnOnce(usize, usize, usize) -> redis::Cmd,
     ) -> redis::Cmd {
-        let (prefix, key, limits) = (self.prefix, self.key, self.limits);
+        let prefix = self.prefix;
         let minute = minute_of(estimate_ms);
-        let minutes: [String; 4] = match self.minute_window {
-            true => std::array::from_fn(|i| minute_hash(prefix, key, minute - 2 + i as i64)),
-            false => Default::default(),
-        };
-        // Calendar periods, by the estimate: their hashes, and their bounds as the script's `w`.
         let estimate = u64::try_from(estimate_ms).unwrap_or(0);
-        let mut periods = Vec::new();
-        for l in limits {
+        let mut keys: Vec<String> = Vec::with_capacity(4 + MAX_LIMITS);
+        // A calendar period's bounds by the estimate, as the script's `w`.
+        let mut bounds: [Option<String>; MAX_LIMITS] = Default::default();
+        let mut n = 0;
+        for (i, (counter, l)) in self.limits().enumerate() {
+            n += 1;
             if let Some(p) = l.period() {
                 let (start, end) = period_bounds(p, l.zone, estimate);
-                periods.push((
-                    calendar_hash(prefix, key, p, start),
-                    format!("{start}:{end}"),
-                ));
+                keys.push(calendar_hash(prefix, counter, p, start));
+                bounds[i] = Some(format!("{start}:{end}"));
+            } else if l.w == MINUTE {
+                keys.extend((0..4).map(|j| minute_hash(prefix, counter, minute - 2 + j)));
+            } else {
+                keys.push(window_hash(prefix, counter, l.w));
             }
         }
-        let mut sliding = self.others.iter();
-        let mut calendars = periods.iter();
-        let others: Vec<&str> = limits
-            .iter()
-            .filter(|l| !is_minute(l))
-            .filter_map(|l| match l.period() {
-                Some(_) => calendars.next().map(|(k, _)| k.as_str()),
-                None => sliding.next().map(String::as_str),
-            })
-            .collect();
-        let keys = if self.minute_window { 4 } else { 0 } + others.len();
-        let key_bytes: usize = minutes.iter().map(String::len).sum::<usize>()
-            + others.iter().map(|k| k.len()).sum::<usize>();
+        let key_bytes: usize = keys.iter().map(String::len).sum();
         // Keys, 5 arguments, 3 per limit; numbers of at most 20 digits.
         let mut cmd = evalsha(
-            keys,
-            keys + 8 + 3 * limits.len(),
-            key_bytes + 20 * (8 + 3 * limits.len()),
+            keys.len(),
+            keys.len() + 8 + 3 * n,
+            key_bytes + 20 * (8 + 3 * n),
         );
-        if self.minute_window {
-            cmd.arg(&minutes[..]);
-        }
-        cmd.arg(&others[..]).arg(minute);
+        cmd.arg(&keys[..]).arg(minute);
         match now_ms {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
-        cmd.arg(MINUTE_HASH_TTL).arg(cost).arg(limits.len());
-        let mut bounds = periods.iter();
-        for l in limits {
+        cmd.arg(MINUTE_HASH_TTL).arg(cost).arg(n);
+        for (i, (_, l)) in self.limits().enumerate() {
             cmd.arg(l.rl);
-            match l.period() {
+            match &bounds[i] {
                 // `"<start ms>:<end ms>"`: the period the caller named the hash for.
-                Some(_) => cmd.arg(bounds.next().map_or("0:0", |(_, b)| b.as_str())),
+                Some(b) => cmd.arg(b.as_str()),
                 None => cmd.arg(l.w),
             };
             cmd.arg(u8::from(l.shadow));

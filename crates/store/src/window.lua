@@ -40,8 +40,10 @@
 -- caller named the hash for by its estimate of now; when now is outside it, nothing is written and
 -- the reply is "-1 now_ms", as for a wrong minute. The hash expires a minute after the period ends.
 --
--- KEYS[1..4]  the minute hashes m-2, m-1, m and m+1, when a limit has w = 60
--- KEYS[...]   then one hash per other limit, in the order of the limits
+-- KEYS        per limit, in the order of the limits: the minute hashes m-2, m-1, m and m+1 of its
+--             counter when it has w = 60, else the hash of its window or period. Limits may count
+--             in different counters (a request's endpoint and its pools: one API key's, so one
+--             slot); one counter has at most one limit per window length or period.
 -- ARGV[1]     m: the caller's estimate of the current minute
 -- ARGV[2]     now in Unix milliseconds, or "" to use this server's TIME (one clock for every instance)
 -- ARGV[3]     TTL of a minute hash, in seconds
@@ -188,12 +190,13 @@ local k = tonumber(ARGV[5])
 
 local limits = {}
 local has60 = false
+local nk = 0 -- KEYS taken so far
 for i = 1, k do
   local rl = tonumber(ARGV[3 + 3 * i])
   local w = tonumber(ARGV[4 + 3 * i])
   -- Every field a limit will get, at once: a table that grows is rebuilt.
   local l = {rl = rl, w = w or 0, shadow = ARGV[5 + 3 * i] == '1', never = rl < cost,
-    fits = false, remaining = -1, reset = 0, retry = -1, from = nil, to = nil}
+    fits = false, remaining = -1, reset = 0, retry = -1, from = nil, to = nil, base = 0, key = nil}
   if not w then
     -- A calendar period, "<start_ms>:<end_ms>".
     local a, b = string.match(ARGV[4 + 3 * i], '^(%d+):(%d+)$')
@@ -202,7 +205,14 @@ for i = 1, k do
       return fmt('%d %d', -1, now_ms) -- the caller named another period: nothing written
     end
   end
-  if l.w == 60 then has60 = true end
+  if l.w == 60 then
+    has60 = true
+    l.base = nk -- its minute hashes are KEYS[base + 1 .. base + 4]
+    nk = nk + 4
+  else
+    l.key = KEYS[nk + 1]
+    nk = nk + 1
+  end
   limits[i] = l
 end
 local want = tonumber(ARGV[6 + 3 * k]) or 0
@@ -225,7 +235,7 @@ local function dyn_check(l)
   if idx < 2 or idx > 4 then
     return false
   end
-  local cur, prev = KEYS[idx], KEYS[idx - 1]
+  local cur, prev = KEYS[l.base + idx], KEYS[l.base + idx - 1]
   local base = minute * 60
   local room = l.rl - cost
 
@@ -281,7 +291,7 @@ local function dyn_check(l)
       local hm = div(s, 60)
       local last = math.min(to, hm * 60 + 59)
       if known[s] == nil or known[last] == nil then
-        read(KEYS[idx - (minute - hm)], hm, s, last, {})
+        read(KEYS[l.base + idx - (minute - hm)], hm, s, last, {})
       end
       for q = s, last do
         out[#out + 1] = known[q]
@@ -598,6 +608,7 @@ end
 -- The first second in s+1 .. c holding a count in the 60 s window (minute hashes from KEYS[i],
 -- s's), or c.
 local function dyn_next(s, c, i)
+  -- (i is an index into KEYS, the limit's base included.)
   local x, base = s + 1, div(s, 60)
   while x <= c do
     local hm = div(x, 60)
@@ -612,12 +623,13 @@ local function dyn_next(s, c, i)
   return c
 end
 
--- Takes g units back from second s of the 60 s window, if s is still in it.
-local function dyn_give(s, g)
-  local i = div(s, 60) - m + 3 -- KEYS index of s's minute hash
+-- Takes g units back from second s of limit l's 60 s window, if s is still in it.
+local function dyn_give(l, s, g)
+  local i = div(s, 60) - m + 3 -- KEYS index of s's minute hash, after the limit's base
   if i < 2 or i > 3 then
     return -- s's minute is more than a minute ago: s has left the window
   end
+  i = l.base + i
   local key, field = KEYS[i], fmt('%d', s - div(s, 60) * 60)
   -- The window's state is in the next minute's hash once that one has been counted in.
   local skey = KEYS[i + 1]
@@ -700,17 +712,13 @@ if give > 0 then
     end
   end
   -- In every window the lease was counted in: the caller sends the limits it was taken with.
-  local next_key = has60 and 5 or 1
   for _, l in ipairs(limits) do
     if l.w == 60 then
-      dyn_give(div(given_at, 1000), give)
+      dyn_give(l, div(given_at, 1000), give)
+    elseif l.from then
+      cal_give(l, l.key, given_at, give)
     else
-      if l.from then
-        cal_give(l, KEYS[next_key], given_at, give)
-      else
-        gen_give(l, KEYS[next_key], given_at, give)
-      end
-      next_key = next_key + 1
+      gen_give(l, l.key, given_at, give)
     end
   end
 end
@@ -733,17 +741,13 @@ for i, l in ipairs(limits) do
   end
 end
 local enforced_ok, shadow_ok = true, true
-local next_key = has60 and 5 or 1
 for i, l in ipairs(limits) do
   if l.never then
     l.fits, l.remaining, l.reset, l.retry = false, -1, l.from and l.to - now_ms or l.w * 1000, -1
   elseif l.from then
-    state[i] = cal_check(l, KEYS[next_key])
+    state[i] = cal_check(l, l.key)
   elseif l.w ~= 60 then
-    state[i] = gen_check(l, KEYS[next_key])
-  end
-  if l.w ~= 60 then
-    next_key = next_key + 1
+    state[i] = gen_check(l, l.key)
   end
   if not l.fits then
     if l.shadow then shadow_ok = false else enforced_ok = false end

@@ -445,25 +445,62 @@ impl WindowSet {
         self.clone().decide(limits, cost, now_ms, false)
     }
 
-    /// The one decision [`WindowSet::hit`] and [`WindowSet::peek`] share: every limit checked,
-    /// then, when `count`, the request counted where the rules above put it.
+    /// [`decide_parts`] on this counter alone.
     fn decide(&mut self, limits: &[Limit], cost: u64, now_ms: u64, count: bool) -> Outcome {
-        let limits = &limits[..limits.len().min(MAX_LIMITS)];
-        // Per limit: its window's index in `windows`, or its tally's in `tallies`.
-        let mut at = [0usize; MAX_LIMITS];
-        let mut checks = [None::<Check>; MAX_LIMITS];
-        let mut fit = [false; MAX_LIMITS];
-        let (mut enforced_ok, mut shadow_ok) = (true, true);
-        for (i, l) in limits.iter().enumerate() {
+        decide_parts(&mut [(self, limits)], cost, now_ms, count)
+    }
+}
+
+/// [`WindowSet::hit`] across several counters: a request whose limits count in more than one
+/// (its endpoint's, and a pool's shared by several endpoints). `parts[i]` is a counter's windows
+/// and the limits that count there; the request passes only if every enforced limit of every part
+/// has room, and is counted in all of them or in none. Quotas come in the parts' order, at most
+/// [`MAX_LIMITS`] in all.
+pub fn hit_parts(parts: &mut [(&mut WindowSet, &[Limit])], cost: u64, now_ms: u64) -> Outcome {
+    decide_parts(parts, cost, now_ms, true)
+}
+
+/// [`WindowSet::peek`] across several counters ([`hit_parts`]), counting nothing.
+pub fn peek_parts(parts: &[(&WindowSet, &[Limit])], cost: u64, now_ms: u64) -> Outcome {
+    // Checking moves a window's buckets forward: on copies.
+    let mut copies: Vec<(WindowSet, &[Limit])> =
+        parts.iter().map(|(w, l)| ((*w).clone(), *l)).collect();
+    let mut parts: Vec<(&mut WindowSet, &[Limit])> =
+        copies.iter_mut().map(|(w, l)| (w, *l)).collect();
+    decide_parts(&mut parts, cost, now_ms, false)
+}
+
+/// The one decision [`WindowSet::hit`], [`WindowSet::peek`] and [`hit_parts`] share: every limit
+/// checked, then, when `count`, the request counted where the rules above put it.
+fn decide_parts(
+    parts: &mut [(&mut WindowSet, &[Limit])],
+    cost: u64,
+    now_ms: u64,
+    count: bool,
+) -> Outcome {
+    // Per limit, in the parts' order: its part, its window's index in that part's `windows` or its
+    // tally's in `tallies`, and what checking it found.
+    let mut part = [0usize; MAX_LIMITS];
+    let mut at = [0usize; MAX_LIMITS];
+    let mut checks = [None::<Check>; MAX_LIMITS];
+    let mut fit = [false; MAX_LIMITS];
+    let mut all = [Limit::per_minute(0); MAX_LIMITS];
+    let mut n = 0;
+    let (mut enforced_ok, mut shadow_ok) = (true, true);
+    for (p, (set, limits)) in parts.iter_mut().enumerate() {
+        for l in limits.iter().take(MAX_LIMITS - n) {
+            let i = n;
+            n += 1;
+            (part[i], all[i]) = (p, *l);
             // A limit below the cost can never pass: no window is needed to say so.
             let fits = l.can_pass(cost)
                 && if l.period().is_some() {
-                    at[i] = self.tally(l, now_ms);
-                    fit[i] = self.tallies[at[i]].check(now_ms, l.rl, cost);
+                    at[i] = set.tally(l, now_ms);
+                    fit[i] = set.tallies[at[i]].check(now_ms, l.rl, cost);
                     fit[i]
                 } else {
-                    at[i] = self.window(l.w);
-                    let c = self.windows[at[i]].check(now_ms, l.rl, cost);
+                    at[i] = set.window(l.w);
+                    let c = set.windows[at[i]].check(now_ms, l.rl, cost);
                     checks[i] = Some(c);
                     c.fits
                 };
@@ -475,33 +512,34 @@ impl WindowSet {
                 }
             }
         }
-        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
-        for (i, l) in limits.iter().enumerate() {
-            let counted = count && enforced_ok && (shadow_ok || !l.shadow);
-            if !l.can_pass(cost) {
-                quotas[i] = l.never(now_ms);
-                continue;
-            }
-            let Some(c) = &checks[i] else {
-                let t = &mut self.tallies[at[i]];
-                if counted {
-                    t.count(cost);
-                }
-                quotas[i] = t.quota(fit[i], now_ms, l.rl);
-                continue;
-            };
-            let win = &mut self.windows[at[i]];
-            if counted {
-                win.count(cost);
-            }
-            quotas[i] = win.quota(c, now_ms, l.rl, cost, counted);
-        }
-        Outcome::new(
-            enforced_ok,
-            count && enforced_ok && !shadow_ok,
-            &quotas[..limits.len()],
-        )
     }
+    let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+    for (i, l) in all[..n].iter().enumerate() {
+        let counted = count && enforced_ok && (shadow_ok || !l.shadow);
+        if !l.can_pass(cost) {
+            quotas[i] = l.never(now_ms);
+            continue;
+        }
+        let set = &mut *parts[part[i]].0;
+        let Some(c) = &checks[i] else {
+            let t = &mut set.tallies[at[i]];
+            if counted {
+                t.count(cost);
+            }
+            quotas[i] = t.quota(fit[i], now_ms, l.rl);
+            continue;
+        };
+        let win = &mut set.windows[at[i]];
+        if counted {
+            win.count(cost);
+        }
+        quotas[i] = win.quota(c, now_ms, l.rl, cost, counted);
+    }
+    Outcome::new(
+        enforced_ok,
+        count && enforced_ok && !shadow_ok,
+        &quotas[..n],
+    )
 }
 
 #[cfg(test)]
@@ -665,6 +703,50 @@ mod tests {
         assert!(c.is_idle(T0 + 1_000));
         let alone = limits[1].alone(4, T0 + 1_000).unwrap();
         assert_eq!(alone.quotas()[0], o.quotas()[1]);
+    }
+
+    #[test]
+    fn a_pool_and_an_endpoint_count_together_or_not_at_all() {
+        // Endpoint a: 2 per second of its own; a pool of 3 a minute shared with endpoint b.
+        let (own, pool) = ([lim(2, 1)], [lim(3, 60)]);
+        let (mut a, mut b, mut shared) = (
+            WindowSet::default(),
+            WindowSet::default(),
+            WindowSet::default(),
+        );
+        let hit = |set: &mut WindowSet, shared: &mut WindowSet, own: &[Limit], now| {
+            hit_parts(&mut [(set, own), (shared, &pool[..])], 1, now)
+        };
+        assert!(hit(&mut a, &mut shared, &own, T0).allowed);
+        assert!(hit(&mut a, &mut shared, &own, T0).allowed);
+        let o = hit(&mut a, &mut shared, &own, T0);
+        assert!(!o.allowed, "a's own limit refuses");
+        assert_eq!(
+            o.quotas()[1].remaining,
+            1,
+            "and takes nothing from the pool"
+        );
+        let o = hit(&mut b, &mut shared, &[], T0);
+        assert!(o.allowed, "b has the pool alone");
+        assert_eq!(o.quotas(), &[o.quotas()[0]]);
+        let o = hit(&mut b, &mut shared, &[], T0 + 10);
+        assert!(!o.allowed, "the pool is used up");
+        assert_eq!(o.retry_after(&pool), Some(60));
+        assert!(
+            !hit(&mut a, &mut shared, &own, T0 + 1_000).allowed,
+            "for a too"
+        );
+        assert!(
+            a.get(1).is_some_and(|w| w.is_idle(T0 + 1_000)),
+            "nor from a"
+        );
+        let p = peek_parts(&[(&a, &own[..]), (&shared, &pool[..])], 1, T0 + 60_000);
+        assert!(p.allowed);
+        assert_eq!(p.quotas()[1].remaining, 3, "a minute later");
+        assert!(
+            hit(&mut a, &mut shared, &own, T0 + 60_000).allowed,
+            "peeking counted nothing"
+        );
     }
 
     #[test]
