@@ -4,16 +4,24 @@
 # connection, one API key far under its limit, the example upstream. Runs 500 and 2500 requests and
 # prints (Ir(2500) - Ir(500)) / 2000, so start-up and shutdown cancel out. Compare two builds with
 # the same arguments, e.g. `--set limits.enabled=false` or `--store redis --redis-url URL`.
-# WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit.
+# WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit;
+# LIMITS=day one calendar day quota (UTC) instead; LIMITS=pool one per-minute pool over every
+# endpoint (`"group": "*"`) instead.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate.
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-WINDOWS=${WINDOWS:-1} python3 - "$W/catalog.json" <<'PY'
+WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
 ws = [60] if os.environ["WINDOWS"] == "1" else [1, 60, 3600]
-keys = [{"key": f"key-{i:04d}", "limits": [{"ep": 0, "rl": 1_000_000_000, "w": w} for w in ws]} for i in range(1000)]
+many = 1_000_000_000
+limits = {
+    "": [{"ep": 0, "rl": many, "w": w} for w in ws],
+    "day": [{"ep": 0, "rl": many, "period": "day"}],
+    "pool": [{"group": "*", "rl": many}],
+}[os.environ["LIMITS"]]
+keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
 json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
            "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
 PY

@@ -82,9 +82,9 @@ async fn a_changed_limit_is_enforced_within_one_poll_interval_and_counters_carry
     // under paused time; here the deadline only catches a poller that stopped.
     eventually(Duration::from_secs(5), || async {
         gw.gateway.catalog().snapshot().limit(b"k1", 0)
-            != quotagate::catalog::LimitLookup::Limits(&[
+            != quotagate::catalog::LimitLookup::Limits(quotagate::catalog::Applied::own(&[
                 quotagate_engine::limiter::Limit::per_minute(2),
-            ])
+            ]))
     })
     .await;
     let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;

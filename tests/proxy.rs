@@ -1412,6 +1412,121 @@ async fn two_instances_on_one_redis_share_a_day_quota_exactly() {
     assert_eq!(up.requests().len(), 50);
 }
 
+// ---- pools across endpoints (issue 29) ----
+
+const POOL_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/a", "/b", "/c"],
+  "groups": {"search": [0, 1]},
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}, {"p": 2, "m": 0}],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 0, "rl": 2, "w": 1}, {"group": "search", "rl": 3, "period": "day"},
+                             {"group": "*", "rl": 100}]},
+    {"key": "k2", "limits": [{"group": "search", "rl": 50}]}
+  ]
+}"#;
+
+/// A pool of 3 a day over /a and /b beside /a's own 2 per second, and a pool of every endpoint:
+/// a request refused by /a's own limit takes nothing from the pools, /b draws on the same pool,
+/// a used-up pool refuses both (not /c), and the headers name each pool's policies.
+async fn a_pool_through_the_proxy(c: Config) {
+    let gw = TestGateway::start(c, POOL_CATALOG, FakeClock::new(T0)).await;
+    let (a, b) = (gw.url("/a"), gw.url("/b"));
+    let r = get(&a, &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""GET /a 1s";q=2;w=1, "search day";q=3;w=86400, "*";q=100;w=60"#)
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""GET /a 1s";r=1;t=1, "search day";r=2;t=6360, "*";r=99;t=60"#)
+    );
+    assert_eq!(get(&a, &[KEY]).await.status, 200);
+    let r = get(&a, &[KEY]).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("1")));
+    let r = get(&b, &[KEY]).await;
+    assert_eq!(r.status, 200, "/b draws on the same pool");
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""search day";r=0;t=6360, "*";r=97;t=60"#),
+        "the refused request took nothing from the pools"
+    );
+    gw.clock.advance(1);
+    for url in [&a, &b] {
+        let r = get(url, &[KEY]).await;
+        assert_eq!(r.status, 429, "{url}");
+        assert_eq!(r.header("retry-after"), Some("6359"));
+        assert_eq!(
+            r.json()["detail"],
+            "the pool search allows 3 requests per day; retry after 6359 s"
+        );
+    }
+    let r = get(&gw.url("/c"), &[KEY]).await;
+    assert_eq!(r.status, 200, "/c is only in the pool of every endpoint");
+    assert_eq!(r.header("ratelimit-remaining"), Some("96"));
+    // A key with a pool alone is limited on the pool's endpoints only.
+    assert_eq!(get(&b, &[("X-Api-Key", "k2")]).await.status, 200);
+    assert_eq!(get(&gw.url("/c"), &[("X-Api-Key", "k2")]).await.status, 403);
+    let x = get(
+        &format!("http://{}/limits?method=GET&path=/b", gw.admin),
+        &[KEY],
+    )
+    .await;
+    let v = x.json();
+    assert_eq!(v["decision"], "limited", "{v}");
+    assert_eq!(
+        (&v["limits"][0]["pool"], &v["limits"][0]["remaining"]),
+        (&"search".into(), &0.into())
+    );
+    assert_eq!(v["limits"][1]["pool"], "*");
+}
+
+#[tokio::test]
+async fn a_pool_across_endpoints_on_memory() {
+    let up = Upstream::start().await;
+    a_pool_through_the_proxy(config(&up)).await;
+}
+
+#[tokio::test]
+async fn a_pool_across_endpoints_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    a_pool_through_the_proxy(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+/// Two instances on one Redis (leases on, by default) share a pool of 50 over /a and /b: 200
+/// requests at once through both, to both endpoints, admit exactly 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_share_a_pool_exactly() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    c.store.time_source = TimeSource::Redis;
+    let a = TestGateway::start(c.clone(), POOL_CATALOG, FakeClock::new(T0)).await;
+    let b = TestGateway::start(c, POOL_CATALOG, FakeClock::new(T0 + 30)).await;
+    let client = Arc::new(http1_client());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let url = [&a, &b][i % 2].url(["/a", "/b"][(i / 2) % 2]);
+            let client = client.clone();
+            tokio::spawn(async move {
+                send(&client, "GET", &url, &[("X-Api-Key", "k2")], Bytes::new()).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap().status {
+            200 => ok += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(ok, 50);
+    assert_eq!(up.requests().len(), 50);
+}
+
 #[tokio::test]
 async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
     let up = Upstream::start().await;

@@ -17,11 +17,11 @@ use http::{Method, StatusCode, Version};
 
 use super::client;
 use super::settings::Policy;
-use crate::catalog::{Endpoint, LimitLookup, Snapshot};
+use crate::catalog::{Applied, Endpoint, LimitLookup, Snapshot};
 use crate::config::Uncovered;
 use quotagate_engine::limiter::{Limit, Limits, Rate};
 use quotagate_engine::path;
-use quotagate_store::{CounterKey, Verdict};
+use quotagate_store::{CounterKey, Part, Verdict};
 
 /// What happened to a request: the `decision` label of `quotagate_requests` and the access log.
 /// (`as usize` indexes the metrics' per-endpoint handles: fewer than `metrics::DECISIONS`.)
@@ -243,15 +243,19 @@ fn refusal_detail(rate: &Rate) -> String {
         Some(p) => p.as_str().to_owned(),
         None => format!("{} s", l.w),
     };
+    let who = match rate.limits.pool_of(i) {
+        Some("*") => "the pool of every endpoint".to_owned(),
+        Some(group) => format!("the pool {group}"),
+        None => rate.name.to_owned(),
+    };
     let allows = |rl| {
         format!(
-            "{} allows {} per {per}",
-            rate.name,
+            "{who} allows {} per {per}",
             quotagate_engine::text::plural(rl, "request", "requests"),
         )
     };
     match rate.outcome.retry_after(&rate.limits) {
-        _ if l.rl == 0 => format!("{} allows no requests for this API key", rate.name),
+        _ if l.rl == 0 => format!("{who} allows no requests for this API key"),
         None if rate.cost > l.rl => format!(
             "this request costs {} units and {}, so it can never pass",
             rate.cost,
@@ -308,20 +312,67 @@ pub struct Held<'s, 'r> {
     pub key: &'r [u8],
     /// An anonymous request: the client's address group.
     pub anonymous: Option<ipnet::IpNet>,
-    /// Its limits here, as the catalog has them (before `limits.shadow`).
-    pub limits: &'s [Limit],
+    /// Its limits here, as the catalog has them (before `limits.shadow`): its own, and its
+    /// pools'.
+    pub limits: Applied<'s>,
     /// The endpoint's canonical path for this request.
     pub path: String,
 }
 
-impl Held<'_, '_> {
-    /// The counter this request is counted in.
+impl<'s> Held<'s, '_> {
+    /// The counter this request is counted in (its pools' aside).
     pub fn counter(&self) -> CounterKey {
         match &self.anonymous {
             Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
             None => CounterKey::new(self.key, &self.endpoint.name),
         }
     }
+
+    /// Its limits under `limits.shadow` (`all_shadow`): borrowed from the catalog without pools.
+    pub fn limits(&self, all_shadow: bool) -> Limits<'s> {
+        match self.limits.has_pools() {
+            false => Limits::new(self.limits.own, all_shadow),
+            true => Limits::pooled(self.limits.own, self.limits.pools(), all_shadow),
+        }
+    }
+
+    /// The counter of each pool of `limits` (as [`Held::limits`] made them) and its number of
+    /// limits, in order.
+    pub fn pool_counters(&self, limits: &Limits<'_>) -> Vec<(CounterKey, usize)> {
+        limits
+            .pools()
+            .map(|(name, l)| (CounterKey::pool(self.key, name), l.len()))
+            .collect()
+    }
+}
+
+/// The parts a request with pools is decided on ([`quotagate_store::CounterStore::hit_parts`]):
+/// its own counter with its own limits (when it has some), then each pool's counter with the
+/// pool's, `limits` holding them all in that order.
+pub fn parts<'a>(
+    counter: &'a CounterKey,
+    limits: &'a [Limit],
+    pools: &'a [(CounterKey, usize)],
+) -> Vec<Part<'a>> {
+    let pooled: usize = pools.iter().map(|(_, n)| n).sum();
+    let own = limits.len().saturating_sub(pooled);
+    let mut parts = Vec::with_capacity(pools.len() + 1);
+    if own > 0 {
+        parts.push(Part {
+            counter,
+            limits: &limits[..own],
+        });
+    }
+    let mut at = own;
+    for (c, n) in pools {
+        let end = (at + n).min(limits.len());
+        parts.push(Part {
+            counter: c,
+            limits: &limits[at..end],
+        });
+        at = end;
+    }
+    parts
 }
 
 /// Steps 3 to 5: the counter and limits a request of `method` on `raw_path` is held to, by its
@@ -363,7 +414,7 @@ pub fn hold<'s, 'r>(
             endpoint,
             key: b"",
             anonymous: Some(client::group(client(), policy.ipv6_prefix)),
-            limits: &endpoint.anonymous,
+            limits: Applied::own(&endpoint.anonymous),
             path: route.path,
         });
     };
@@ -497,7 +548,7 @@ fn counted<'s, 'r>(head: &'r Parts, policy: &Policy, held: Held<'s, 'r>) -> Step
         })
     );
     Step::Count(Pending {
-        limits: Limits::new(held.limits, policy.shadow),
+        limits: held.limits(policy.shadow),
         cost,
         held,
     })

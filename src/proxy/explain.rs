@@ -69,10 +69,10 @@ impl Proxy {
             }
             Step::Count(pending) => {
                 let now_ms = self.clock.now_ms();
-                let o = self
-                    .store
-                    .peek(&pending.counter(), &pending.limits, pending.cost, now_ms)
-                    .await?;
+                let counter = pending.counter();
+                let pools = pending.held.pool_counters(&pending.limits);
+                let parts = super::admission::parts(&counter, &pending.limits, &pools);
+                let o = self.store.peek_parts(&parts, pending.cost, now_ms).await?;
                 let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();
                 out["endpoint"] = pending.held.endpoint.name.clone().into();
@@ -81,7 +81,8 @@ impl Proxy {
                     .limits
                     .iter()
                     .zip(o.quotas())
-                    .map(|(l, q)| {
+                    .enumerate()
+                    .map(|(i, (l, q))| {
                         let mut about = json!({
                             "window_seconds": l.seconds_at(now_ms),
                             "shadow": l.shadow,
@@ -94,6 +95,9 @@ impl Proxy {
                         if let Some(p) = l.period() {
                             about["period"] = p.as_str().into();
                             about["tz"] = l.zone.name().into();
+                        }
+                        if let Some(group) = pending.limits.pool_of(i) {
+                            about["pool"] = group.into();
                         }
                         about
                     })

@@ -184,14 +184,19 @@ pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
         // Room for the usual single policy, so that neither string grows.
         let room = (rate.name.len() + 40) * rate.limits.len();
         let (mut policy, mut state) = (String::with_capacity(room), String::with_capacity(room));
-        for (l, q) in rate.limits.iter().zip(quotas).filter(|(l, _)| !l.shadow) {
+        for (i, (l, q)) in rate.limits.iter().zip(quotas).enumerate() {
+            if l.shadow {
+                continue;
+            }
             if !policy.is_empty() {
                 policy.push_str(", ");
                 state.push_str(", ");
             }
+            // A pool's policies are named after its group.
+            let name = rate.limits.pool_of(i).unwrap_or(rate.name);
             let w = l.seconds_at(rate.at_ms);
-            push_sf_item(&mut policy, rate.name, l, "q", q.limit, "w", w);
-            push_sf_item(&mut state, rate.name, l, "r", q.remaining, "t", q.reset);
+            push_sf_item(&mut policy, name, l, "q", q.limit, "w", w);
+            push_sf_item(&mut state, name, l, "r", q.remaining, "t", q.reset);
         }
         if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state))
             && !p.is_empty()

@@ -187,10 +187,15 @@ impl Proxy {
                 }
                 let asked = Instant::now();
                 let now_ms = self.clock.now_ms();
-                let verdict = self
-                    .store
-                    .hit(&pending.counter(), &pending.limits, pending.cost, now_ms)
-                    .await;
+                let counter = pending.counter();
+                let verdict = if pending.limits.has_pools() {
+                    let pools = pending.held.pool_counters(&pending.limits);
+                    let parts = admission::parts(&counter, &pending.limits, &pools);
+                    self.store.hit_parts(&parts, pending.cost, now_ms).await
+                } else {
+                    let limits = &pending.limits;
+                    self.store.hit(&counter, limits, pending.cost, now_ms).await
+                };
                 self.metrics
                     .decision_seconds
                     .observe(asked.elapsed().as_secs_f64());

@@ -97,9 +97,11 @@ enum Plan {
     Free,
     /// `unlimited`: OK with all the room there is.
     Unlimited,
-    /// Counted against `limits` on `counter`.
+    /// Counted against `limits` on `counter`, the last ones in `pools` (each pool's counter and
+    /// number of limits: the catalog domain's pools).
     Count {
         counter: CounterKey,
+        pools: Vec<(CounterKey, usize)>,
         limits: Vec<Limit>,
         /// For `current_limit`: the rule's name, its number and unit (the first limit's).
         name: String,
@@ -157,8 +159,22 @@ impl Rls {
         let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
             match plan {
                 Plan::Count {
-                    counter, limits, ..
-                } => Some(self.store.hit(counter, limits, ask.cost, now_ms).await),
+                    counter,
+                    limits,
+                    pools,
+                    ..
+                } if pools.is_empty() => {
+                    Some(self.store.hit(counter, limits, ask.cost, now_ms).await)
+                }
+                Plan::Count {
+                    counter,
+                    limits,
+                    pools,
+                    ..
+                } => {
+                    let parts = crate::proxy::admission::parts(counter, limits, pools);
+                    Some(self.store.hit_parts(&parts, ask.cost, now_ms).await)
+                }
                 _ => None,
             }
         }))
@@ -182,6 +198,7 @@ impl Rls {
         if let Some((n, unit)) = ask.override_limit {
             return Plan::Count {
                 counter,
+                pools: Vec::new(),
                 limits: vec![self.limit(n, unit, false)],
                 name: String::new(),
                 shown: (n, unit.proto()),
@@ -235,6 +252,7 @@ impl Rls {
         };
         Plan::Count {
             counter,
+            pools: Vec::new(),
             limits: vec![self.limit(n, unit, rule.shadow)],
             name: rule.name.clone(),
             shown: (n, unit.proto()),
@@ -272,15 +290,16 @@ impl Rls {
         let Ok(held) = admission::hold(policy, Some(&snapshot), method, raw, key, client) else {
             return Some(Plan::Free);
         };
-        let (endpoint, limits) = (held.endpoint, Limits::new(held.limits, policy.shadow));
+        let (endpoint, limits) = (held.endpoint, held.limits(policy.shadow));
         let first = limits[0];
         Some(Plan::Count {
             counter: held.counter(),
+            pools: held.pool_counters(&limits),
             limits: limits.to_vec(),
             name: endpoint.name.clone(),
             shown: (
                 u32::try_from(first.rl).unwrap_or(u32::MAX),
-                window_unit(first.w),
+                limit_unit(&first),
             ),
             rule_name: None,
             replaces: Vec::new(),
@@ -470,6 +489,19 @@ fn replace(plans: &mut [Plan]) {
 }
 
 /// The unit Envoy is shown for a catalog window of `w` seconds (the nearest that fits).
+/// The unit `current_limit` shows for `l`: its calendar period's, or the longest unit its window
+/// spans.
+fn limit_unit(l: &Limit) -> proto::Unit {
+    use quotagate_engine::limiter::Period;
+    match l.period() {
+        Some(Period::Hour) => proto::Unit::Hour,
+        Some(Period::Day) => proto::Unit::Day,
+        Some(Period::Week) => proto::Unit::Week,
+        Some(Period::Month) => proto::Unit::Month,
+        None => window_unit(l.w),
+    }
+}
+
 fn window_unit(w: u32) -> proto::Unit {
     match w {
         0..60 => proto::Unit::Second,

@@ -1,7 +1,7 @@
 //! doc: the catalog document as it travels (DynLimits' `APIIndexedLimits` JSON and our additive
 //! fields), and the diff protocol between two versions of it (`docs/catalog-protocol.md`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +38,10 @@ pub struct CatalogDoc {
     /// The time zone of calendar limits that name none (an IANA name). Default: `UTC`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
+    /// Named sets of endpoints (indices into `endpoints`) that a key's limit may pool
+    /// (`"group": "search"`); `"*"`, every endpoint, needs no entry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, Vec<i64>>,
 }
 
 /// Unknown field paths reported per document at most; the rest are counted.
@@ -82,7 +86,13 @@ pub struct ApiLimits {
 // `w` is read as a JSON number, so that 1.5 or -1 is a validation problem that names the field.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitDef {
-    pub ep: i64,
+    /// The endpoint (an index into `endpoints`); a pool names a `group` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep: Option<i64>,
+    /// A pool: every request of the key to any endpoint of this group (a name in `groups`, or
+    /// `"*"` for every endpoint) counts here. In place of `ep`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     pub rl: i64,
     /// Window in seconds, 1 to 86400. Default: 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,8 +191,8 @@ impl CatalogDoc {
         self.version.as_ref().map_or("", |v| v.hash.as_str())
     }
 
-    /// The diff from `self` to `newer`, or `None` when their endpoints, anonymous limits or
-    /// default zone differ (a client then needs the whole catalog).
+    /// The diff from `self` to `newer`, or `None` when their endpoints, anonymous limits, default
+    /// zone or groups differ (a client then needs the whole catalog).
     pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
         if (
             &self.methods,
@@ -190,12 +200,14 @@ impl CatalogDoc {
             &self.endpoints,
             &self.anonymous,
             &self.tz,
+            &self.groups,
         ) != (
             &newer.methods,
             &newer.paths,
             &newer.endpoints,
             &newer.anonymous,
             &newer.tz,
+            &newer.groups,
         ) {
             return None;
         }
@@ -250,6 +262,7 @@ impl CatalogDoc {
             apilimits,
             anonymous: self.anonymous.clone(),
             tz: self.tz.clone(),
+            groups: self.groups.clone(),
         }
     }
 }

@@ -23,7 +23,7 @@ pub use doc::{
     ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, DefaultLimitDef, EndpointDef, LimitDef,
 };
 pub use error::{CatalogError, Problem};
-pub use snapshot::{Endpoint, LimitLookup, MAX_COST, Snapshot};
+pub use snapshot::{Applied, Endpoint, LimitLookup, MAX_COST, Snapshot};
 
 /// Largest catalog accepted, from a file or from a catalog server. Default: 64 MiB.
 pub const MAX_CATALOG_BYTES: u64 = 64 * 1024 * 1024;

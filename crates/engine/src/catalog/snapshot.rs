@@ -22,6 +22,8 @@ pub struct Endpoint {
     pub anonymous: Box<[Limit]>,
     /// Units of every limit one request uses.
     pub cost: u64,
+    /// The groups that cover it and that some key pools ([`Snapshot::group_name`]), ascending.
+    pub pools: Box<[u32]>,
 }
 
 /// What the catalog says about one (API key, endpoint) pair.
@@ -29,17 +31,77 @@ pub struct Endpoint {
 pub enum LimitLookup<'s> {
     /// The key is not in the catalog.
     UnknownKey,
-    /// The key is known but has no limit (and the endpoint no default) here.
+    /// The key is known but has no limit (the endpoint no default, no pool of the key covers
+    /// it) here.
     NoLimit,
-    /// Its limits, one per window length.
-    Limits(&'s [Limit]),
+    /// Its limits: its own (or the endpoint's defaults), and its pools'.
+    Limits(Applied<'s>),
 }
 
-/// One key's limits: `limits[i]` is on endpoint `eps[i]`, sorted by endpoint then window.
+/// The limits one request of a key is held to on an endpoint: its own there (one per window
+/// length or period; the endpoint's defaults when it has none, possibly none when a pool
+/// applies), and those of each of its pools that covers the endpoint, counted apart.
+#[derive(Debug, Clone, Copy)]
+pub struct Applied<'s> {
+    pub own: &'s [Limit],
+    /// The key's entry (for its pools) and the endpoint's pooled groups.
+    entry: Option<&'s KeyEntry>,
+    groups: &'s [u32],
+    names: &'s [Box<str>],
+}
+
+impl<'s> Applied<'s> {
+    /// Limits of one counter, no pool.
+    pub fn own(own: &'s [Limit]) -> Applied<'s> {
+        Applied {
+            own,
+            entry: None,
+            groups: &[],
+            names: &[],
+        }
+    }
+
+    /// Each pool of the key that covers the endpoint: its group's name and its limits.
+    pub fn pools(&self) -> impl Iterator<Item = (&'s str, &'s [Limit])> + 's {
+        let (entry, names) = (self.entry, self.names);
+        self.groups.iter().filter_map(move |&g| {
+            let limits = entry?.on(GROUP | g);
+            let name = names.get(usize::try_from(g).ok()?)?;
+            (!limits.is_empty()).then_some((&**name, limits))
+        })
+    }
+
+    pub fn has_pools(&self) -> bool {
+        self.pools().next().is_some()
+    }
+}
+
+impl PartialEq for Applied<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.own == other.own && self.pools().eq(other.pools())
+    }
+}
+
+impl Eq for Applied<'_> {}
+
+/// One key's limits: `limits[i]` is on endpoint `eps[i]` (or, with [`GROUP`] set, in the pool
+/// of group `eps[i] & !GROUP`), sorted by endpoint then window.
 #[derive(Debug)]
 struct KeyEntry {
     eps: Box<[u32]>,
     limits: Box<[Limit]>,
+}
+
+/// Marks a pool's limits in [`KeyEntry::eps`] (no catalog has 2^31 endpoints).
+const GROUP: u32 = 1 << 31;
+
+impl KeyEntry {
+    /// The limits on `ep` (an endpoint, or `GROUP | g`).
+    fn on(&self, ep: u32) -> &[Limit] {
+        let from = self.eps.partition_point(|&e| e < ep);
+        let to = from + self.eps[from..].partition_point(|&e| e == ep);
+        &self.limits[from..to]
+    }
 }
 
 /// API key bytes -> its limits.
@@ -57,6 +119,8 @@ pub struct Snapshot {
     routes: RouteTable,
     endpoints: Vec<Endpoint>,
     keys: KeyLimits,
+    /// The groups' names, by number: the catalog's `groups` in order, then `*`.
+    groups: Vec<Box<str>>,
     /// Fields of the document quotagate does not know (ignored; logged once when served).
     unknown_fields: Vec<String>,
 }
@@ -104,27 +168,36 @@ impl Snapshot {
         self.routes.lookup(method, path)
     }
 
-    /// The limits of `key` on `endpoint`: its own, else the endpoint's defaults.
+    /// The limits of `key` on `endpoint`: its own, else the endpoint's defaults; and its pools
+    /// that cover the endpoint.
     pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup<'_> {
         let Some(entry) = self.keys.get(key) else {
             return LimitLookup::UnknownKey;
         };
-        let ep = u32::try_from(endpoint).unwrap_or(u32::MAX);
-        let from = entry.eps.partition_point(|&e| e < ep);
-        let to = from + entry.eps[from..].partition_point(|&e| e == ep);
-        let own = &entry.limits[from..to];
-        let limits = if own.is_empty() {
-            self.endpoints
-                .get(endpoint)
-                .map_or(&[][..], |e| &e.default_limits)
-        } else {
-            own
+        let Some(e) = self.endpoints.get(endpoint) else {
+            return LimitLookup::NoLimit;
         };
-        if limits.is_empty() {
+        let own = entry.on(u32::try_from(endpoint).unwrap_or(u32::MAX));
+        let applied = Applied {
+            own: if own.is_empty() {
+                &e.default_limits
+            } else {
+                own
+            },
+            entry: Some(entry),
+            groups: &e.pools,
+            names: &self.groups,
+        };
+        if applied.own.is_empty() && !applied.has_pools() {
             LimitLookup::NoLimit
         } else {
-            LimitLookup::Limits(limits)
+            LimitLookup::Limits(applied)
         }
+    }
+
+    /// The name of group number `g` (`*` for every endpoint).
+    pub fn group_name(&self, g: u32) -> Option<&str> {
+        self.groups.get(usize::try_from(g).ok()?).map(|n| &**n)
     }
 }
 
@@ -333,7 +406,19 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
             e.anonymous = a.sorted();
         }
     }
-    let keys = key_limits(&raw, tz, &mut problems);
+    let groups = build_groups(&raw, &mut problems);
+    let defaults: Vec<usize> = match endpoints.len() == raw.endpoints.len() {
+        true => endpoints.iter().map(|e| e.default_limits.len()).collect(),
+        false => vec![0; raw.endpoints.len()],
+    };
+    let (keys, pooled) = key_limits(&raw, tz, &groups, &defaults, &mut problems);
+    if endpoints.len() == raw.endpoints.len() {
+        for (e, endpoint) in endpoints.iter_mut().enumerate() {
+            endpoint.pools = (0..groups.names.len() as u32)
+                .filter(|&g| pooled[g as usize] && groups.covers(g, e as u32))
+                .collect();
+        }
+    }
     // Route conflicts are only meaningful once every endpoint parsed.
     let routes = match templates.len() == raw.endpoints.len() {
         true => build_routes(templates, &mut problems),
@@ -348,8 +433,77 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         routes,
         endpoints,
         keys,
+        groups: groups.names,
         unknown_fields: Vec::new(),
     })
+}
+
+/// The catalog's groups, checked, by number: its `groups` in order, then `*`.
+struct Groups {
+    names: Vec<Box<str>>,
+    /// Each group's endpoints, ascending (`*`: empty, standing for all).
+    members: Vec<Vec<u32>>,
+}
+
+impl Groups {
+    fn number(&self, name: &str) -> Option<u32> {
+        self.names
+            .iter()
+            .position(|n| &**n == name)
+            .map(|g| g as u32)
+    }
+
+    fn is_all(&self, g: u32) -> bool {
+        g as usize + 1 == self.names.len()
+    }
+
+    fn covers(&self, g: u32, endpoint: u32) -> bool {
+        self.is_all(g) || self.members[g as usize].binary_search(&endpoint).is_ok()
+    }
+}
+
+/// A group's name: 1 to 64 letters, digits, `-`, `_` or `.` (it names a counter and a policy).
+fn group_name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn build_groups(raw: &CatalogDoc, problems: &mut Problems) -> Groups {
+    let mut groups = Groups {
+        names: Vec::with_capacity(raw.groups.len() + 1),
+        members: Vec::with_capacity(raw.groups.len() + 1),
+    };
+    for (name, eps) in &raw.groups {
+        let at = format!("groups.{name}");
+        if !group_name_ok(name) {
+            problems.add(
+                at.clone(),
+                "a group's name is 1 to 64 letters, digits, '-', '_' or '.' (\"*\", every endpoint, needs no entry)".into(),
+            );
+        }
+        if eps.is_empty() {
+            problems.add(at.clone(), "the group has no endpoint".into());
+        }
+        let mut members = Vec::with_capacity(eps.len());
+        for (i, &ep) in eps.iter().enumerate() {
+            match index(ep, raw.endpoints.len(), "endpoints") {
+                Ok(ep) if members.contains(&(ep as u32)) => problems.add(
+                    format!("{at}[{i}]"),
+                    format!("endpoint {ep} is listed twice"),
+                ),
+                Ok(ep) => members.push(ep as u32),
+                Err(r) => problems.add(format!("{at}[{i}]"), r.0),
+            }
+        }
+        members.sort_unstable();
+        groups.names.push(name.as_str().into());
+        groups.members.push(members);
+    }
+    groups.names.push("*".into());
+    groups.members.push(Vec::new());
+    groups
 }
 
 /// The endpoints that check out, and their templates with their index in the catalog.
@@ -402,6 +556,7 @@ fn build_endpoints(
                     default_limits: defaults.sorted(),
                     anonymous: Box::default(),
                     cost,
+                    pools: Box::default(),
                 });
                 templates.push((i, t));
             }
@@ -418,7 +573,18 @@ fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Ve
         .collect();
     for (j, l) in raw.anonymous.iter().enumerate() {
         let at = format!("anonymous[{j}]");
-        match index(l.ep, raw.endpoints.len(), "endpoints") {
+        if l.group.is_some() {
+            problems.add(
+                format!("{at}.group"),
+                "anonymous limits are per endpoint (\"ep\"): pools are for API keys".into(),
+            );
+            continue;
+        }
+        let Some(ep) = l.ep else {
+            problems.add(at, "an anonymous limit names its endpoint (\"ep\")".into());
+            continue;
+        };
+        match index(ep, raw.endpoints.len(), "endpoints") {
             Ok(ep) => {
                 let what = format!("endpoint {ep}");
                 if let Err((field, r)) = anonymous[ep].add(Spec::of(l), &what) {
@@ -431,8 +597,16 @@ fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Ve
     anonymous
 }
 
-/// Every API key's limits, by endpoint.
-fn key_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> KeyLimits {
+/// Every API key's limits, by endpoint and pool; and which groups some key pools, by number.
+/// `defaults[e]`: how many default limits endpoint `e` has.
+fn key_limits(
+    raw: &CatalogDoc,
+    tz: ZoneId,
+    groups: &Groups,
+    defaults: &[usize],
+    problems: &mut Problems,
+) -> (KeyLimits, Vec<bool>) {
+    let mut pooled = vec![false; groups.names.len()];
     let mut keys: KeyLimits =
         HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
@@ -451,12 +625,39 @@ fn key_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> KeyLimit
         let mut per_ep: Vec<(u32, LimitList)> = Vec::new();
         for (j, l) in entry.limits.iter().enumerate() {
             let at = format!("apilimits[{k}].limits[{j}]");
-            let ep = match index(l.ep, raw.endpoints.len(), "endpoints") {
-                Ok(ep) => ep as u32,
-                Err(r) => {
-                    problems.add(format!("{at}.ep"), r.0);
+            let ep = match (l.ep, l.group.as_deref()) {
+                (Some(_), Some(_)) => {
+                    problems.add(
+                        format!("{at}.group"),
+                        "a limit names an endpoint (\"ep\") or a group (\"group\"), not both"
+                            .into(),
+                    );
                     continue;
                 }
+                (None, None) => {
+                    problems.add(
+                        at,
+                        "a limit names an endpoint (\"ep\") or a group (\"group\")".into(),
+                    );
+                    continue;
+                }
+                (Some(ep), None) => match index(ep, raw.endpoints.len(), "endpoints") {
+                    Ok(ep) => ep as u32,
+                    Err(r) => {
+                        problems.add(format!("{at}.ep"), r.0);
+                        continue;
+                    }
+                },
+                (None, Some(name)) => match groups.number(name) {
+                    Some(g) => GROUP | g,
+                    None => {
+                        problems.add(
+                            format!("{at}.group"),
+                            format!("unknown group {name:?} (not in \"groups\", nor \"*\")"),
+                        );
+                        continue;
+                    }
+                },
             };
             let list = match per_ep.iter().position(|(e, _)| *e == ep) {
                 Some(i) => &mut per_ep[i].1,
@@ -465,11 +666,21 @@ fn key_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> KeyLimit
                     &mut per_ep.last_mut().expect("just pushed").1
                 }
             };
-            if let Err((field, r)) = list.add(Spec::of(l), &format!("endpoint {ep}")) {
+            let what = match ep & GROUP {
+                0 => format!("endpoint {ep}"),
+                _ => format!("the pool of group {:?}", l.group.as_deref().unwrap_or("")),
+            };
+            if let Err((field, r)) = list.add(Spec::of(l), &what) {
                 problems.add(format!("{at}.{field}"), r);
             }
         }
         per_ep.sort_unstable_by_key(|(ep, _)| *ep);
+        check_pooled_totals(k, &per_ep, groups, defaults, problems);
+        for (ep, list) in &per_ep {
+            if ep & GROUP != 0 && !list.limits.is_empty() {
+                pooled[(ep & !GROUP) as usize] = true;
+            }
+        }
         let mut eps = Vec::with_capacity(entry.limits.len());
         let mut limits = Vec::with_capacity(entry.limits.len());
         for (ep, list) in per_ep {
@@ -485,7 +696,50 @@ fn key_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> KeyLimit
             },
         );
     }
-    keys
+    (keys, pooled)
+}
+
+/// Every endpoint a key's pools cover is held to at most [`MAX_LIMITS`] limits in all: its own
+/// there (or the endpoint's defaults) and each pool's. (`per_ep`: the key's lists, sorted.)
+fn check_pooled_totals(
+    k: usize,
+    per_ep: &[(u32, LimitList)],
+    groups: &Groups,
+    defaults: &[usize],
+    problems: &mut Problems,
+) {
+    let pools: Vec<(u32, usize)> = per_ep
+        .iter()
+        .filter(|(ep, _)| ep & GROUP != 0)
+        .map(|(ep, list)| (ep & !GROUP, list.limits.len()))
+        .collect();
+    if pools.is_empty() {
+        return;
+    }
+    for e in 0..defaults.len() as u32 {
+        let pooled: usize = pools
+            .iter()
+            .filter(|(g, _)| groups.covers(*g, e))
+            .map(|(_, n)| n)
+            .sum();
+        if pooled == 0 {
+            continue;
+        }
+        let own = match per_ep.iter().find(|(ep, _)| *ep == e) {
+            Some((_, list)) => list.limits.len(),
+            None => defaults[e as usize],
+        };
+        if own + pooled > MAX_LIMITS {
+            problems.add(
+                format!("apilimits[{k}]"),
+                format!(
+                    "endpoint {e} would be held to {} limits, its own and its pools' (at most {MAX_LIMITS})",
+                    own + pooled
+                ),
+            );
+            return;
+        }
+    }
 }
 
 /// The route table of every endpoint's template; conflicts are located at the catalog's index.
@@ -535,7 +789,8 @@ mod tests {
         let path = normalize("/users/9/prefs", EscapedSlashes::Reject).unwrap();
         let r = s.route("GET", &path).unwrap();
         assert_eq!(s.endpoints()[r.endpoint].name, "GET /users/{id}/prefs");
-        let per_minute = |rl| LimitLookup::Limits(Box::leak(Box::new([Limit::per_minute(rl)])));
+        let per_minute =
+            |rl| LimitLookup::Limits(Applied::own(Box::leak(Box::new([Limit::per_minute(rl)]))));
         assert_eq!(s.limit(b"k1", 0), per_minute(20));
         assert_eq!(s.limit(b"k2", 0), per_minute(0));
         assert_eq!(s.limit(b"k2", 1), per_minute(7), "endpoint default");
@@ -590,7 +845,11 @@ mod tests {
         let l = |rl, w, shadow| Limit::sliding(rl, w).shadowed(shadow);
         assert_eq!(
             s.limit(b"k", 0),
-            LimitLookup::Limits(&[l(20, 1, false), l(50, 60, false), l(1000, 86400, false)]),
+            LimitLookup::Limits(Applied::own(&[
+                l(20, 1, false),
+                l(50, 60, false),
+                l(1000, 86400, false)
+            ])),
             "sorted by window"
         );
         let e = &s.endpoints()[0];
@@ -640,6 +899,75 @@ mod tests {
     }
 
     #[test]
+    fn pools_apply_to_every_endpoint_of_their_group_beside_its_own_limits() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a","/b","/c"],
+                "groups":{"search":[0,1]},
+                "endpoints":[{"p":0,"m":0},{"p":1,"m":0,"default_rl":9},{"p":2,"m":0}],
+                "apilimits":[
+                    {"key":"k","limits":[{"ep":0,"rl":10,"w":1},{"group":"search","rl":100,"period":"day"},
+                                         {"group":"*","rl":1000}]},
+                    {"key":"plain","limits":[{"ep":2,"rl":5}]}]}"#,
+        )
+        .unwrap();
+        let look = |key: &[u8], ep| match s.limit(key, ep) {
+            LimitLookup::Limits(a) => (a.own.to_vec(), a.pools().collect::<Vec<_>>()),
+            other => panic!("{other:?}"),
+        };
+        let day = Limit::calendar(100, Period::Day, ZoneId::UTC);
+        let all = Limit::per_minute(1000);
+        assert_eq!(
+            look(b"k", 0),
+            (
+                vec![Limit::sliding(10, 1)],
+                vec![("search", &[day][..]), ("*", &[all][..])]
+            )
+        );
+        assert_eq!(
+            look(b"k", 1),
+            (
+                vec![Limit::per_minute(9)],
+                vec![("search", &[day][..]), ("*", &[all][..])]
+            ),
+            "the endpoint's default beside the pools"
+        );
+        assert_eq!(
+            look(b"k", 2),
+            (vec![], vec![("*", &[all][..])]),
+            "limited by a pool alone"
+        );
+        assert_eq!(look(b"plain", 2), (vec![Limit::per_minute(5)], vec![]));
+        assert_eq!(s.limit(b"plain", 0), LimitLookup::NoLimit);
+
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],
+                "groups":{"":[0],"*":[0],"empty":[],"far":[3,0,0]},
+                "endpoints":[{"p":0,"m":0}],
+                "apilimits":[{"key":"k","limits":[{"rl":1},{"ep":0,"group":"far","rl":1},
+                    {"group":"nope","rl":1},{"group":"far","rl":1},{"group":"far","rl":2}]},
+                  {"key":"many","limits":[{"ep":0,"rl":1,"w":1},{"ep":0,"rl":1,"w":2},{"ep":0,"rl":1,"w":3},
+                    {"ep":0,"rl":1,"w":4},{"group":"*","rl":1,"w":5},{"group":"far","rl":1,"w":6},{"group":"far","rl":1}]}],
+                "anonymous":[{"group":"far","rl":1},{"rl":1}]}"#,
+        );
+        let want = [
+            r#"anonymous[0].group: anonymous limits are per endpoint ("ep"): pools are for API keys"#,
+            r#"anonymous[1]: an anonymous limit names its endpoint ("ep")"#,
+            r#"groups.: a group's name is 1 to 64 letters, digits, '-', '_' or '.' ("*", every endpoint, needs no entry)"#,
+            r#"groups.*: a group's name is 1 to 64 letters, digits, '-', '_' or '.' ("*", every endpoint, needs no entry)"#,
+            "groups.empty: the group has no endpoint",
+            "groups.far[0]: index 3 is out of range (endpoints has 1 entries)",
+            "groups.far[2]: endpoint 0 is listed twice",
+            r#"apilimits[0].limits[0]: a limit names an endpoint ("ep") or a group ("group")"#,
+            r#"apilimits[0].limits[1].group: a limit names an endpoint ("ep") or a group ("group"), not both"#,
+            r#"apilimits[0].limits[2].group: unknown group "nope" (not in "groups", nor "*")"#,
+            r#"apilimits[0].limits[4].w: the pool of group "far" already has a limit with a window of 60 s"#,
+            "apilimits[1]: endpoint 0 would be held to 7 limits, its own and its pools' (at most 6)",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn calendar_limits_load_in_their_zone_and_bad_ones_name_their_field() {
         let s = Snapshot::from_json(
             "t",
@@ -655,12 +983,12 @@ mod tests {
         let la = ZoneId::of("America/Los_Angeles").unwrap();
         assert_eq!(
             s.limit(b"k", 0),
-            LimitLookup::Limits(&[
+            LimitLookup::Limits(Applied::own(&[
                 Limit::sliding(10, 1),
                 Limit::per_minute(50),
                 Limit::calendar(1000, Period::Day, berlin),
                 Limit::calendar(10000, Period::Month, la),
-            ]),
+            ])),
             "windows, then periods from the shortest"
         );
         assert_eq!(
@@ -782,7 +1110,7 @@ mod tests {
         b.apilimits.push(ApiLimits {
             key: "k3".into(),
             limits: vec![LimitDef {
-                ep: 1,
+                ep: Some(1),
                 rl: 4,
                 ..LimitDef::default()
             }],
@@ -812,7 +1140,7 @@ mod tests {
         assert_eq!(a.apply(&serde_json::from_str(&json).unwrap()), e);
         let mut f = a.clone();
         f.anonymous.push(LimitDef {
-            ep: 0,
+            ep: Some(0),
             rl: 5,
             ..LimitDef::default()
         });
