@@ -7,7 +7,8 @@
 # each) on that Redis, then sends each instance QPS requests a second of one API key far under its
 # limit (oha at a fixed rate, 16 connections each, all three at once) for DURATION seconds; then the
 # same with `store.lease = off`, then a key far over its limit (10,000 a minute, used up within the
-# first second; then refusals), with leases on and off, each run on a key of its own. Reports, per run: decisions, the EVALSHA calls Redis ran
+# first second; then refusals), with leases on and off, then a hot key under a day quota and one
+# under a pool (issue 29), each run on a key of its own. Reports, per run: decisions, the EVALSHA calls Redis ran
 # (the gateways' only command per decision; the script's own inner commands, which
 # `INFO commandstats` lists apart, are not counted) per 1000 decisions, the gateways' CPU per
 # request and Redis' CPU per request. Prints a table and appends it to docs/benchmarks.md
@@ -30,7 +31,9 @@ python3 - "$WORK/catalog.json" <<'PY'
 import json, sys
 keys = [{"key": "hot", "limits": [{"ep": 0, "rl": 1_000_000_000}]},
         {"key": "over", "limits": [{"ep": 0, "rl": 10_000}]},
-        {"key": "over-off", "limits": [{"ep": 0, "rl": 10_000}]}]
+        {"key": "over-off", "limits": [{"ep": 0, "rl": 10_000}]},
+        {"key": "day", "limits": [{"ep": 0, "rl": 1_000_000_000, "period": "day"}]},
+        {"key": "pool", "limits": [{"group": "*", "rl": 1_000_000_000}]}]
 json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
            "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
@@ -94,6 +97,8 @@ run "hot key, leases on (auto)" hot
 run "hot key, leases off" hot --set store.lease=off
 run "a key over its limit (10,000/min), leases on" over
 run "a key over its limit (10,000/min), leases off" over-off --set store.lease=off
+run "hot key under a day quota, leases on (auto)" day
+run "hot key under a pool of every endpoint (no leases)" pool
 
 TABLE=$(
   echo "| three instances, $QPS req/s each, ${DURATION} s | decisions | 2xx | Redis script calls | per 1000 decisions | gateways' CPU us/req | Redis CPU us/req |"

@@ -245,7 +245,110 @@ on_every_store!(
     a_day_quota_beside_a_per_second_limit_resets_at_local_midnight,
     calendar_periods_agree_with_the_reference_across_their_boundaries,
     pools_and_endpoints_agree_with_the_reference,
+    reported_costs_replace_reservations_as_the_reference_does,
 );
+
+/// Requests reserve their cost, and later their response reports what they cost
+/// (`Store::adjust`): more is counted whatever the room (counts may go above a limit, and later
+/// requests are refused until room comes), less is given back where the reservation was counted.
+/// On an endpoint of its own and on one with a pool (each endpoint always the same: a catalog
+/// gives an endpoint its pools for good); every answer the reference's (`WindowSet::add` /
+/// `give_back`).
+async fn reported_costs_replace_reservations_as_the_reference_does(s: Subject) {
+    use quotagate_store::Part;
+    let mut next = xorshift(0x7A3C_0FFE_E15C_0DE5u64);
+    let (alone, chat, pool) = (
+        CounterKey::new(b"reporter", "POST /complete"),
+        CounterKey::new(b"reporter", "POST /chat"),
+        CounterKey::pool(b"reporter", "llm"),
+    );
+    let own_limits = [lim(8, 10), lim(40, 60)];
+    let pool_limits = [calendar(120, Period::Hour, "UTC"), shadow(30, 60)];
+    // /complete's, /chat's, the pool's.
+    let mut reference = [
+        WindowSet::default(),
+        WindowSet::default(),
+        WindowSet::default(),
+    ];
+    // Reservations not reported yet: when, how much, with the pool or not.
+    let mut open: std::collections::VecDeque<(u64, u64, bool, bool)> = Default::default();
+    let mut now = T0 * 1000 + 3;
+    for step in 0..1500 {
+        match next(100) {
+            0..=59 => now += next(300),
+            60..=94 => now += next(3_000),
+            _ => now += next(40_000),
+        }
+        let pooled = next(3) == 0;
+        let parts_of = |pooled: bool| {
+            let mut parts = vec![Part {
+                counter: if pooled { &chat } else { &alone },
+                limits: &own_limits[..],
+            }];
+            if pooled {
+                parts.push(Part {
+                    counter: &pool,
+                    limits: &pool_limits[..],
+                });
+            }
+            parts
+        };
+        if next(2) == 0 || open.is_empty() {
+            let cost = 1 + next(3);
+            let parts = parts_of(pooled);
+            let want = {
+                let [a, c, p] = &mut reference;
+                let mut decided: Vec<(&mut WindowSet, &[Limit])> = Vec::new();
+                if pooled {
+                    decided.push((c, &own_limits[..]));
+                    decided.push((p, &pool_limits[..]));
+                } else {
+                    decided.push((a, &own_limits[..]));
+                }
+                quotagate_engine::limiter::hit_parts(&mut decided, cost, now)
+            };
+            let got = match s.store.hit_parts(&parts, cost, now).await {
+                Verdict::Decided(o) => o,
+                other => panic!("store did not decide: {other:?}"),
+            };
+            assert_eq!(
+                got, want,
+                "step {step}, now {now}, cost {cost}, pooled {pooled}"
+            );
+            if got.allowed {
+                // Counted in the shadow limit too unless a shadow refused it.
+                open.push_back((now, cost, pooled, !got.shadow_limited));
+            }
+        } else {
+            let (at, cost, pooled, in_shadows) = open.pop_front().unwrap();
+            let reported = next(cost + 5);
+            let delta = reported as i64 - cost as i64;
+            // The limits it was counted in: a shadow limit only if no shadow refused it.
+            let pool_counted: Vec<Limit> = pool_limits
+                .iter()
+                .filter(|l| in_shadows || !l.shadow)
+                .copied()
+                .collect();
+            let mut parts = parts_of(pooled);
+            if pooled {
+                parts[1].limits = &pool_counted;
+            }
+            s.store.adjust(&parts, delta, at, now).await;
+            let [a, c, p] = &mut reference;
+            let sets: Vec<(&mut WindowSet, &[Limit])> = match pooled {
+                true => vec![(c, &own_limits[..]), (p, &pool_counted[..])],
+                false => vec![(a, &own_limits[..])],
+            };
+            for (set, limits) in sets {
+                if delta > 0 {
+                    set.add(limits, delta as u64, now);
+                } else {
+                    set.give_back(limits, delta.unsigned_abs(), at);
+                }
+            }
+        }
+    }
+}
 
 /// Requests of one API key on two endpoints that share a pool (`CounterKey::pool`): each counted
 /// in its endpoint's limits and the pool's, or in none, every answer the reference's

@@ -156,6 +156,25 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
+    /// [`CounterStore::adjust`] on the shared store, or under policy `local` (and without one) in
+    /// this instance's memory, where the request was counted. Errors mark the store down; an
+    /// adjustment that no store takes is lost (its reservation stays counted, or its extra
+    /// units are not).
+    pub async fn adjust(&self, parts: &[Part<'_>], delta: i64, reserved_at_ms: u64, now_ms: u64) {
+        if let Some(shared) = &self.shared
+            && !self.is_degraded()
+        {
+            match shared.adjust(parts, delta, reserved_at_ms, now_ms).await {
+                Ok(()) => return,
+                Err(e) if e.is_unsupported() => return,
+                Err(e) => self.mark_down(&e),
+            }
+        }
+        if self.shared.is_none() || self.policy == FailurePolicy::Local {
+            let _ = self.local.adjust_now(parts, delta, reserved_at_ms, now_ms);
+        }
+    }
+
     /// [`Failover::peek`] across several counters ([`CounterStore::peek_parts`]).
     pub async fn peek_parts(
         &self,

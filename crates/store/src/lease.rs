@@ -490,6 +490,65 @@ impl Leases {
         })
     }
 
+    /// `units` more counted for a request of `key` under `limits` that this instance admitted
+    /// (a response reported more than was reserved, docs/semantics.md): taken from the
+    /// counter's lease when it has them left now (`true`: nothing more to count in Redis), and
+    /// either way off what this instance tells.
+    pub fn added(&self, key: &CounterKey, limits: &LimitSet, units: u64, now_us: i64) -> bool {
+        let mut shard = self.shard(key);
+        let Some(e) = shard.get_mut(key) else {
+            return false;
+        };
+        if let Some(t) = e.told.as_mut().filter(|t| t.is_for(limits)) {
+            for s in t.slots.iter_mut() {
+                s.floor = s.floor.saturating_sub(units);
+            }
+        }
+        match e.lease.as_deref_mut() {
+            Some(l) if l.limits == *limits && now_us < l.until_us && l.left >= units => {
+                l.left -= units;
+                e.used += units;
+                self.stats.units_used.inc_by(units);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `units` of a request of `key` under `limits`, reserved at `reserved_at_ms` (the script's
+    /// clock), were given back at `now_ms`: room again, told at once in each window that still
+    /// holds the bucket they were counted in (a period: the same period), never above its limit.
+    pub fn given_back(
+        &self,
+        key: &CounterKey,
+        limits: &LimitSet,
+        units: u64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) {
+        let mut shard = self.shard(key);
+        let Some(t) = shard
+            .get_mut(key)
+            .and_then(|e| e.told.as_mut())
+            .filter(|t| t.is_for(limits))
+        else {
+            return;
+        };
+        for s in t.slots.iter_mut() {
+            let l = &s.limit;
+            let held = match l.period() {
+                Some(p) => {
+                    let (start, end) = quotagate_engine::limiter::period_bounds(p, l.zone, now_ms);
+                    (start..end).contains(&reserved_at_ms)
+                }
+                None => bucket_of(l.w, reserved_at_ms) + buckets(l.w) > bucket_of(l.w, now_ms),
+            };
+            if held && s.floor != u64::MAX {
+                s.floor = s.floor.saturating_add(units).min(l.rl);
+            }
+        }
+    }
+
     /// Forgets the leases of every counter whose name starts with `prefix` (its counts were
     /// reset): giving them back would take from counts made since.
     pub fn forget(&self, prefix: &str) {

@@ -110,6 +110,23 @@ pub trait CounterStore: Send + Sync + 'static {
         }
     }
 
+    /// A response reported a cost other than the `reserved` one a request was admitted with at
+    /// `reserved_at_ms` (the caller's clock, as `now_ms`): `delta` more units counted at
+    /// `now_ms` in every limit of `parts` whatever its room (counts may go above a limit), or
+    /// `-delta` given back from where the reservation was counted, never below what is there.
+    /// `parts`: the limits the request was counted in (its shadow limits only if it was counted
+    /// in them). (By default: not supported.)
+    fn adjust(
+        &self,
+        parts: &[Part<'_>],
+        delta: i64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (parts, delta, reserved_at_ms, now_ms);
+        async { Err(StoreError::parts_apart()) }
+    }
+
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 

@@ -116,6 +116,26 @@ impl SlidingWindows {
         outcome
     }
 
+    /// [`CounterStore::adjust`] on the parts' counters, under one lock.
+    pub fn adjust(&self, parts: &[Part<'_>], delta: i64, reserved_at_ms: u64, now_ms: u64) {
+        let mut shard = self.shard(parts[0].counter);
+        for p in parts {
+            if delta > 0 {
+                if !shard.windows.contains_key(p.counter) {
+                    shard.sweep(now_ms);
+                    shard
+                        .windows
+                        .insert(p.counter.clone(), WindowSet::default());
+                }
+                if let Some(set) = shard.windows.get_mut(p.counter) {
+                    set.add(p.limits, delta.unsigned_abs(), now_ms);
+                }
+            } else if let Some(set) = shard.windows.get_mut(p.counter) {
+                set.give_back(p.limits, delta.unsigned_abs(), reserved_at_ms);
+            }
+        }
+    }
+
     /// [`peek_parts`] on the parts' counters (empty ones where there are none).
     pub fn peek_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Outcome {
         let shard = self.shard(parts[0].counter);
@@ -352,6 +372,23 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// [`CounterStore::adjust`] without a future (the failover's local fallback too).
+    pub fn adjust_now(
+        &self,
+        parts: &[Part<'_>],
+        delta: i64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        check_parts(parts)?;
+        if delta != 0 {
+            self.windows.adjust(parts, delta, reserved_at_ms, now_ms);
+        }
+        Ok(())
+    }
+}
+
 impl CounterStore for MemoryStore {
     async fn hit(
         &self,
@@ -401,6 +438,16 @@ impl CounterStore for MemoryStore {
     ) -> Result<Outcome, StoreError> {
         check_parts(parts)?;
         Ok(self.windows.peek_parts(parts, cost, now_ms))
+    }
+
+    async fn adjust(
+        &self,
+        parts: &[Part<'_>],
+        delta: i64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.adjust_now(parts, delta, reserved_at_ms, now_ms)
     }
 
     fn kind(&self) -> &'static str {

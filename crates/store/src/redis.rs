@@ -36,6 +36,10 @@ use quotagate_engine::limiter::{
     Limit, MAX_LIMITS, Outcome, Quota, Shape, Span, WindowSet, fixed_outcome, hit_parts, peek_parts,
 };
 
+/// A limit no count reaches (exact in the script's doubles): what a count made whatever the room
+/// is checked against.
+const OUT_OF_REACH: u64 = 1 << 52;
+
 static WINDOW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("window.lua")));
 static DIVVY: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("divvy.lua")));
 
@@ -1032,6 +1036,83 @@ impl CounterStore for RedisStore {
         let sets: Vec<(&WindowSet, &[Limit])> =
             sets.iter().zip(parts).map(|(w, p)| (w, p.limits)).collect();
         Ok(peek_parts(&sets, cost, now_ms))
+    }
+
+    /// A positive `delta` is taken from the counter's lease when it has that many units left
+    /// (they are counted in Redis already), else counted by a script call whose limits are out
+    /// of reach (so it counts whatever the room); a negative one is given back by a script call,
+    /// as a lease is, from the bucket of the reservation (by Redis' clock, estimated from the
+    /// caller's).
+    async fn adjust(
+        &self,
+        parts: &[Part<'_>],
+        delta: i64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        check_parts(parts)?;
+        let units = delta.unsigned_abs();
+        if delta > 0 {
+            if let Some((leases, p)) = self.leases_for(parts) {
+                let now_us = self.lease_now_us(leases, now_ms);
+                if leases.added(p.counter, &LimitSet::new(p.limits), units, now_us) {
+                    return Ok(());
+                }
+            }
+            let forced: Vec<Vec<Limit>> = parts
+                .iter()
+                .map(|p| {
+                    p.limits
+                        .iter()
+                        .map(|l| Limit {
+                            rl: OUT_OF_REACH,
+                            ..*l
+                        })
+                        .collect()
+                })
+                .collect();
+            let forced: Vec<Part> = parts
+                .iter()
+                .zip(&forced)
+                .map(|(p, limits)| Part {
+                    counter: p.counter,
+                    limits,
+                })
+                .collect();
+            self.bounded(self.run_window_script(&forced, units, now_ms, None))
+                .await?;
+        } else if delta < 0 {
+            let at = i64::try_from(reserved_at_ms).unwrap_or(i64::MAX / 2);
+            let given_at_ms = match self.time_source {
+                TimeSource::Local => at,
+                TimeSource::Redis => at + self.offset.load(Ordering::Relaxed),
+            };
+            let args = LeaseArgs {
+                want: 0,
+                give: units,
+                given_at_ms,
+            };
+            self.bounded(self.run_window_script(parts, 0, now_ms, Some(args)))
+                .await?;
+            // Room came back: a refusal remembered may no longer hold.
+            for p in parts {
+                self.blocked.remove(p.counter);
+            }
+            if let Some((leases, p)) = self.leases_for(parts) {
+                let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
+                let now = match self.time_source {
+                    TimeSource::Local => now,
+                    TimeSource::Redis => now + self.offset.load(Ordering::Relaxed),
+                };
+                let set = LimitSet::new(p.limits);
+                let (at, now) = (
+                    u64::try_from(given_at_ms).unwrap_or(0),
+                    u64::try_from(now).unwrap_or(0),
+                );
+                leases.given_back(p.counter, &set, units, at, now);
+            }
+        }
+        Ok(())
     }
 
     /// A fresh connection per probe: the old one may be stuck behind a hung server. On a cluster

@@ -204,6 +204,17 @@ impl Tally {
         self.count = self.count.saturating_add(cost);
     }
 
+    /// Takes up to `units` back, if they were counted in this period (at `at_ms`); the units
+    /// taken.
+    pub fn give_back(&mut self, at_ms: u64, units: u64) -> u64 {
+        if !(self.start_ms..self.end_ms).contains(&at_ms) {
+            return 0;
+        }
+        let taken = self.count.min(units);
+        self.count -= taken;
+        taken
+    }
+
     /// Nothing counted in the period holding `now_ms`.
     pub fn is_idle(&self, now_ms: u64) -> bool {
         self.count == 0 || now_ms >= self.end_ms

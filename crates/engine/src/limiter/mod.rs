@@ -509,6 +509,37 @@ impl WindowSet {
         self.decide(limits, cost, now_ms, true)
     }
 
+    /// Counts `units` more at `now_ms` in the window of each of `limits`, whatever room they have:
+    /// a request whose response reported a cost above what it reserved (docs/semantics.md).
+    pub fn add(&mut self, limits: &[Limit], units: u64, now_ms: u64) {
+        for l in limits.iter().take(MAX_LIMITS) {
+            if l.period().is_some() {
+                let i = self.tally(l, now_ms);
+                self.tallies[i].check(now_ms, u64::MAX, 0);
+                self.tallies[i].count(units);
+            } else {
+                let i = self.window(l.w);
+                self.windows[i].check(now_ms, u64::MAX, 0);
+                self.windows[i].count(units);
+            }
+        }
+    }
+
+    /// Takes up to `units` back from each of `limits`' windows, from the bucket (or period)
+    /// holding `at_ms`, if it is still in the window: a request whose response reported a cost
+    /// below what it reserved at `at_ms`.
+    pub fn give_back(&mut self, limits: &[Limit], units: u64, at_ms: u64) {
+        for l in limits.iter().take(MAX_LIMITS) {
+            if let Some(p) = l.period() {
+                if let Some(t) = self.tallies.iter_mut().find(|t| t.is_for(p, l.zone)) {
+                    t.give_back(at_ms, units);
+                }
+            } else if let Some(w) = self.windows.iter_mut().find(|w| w.seconds() == l.w) {
+                w.give_back(at_ms, units);
+            }
+        }
+    }
+
     /// The state of every limit at `now_ms` for one more request of `cost`, counting nothing.
     pub fn peek(&self, limits: &[Limit], cost: u64, now_ms: u64) -> Outcome {
         // Checking moves a window's buckets forward: on a copy.
@@ -816,6 +847,52 @@ mod tests {
         assert!(
             hit(&mut a, &mut shared, &own, T0 + 60_000).allowed,
             "peeking counted nothing"
+        );
+    }
+
+    #[test]
+    fn a_report_adds_past_the_limit_or_gives_back_where_the_reservation_was_counted() {
+        let limits = [lim(10, 60), Limit::calendar(100, Period::Day, ZoneId::UTC)];
+        let mut c = WindowSet::default();
+        assert!(c.hit(&limits, 5, T0).allowed, "a reservation of 5");
+        c.add(&limits, 7, T0 + 2_000);
+        let o = c.peek(&limits, 1, T0 + 3_000);
+        assert!(!o.allowed, "12 of 10: refused until room comes");
+        assert_eq!(o.quotas()[0].remaining, 0);
+        assert_eq!(
+            o.retry_after(&limits),
+            Some(57),
+            "when the 5 leave, 7 of 10 are left"
+        );
+        assert_eq!(o.quotas()[1].remaining, 88);
+        let mut d = WindowSet::default();
+        assert!(d.hit(&limits, 5, T0).allowed);
+        assert!(d.hit(&limits, 1, T0 + 1_000).allowed);
+        d.give_back(&limits, 4, T0);
+        let o = d.peek(&limits, 1, T0 + 1_500);
+        assert_eq!((o.quotas()[0].remaining, o.quotas()[1].remaining), (8, 98));
+        d.give_back(&limits, 1, T0 - 86_400_000);
+        assert_eq!(
+            d.peek(&limits, 1, T0 + 1_500).quotas()[1].remaining,
+            98,
+            "yesterday's units are gone already"
+        );
+        d.give_back(&limits, 9, T0);
+        assert_eq!(
+            d.peek(&limits, 1, T0 + 1_500).quotas()[0].remaining,
+            9,
+            "never below 0"
+        );
+        let mut e = WindowSet::default();
+        assert!(e.hit(&limits, 5, T0).allowed);
+        e.give_back(&limits, 5, T0);
+        assert!(e.is_idle(T0));
+        assert!(e.hit(&limits, 2, T0 + 61_000).allowed);
+        e.give_back(&limits, 2, T0);
+        assert_eq!(
+            e.peek(&limits, 1, T0 + 61_000).quotas()[0].remaining,
+            8,
+            "the minute-old bucket has left: nothing to take from"
         );
     }
 

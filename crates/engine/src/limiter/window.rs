@@ -189,6 +189,20 @@ impl Window {
         c.oldest.map(|b| bucket_start(self.w, b + self.n()))
     }
 
+    /// Takes up to `units` back from the bucket holding `at_ms`, if it is still in the window
+    /// (never below what that bucket holds: what `window.lua` does with a lease given back).
+    /// The units taken.
+    pub fn give_back(&mut self, at_ms: u64, units: u64) -> u64 {
+        let (b, n) = (bucket_of(self.w, at_ms), self.n());
+        if b > self.last || b + n <= self.last {
+            return 0;
+        }
+        let slot = &mut self.counts[(b % n) as usize];
+        let taken = u64::from(*slot).min(units);
+        *slot -= taken as u32;
+        taken
+    }
+
     /// Counts `cost` in the bucket of the last [`Window::check`].
     pub fn count(&mut self, cost: u64) {
         let n = self.n();
