@@ -100,6 +100,9 @@ pub struct Metrics {
     pub catalog_polls: Family<OutcomeLabels, Counter>,
     /// Forced-refresh headers by outcome: `fetched`, `timed_out`, `invalid`.
     pub catalog_refreshes: Family<OutcomeLabels, Counter>,
+    /// Responses of `cost_from` endpoints by what they reported: `reported`, or why the
+    /// reservation stayed (`missing`, `invalid`, `too_large`, `cut_short`).
+    pub cost_reports: Family<OutcomeLabels, Counter>,
 }
 
 /// The states `/metrics` shows, read when it is rendered.
@@ -139,6 +142,7 @@ impl Metrics {
             registry: Default::default(),
             catalog_polls: Family::default(),
             catalog_refreshes: Family::default(),
+            cost_reports: Family::default(),
         };
         let r = &mut registry;
         if gateway {
@@ -191,6 +195,11 @@ impl Metrics {
                 "quotagate_catalog_refreshes",
                 "Forced-refresh headers by outcome",
                 m.catalog_refreshes.clone(),
+            );
+            r.register(
+                "quotagate_cost_reports",
+                "Responses of cost_from endpoints by what they reported (reported, or why the reservation stayed)",
+                m.cost_reports.clone(),
             );
         }
         r.register(

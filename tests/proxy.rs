@@ -1527,6 +1527,103 @@ async fn two_instances_on_one_redis_share_a_pool_exactly() {
     assert_eq!(up.requests().len(), 50);
 }
 
+// ---- cost reported by the response (issue 29) ----
+
+const TOKENS_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/tokens/header/{n}", "/tokens/json/{n}", "/tokens/sse/{n}", "/tokens/cut/{n}", "/tokens/none", "/plain"],
+  "endpoints": [
+    {"p": 0, "m": 0, "cost": 10, "cost_from": {"header": "x-usage-tokens"}},
+    {"p": 1, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
+    {"p": 2, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
+    {"p": 3, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
+    {"p": 4, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
+    {"p": 5, "m": 0}
+  ],
+  "apilimits": [{"key": "k1", "limits": [{"group": "*", "rl": 100, "period": "day"}]}]
+}"#;
+
+/// Each request reserves the endpoint's cost (10) in the key's pool of 100 a day; what its
+/// response reports (a header, a JSON body, the last event of a stream) replaces it, and a
+/// response that reports nothing or is cut short keeps it. A report above what is left takes the
+/// pool past its limit: refused until the day ends.
+async fn reported_costs_through_the_proxy(c: Config) {
+    let gw = TestGateway::start(c, TOKENS_CATALOG, FakeClock::new(T0)).await;
+    let left = |want: u64| {
+        let why = format!("http://{}/limits?method=GET&path=/plain", gw.admin);
+        async move {
+            let v = get(&why, &[KEY]).await.json();
+            v["limits"][0]["remaining"] == want
+        }
+    };
+    let limit = Duration::from_secs(5);
+    let r = get(&gw.url("/tokens/header/3"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-remaining"), Some("90"), "10 reserved");
+    support::eventually(limit, || left(97)).await;
+    let r = get(&gw.url("/tokens/json/25"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        std::str::from_utf8(&r.body)
+            .unwrap()
+            .ends_with(r#""usage": {"total_tokens": 25}}"#),
+        "the body as the upstream sent it"
+    );
+    support::eventually(limit, || left(72)).await;
+    let r = get(&gw.url("/tokens/sse/40"), &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        std::str::from_utf8(&r.body)
+            .unwrap()
+            .ends_with("data: [DONE]\n\n")
+    );
+    support::eventually(limit, || left(32)).await;
+    // Cut short: the client sees the stream break; the reservation stays.
+    let client = http1_client();
+    let req = http::Request::get(gw.url("/tokens/cut/1"))
+        .header("X-Api-Key", "k1")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_err()
+    );
+    assert_eq!(get(&gw.url("/tokens/none"), &[KEY]).await.status, 200);
+    support::eventually(limit, || left(12)).await;
+    let r = get(&gw.url("/tokens/header/500"), &[KEY]).await;
+    assert_eq!(r.status, 200, "12 left: the reservation of 10 fits");
+    support::eventually(limit, || left(0)).await;
+    let r = get(&gw.url("/tokens/header/1"), &[KEY]).await;
+    assert_eq!(r.status, 429, "the report took the pool past its limit");
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("retry-after"), Some("6360"), "until the day ends");
+    let m = support::scrape(gw.admin).await;
+    let count = |o: &str| {
+        m.get(&format!(r#"quotagate_cost_reports_total{{outcome="{o}"}}"#))
+            .copied()
+    };
+    assert_eq!(
+        (count("reported"), count("cut_short"), count("missing")),
+        (Some(4.0), Some(1.0), Some(1.0))
+    );
+}
+
+#[tokio::test]
+async fn reported_costs_replace_reservations_on_memory() {
+    let up = Upstream::start().await;
+    reported_costs_through_the_proxy(config(&up)).await;
+}
+
+#[tokio::test]
+async fn reported_costs_replace_reservations_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    reported_costs_through_the_proxy(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
 #[tokio::test]
 async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
     let up = Upstream::start().await;

@@ -488,7 +488,7 @@ async fn a_day_quota_beside_a_per_second_limit_resets_at_local_midnight(s: Subje
 /// through hours, days, weeks and months: every answer the reference's (`WindowSet`).
 async fn calendar_periods_agree_with_the_reference_across_their_boundaries(s: Subject) {
     let mut next = xorshift(0x51_7CC1_B727_220Au64);
-    let sets: [Vec<Limit>; 4] = [
+    let sets: [Vec<Limit>; 5] = [
         vec![lim(3, 1), calendar(20, Period::Hour, "UTC")],
         vec![
             lim(10, 60),
@@ -503,6 +503,7 @@ async fn calendar_periods_agree_with_the_reference_across_their_boundaries(s: Su
             calendar(5, Period::Hour, "Asia/Kathmandu").shadowed(true),
             calendar(60, Period::Day, "Europe/Berlin"),
         ],
+        vec![calendar(25, Period::Hour, "Asia/Kolkata")],
     ];
     let keys = [key("a"), key("b")];
     let mut reference = vec![WindowSet::default(); keys.len()];

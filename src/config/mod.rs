@@ -408,6 +408,9 @@ pub struct LimitsConfig {
     pub trusted_proxies: String,
     /// IPv6 clients are counted per network of this prefix length. Default: 64.
     pub ipv6_prefix: u8,
+    /// Bytes of a response body read for its `cost_from` report at most: a JSON body kept until
+    /// it ends, an event stream's current event. Default: 1 MiB.
+    pub cost_body_max_bytes: u64,
 }
 
 /// How requests are spread over several upstream targets.
@@ -457,6 +460,7 @@ impl Default for LimitsConfig {
             anonymous: Anonymous::Reject,
             trusted_proxies: String::new(),
             ipv6_prefix: 64,
+            cost_body_max_bytes: 1024 * 1024,
         }
     }
 }

@@ -81,6 +81,16 @@ pub struct Target<'s> {
     pub method: Option<Method>,
     /// For the rate-limit fields.
     pub limit: Option<Rate<'s>>,
+    /// Where the response reports what the request cost, and the counters it reserved in.
+    pub report: Option<Reserved<'s>>,
+}
+
+/// A request counted with a reservation that its response replaces (`cost_from`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved<'s> {
+    pub from: &'s quotagate_engine::report::CostFrom,
+    pub counter: CounterKey,
+    pub pools: Vec<(CounterKey, usize)>,
 }
 
 impl Target<'_> {
@@ -89,6 +99,7 @@ impl Target<'_> {
             path,
             method: None,
             limit: None,
+            report: None,
         }
     }
 }
@@ -185,6 +196,7 @@ impl<'s> Pending<'s, '_> {
                     path: self.held.path,
                     method: Some(endpoint.method.clone()),
                     limit: None,
+                    report: None,
                 };
                 return Admission::forward(Decision::StoreOpen, Some(endpoint), target);
             }
@@ -200,6 +212,14 @@ impl<'s> Pending<'s, '_> {
             }
         };
         let (allowed, shadow_limited) = (outcome.allowed, outcome.shadow_limited);
+        let report = match endpoint.cost_from.as_ref() {
+            Some(from) if allowed => Some(Reserved {
+                from,
+                counter: self.held.counter(),
+                pools: self.held.pool_counters(&self.limits),
+            }),
+            _ => None,
+        };
         let rate = Rate {
             name: endpoint.name.as_str(),
             limits: self.limits,
@@ -217,6 +237,7 @@ impl<'s> Pending<'s, '_> {
                 path: self.held.path,
                 method: Some(endpoint.method.clone()),
                 limit: Some(rate),
+                report,
             };
             return Admission::forward(decision, Some(endpoint), target);
         }
@@ -529,6 +550,7 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
                 path,
                 method: Some(endpoint.method.clone()),
                 limit: None,
+                report: None,
             },
         ),
     }
@@ -718,7 +740,8 @@ mod tests {
             Action::Forward(Target {
                 path: "/users/7".into(),
                 method: Some(Method::GET),
-                limit: None
+                limit: None,
+                report: None,
             })
         );
         let off = policy(&[("enabled", "false")]);

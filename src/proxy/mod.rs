@@ -9,6 +9,7 @@ pub mod answer;
 pub mod client;
 pub mod explain;
 pub mod headers;
+pub mod report;
 pub mod settings;
 pub mod upgrade;
 pub mod upstream;
@@ -36,7 +37,8 @@ use upstream::Upstream;
 pub use settings::{Policy, ProxySettings, Refresh};
 
 /// Response body: the upstream's, streamed, or one of our own small ones.
-pub type Body = Either<upstream::pool::PooledBody<upstream::UpstreamBody>, Full<Bytes>>;
+pub type Body =
+    Either<report::Tapped<upstream::pool::PooledBody<upstream::UpstreamBody>>, Full<Bytes>>;
 
 /// What happened to one request, for metrics and the access log.
 #[derive(Debug)]
@@ -336,6 +338,28 @@ impl Proxy {
                     _ => None,
                 };
                 let (mut head, body) = resp.into_parts();
+                // What the response reports it cost, read before the fields it may also have.
+                let tap = match (target.report, &target.limit) {
+                    (Some(reserved), Some(rate)) => {
+                        let (limits, pools) = report::counted(rate, &reserved.pools);
+                        let pending = report::Pending {
+                            store: self.store.clone(),
+                            clock: self.clock.clone(),
+                            metrics: self.metrics.clone(),
+                            counter: reserved.counter,
+                            pools,
+                            limits,
+                            reserved: rate.cost,
+                            reserved_at_ms: rate.at_ms,
+                        };
+                        pending.read(
+                            reserved.from,
+                            &head.headers,
+                            self.policy.cost_body_max_bytes,
+                        )
+                    }
+                    _ => None,
+                };
                 headers::strip_hop_by_hop(&mut head.headers, None);
                 if let Some(rate) = &target.limit {
                     headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
@@ -344,7 +368,7 @@ impl Proxy {
                     upgrade::restore(&mut head.headers, protocol);
                     return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
                 }
-                Response::from_parts(head, Either::Left(body))
+                Response::from_parts(head, Either::Left(report::Tapped::new(body, tap)))
             }
             Err(e) => {
                 let (decision, rejection) = answer::upstream_failure(e);

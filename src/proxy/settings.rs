@@ -35,6 +35,8 @@ pub struct Policy {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// IPv6 clients are counted per network of this prefix length (`limits.ipv6_prefix`).
     pub ipv6_prefix: u8,
+    /// Bytes of a body read for its `cost_from` report at most (`limits.cost_body_max_bytes`).
+    pub cost_body_max_bytes: usize,
 }
 
 impl TryFrom<&Config> for Policy {
@@ -64,6 +66,7 @@ impl TryFrom<&Config> for Policy {
             },
             anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
             trusted_proxies: client::parse_trusted(&limits.trusted_proxies)?,
+            cost_body_max_bytes: usize::try_from(limits.cost_body_max_bytes).unwrap_or(usize::MAX),
             ipv6_prefix: match limits.ipv6_prefix {
                 p @ 1..=128 => p,
                 p => {

@@ -244,7 +244,10 @@ type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 
 /// A real HTTP upstream on port 0 that records every request. Paths with special behaviour:
 /// `/slow/..` answers after 2 s; `/redirect` answers 302; `/hop` answers with hop-by-hop and
-/// rate-limit fields of its own; `/big/<n>` streams n bytes. Everything else: 200 `ok`.
+/// rate-limit fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
+/// report a cost of n in a header, a JSON body (about 1 kB) or at the end of an event stream,
+/// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/none` reports nothing.
+/// Everything else: 200 `ok`.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -376,24 +379,91 @@ async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> 
     }
     if let Some(n) = path.strip_prefix("/big/") {
         let n: usize = n.parse().unwrap();
-        return Response::new(http_body_util::Either::Right(Chunks { left: n }));
+        return Response::new(http_body_util::Either::Right(Chunks {
+            left: n,
+            ..Chunks::default()
+        }));
+    }
+    if let Some(rest) = path.strip_prefix("/tokens/") {
+        return tokens(rest);
     }
     full(200, "ok")
 }
 
-/// A body of `n` bytes sent in 64 KiB frames, to check that responses stream.
+/// A response reporting what it cost (`/tokens/...`).
+fn tokens(rest: &str) -> Response<UpBody> {
+    let (how, n) = rest.split_once('/').unwrap_or((rest, ""));
+    let frames = |frames: Vec<String>, cut: bool| Chunks {
+        frames: frames.into_iter().map(Bytes::from).collect(),
+        cut,
+        ..Chunks::default()
+    };
+    let events = |n: &str| {
+        vec![
+            "data: {\"choices\": [{\"delta\": \"Hel\"}]}\n\n".to_owned(),
+            "data: {\"choices\": [{\"delta\": \"lo\"}]}\n\n".to_owned(),
+            format!("data: {{\"usage\": {{\"total_tokens\": {n}}}}}\n\n"),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+    };
+    let (kind, body) = match how {
+        "json" => {
+            let text = "x".repeat(900);
+            let json =
+                format!(r#"{{"id": "r1", "text": "{text}", "usage": {{"total_tokens": {n}}}}}"#);
+            let (a, b) = json.split_at(500);
+            (
+                "application/json",
+                frames(vec![a.to_owned(), b.to_owned()], false),
+            )
+        }
+        "sse" => ("text/event-stream", frames(events(n), false)),
+        "cut" => ("text/event-stream", frames(events(n)[..2].to_vec(), true)),
+        "none" => (
+            "application/json",
+            frames(vec![r#"{"id": "r2"}"#.to_owned()], false),
+        ),
+        _ => ("text/plain", frames(vec!["ok".to_owned()], false)),
+    };
+    let mut r = Response::new(http_body_util::Either::Right(body));
+    r.headers_mut()
+        .insert("content-type", kind.parse().unwrap());
+    if how == "header" {
+        r.headers_mut().insert("x-usage-tokens", n.parse().unwrap());
+    }
+    r
+}
+
+/// A body sent in frames: `frames` first, then `left` bytes in 64 KiB frames (to check that
+/// responses stream); with `cut`, an error in place of its end (a connection broken mid-body).
+#[derive(Default)]
 pub struct Chunks {
+    frames: std::collections::VecDeque<Bytes>,
     left: usize,
+    cut: bool,
+    /// Before the cut: a pause, so that what was sent goes out first.
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl http_body::Body for Chunks {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(f) = self.frames.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(Frame::data(f))));
+        }
+        if self.left == 0 && self.cut {
+            let pause = self
+                .pause
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(50))));
+            std::task::ready!(pause.as_mut().poll(_cx));
+            self.cut = false;
+            return std::task::Poll::Ready(Some(Err(std::io::Error::other("cut short"))));
+        }
         if self.left == 0 {
             return std::task::Poll::Ready(None);
         }

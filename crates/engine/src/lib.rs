@@ -13,5 +13,6 @@ pub mod catalog;
 pub mod clock;
 pub mod limiter;
 pub mod path;
+pub mod report;
 pub mod router;
 pub mod text;

@@ -61,6 +61,18 @@ pub struct EndpointDef {
     /// Units of every limit one request uses. Default: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<serde_json::Number>,
+    /// Where its responses report what a request cost: `{"header": NAME}` or `{"json": PATH}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_from: Option<CostFromDef>,
+}
+
+/// An endpoint's `cost_from`, as written: exactly one of its fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostFromDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
 }
 
 /// One default window of an endpoint.

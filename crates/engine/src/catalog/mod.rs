@@ -20,7 +20,8 @@ mod snapshot;
 pub mod version;
 
 pub use doc::{
-    ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, DefaultLimitDef, EndpointDef, LimitDef,
+    ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, CostFromDef, DefaultLimitDef, EndpointDef,
+    LimitDef,
 };
 pub use error::{CatalogError, Problem};
 pub use snapshot::{Applied, Endpoint, LimitLookup, MAX_COST, Snapshot};

@@ -24,6 +24,8 @@ pub struct Endpoint {
     pub cost: u64,
     /// The groups that cover it and that some key pools ([`Snapshot::group_name`]), ascending.
     pub pools: Box<[u32]>,
+    /// Where its responses report what a request cost (`None`: its `cost` is what it costs).
+    pub cost_from: Option<crate::report::CostFrom>,
 }
 
 /// What the catalog says about one (API key, endpoint) pair.
@@ -240,6 +242,24 @@ fn cost_value(c: Option<&serde_json::Number>) -> Result<u64, Reason> {
                 "cost {c} must be a whole number from 1 to {MAX_COST}"
             ))
         })
+}
+
+/// An endpoint's `cost_from`, or what is wrong with it (`Err((field suffix, reason))`).
+fn cost_from_value(
+    c: &super::CostFromDef,
+) -> Result<crate::report::CostFrom, (&'static str, String)> {
+    use crate::report::CostFrom;
+    match (&c.header, &c.json) {
+        (Some(h), None) => match http::HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => Ok(CostFrom::Header(name.as_str().to_owned())),
+            Err(_) => Err((".header", format!("{h:?} is not a header name"))),
+        },
+        (None, Some(path)) => CostFrom::json_path(path).map_err(|r| (".json", r)),
+        _ => Err((
+            "",
+            "cost_from names a response header (\"header\") or a field of its JSON body (\"json\"), one of them".into(),
+        )),
+    }
 }
 
 /// Largest cost of one request (an endpoint's `cost`, or the cost header).
@@ -540,6 +560,11 @@ fn build_endpoints(
             problems.add(format!("endpoints[{i}].cost"), r.0);
             1
         });
+        let cost_from = ep.cost_from.as_ref().and_then(|c| {
+            cost_from_value(c)
+                .map_err(|(field, r)| problems.add(format!("endpoints[{i}].cost_from{field}"), r))
+                .ok()
+        });
         let (Ok(m), Ok(p)) = (m, p) else { continue };
         let parsed = Template::parse(&raw.methods[m], &raw.paths[p])
             .map_err(|e| e.to_string())
@@ -557,6 +582,7 @@ fn build_endpoints(
                     anonymous: Box::default(),
                     cost,
                     pools: Box::default(),
+                    cost_from,
                 });
                 templates.push((i, t));
             }
@@ -963,6 +989,44 @@ mod tests {
             r#"apilimits[0].limits[2].group: unknown group "nope" (not in "groups", nor "*")"#,
             r#"apilimits[0].limits[4].w: the pool of group "far" already has a limit with a window of 60 s"#,
             "apilimits[1]: endpoint 0 would be held to 7 limits, its own and its pools' (at most 6)",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn cost_from_names_a_header_or_a_json_field_and_bad_ones_name_their_value() {
+        use crate::report::CostFrom;
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["POST"],"paths":["/a","/b","/c"],
+                "endpoints":[{"p":0,"m":0,"cost_from":{"header":"X-Usage-Tokens"}},
+                             {"p":1,"m":0,"cost":100,"cost_from":{"json":"usage.total_tokens"}},{"p":2,"m":0}],
+                "apilimits":[]}"#,
+        )
+        .unwrap();
+        let from: Vec<_> = s.endpoints().iter().map(|e| e.cost_from.clone()).collect();
+        assert_eq!(
+            from,
+            [
+                Some(CostFrom::Header("x-usage-tokens".into())),
+                Some(CostFrom::Json(
+                    vec!["usage".into(), "total_tokens".into()].into()
+                )),
+                None
+            ]
+        );
+        let got = problems(
+            r#"{"methods":["POST"],"paths":["/a","/b","/c","/d"],
+                "endpoints":[{"p":0,"m":0,"cost_from":{}},{"p":1,"m":0,"cost_from":{"header":"x","json":"a"}},
+                             {"p":2,"m":0,"cost_from":{"header":"bad header"}},{"p":3,"m":0,"cost_from":{"json":"usage..n"}}],
+                "apilimits":[]}"#,
+        );
+        let neither = r#"cost_from names a response header ("header") or a field of its JSON body ("json"), one of them"#;
+        let want = [
+            format!("endpoints[0].cost_from: {neither}"),
+            format!("endpoints[1].cost_from: {neither}"),
+            r#"endpoints[2].cost_from.header: "bad header" is not a header name"#.to_owned(),
+            r#"endpoints[3].cost_from.json: "usage..n" is not a JSON path (keys separated by dots, such as "usage.total_tokens", at most 256 bytes)"#.to_owned(),
         ];
         assert_eq!(got, want);
     }

@@ -495,6 +495,7 @@ impl WindowSet {
         // equal), without the per-limit arrays the memory store would pay for on every request.
         if let [l] = limits
             && !l.shadow
+            && l.kind == Kind::Sliding
             && l.can_pass(cost)
         {
             let i = self.window(l.w);
@@ -903,8 +904,14 @@ mod tests {
         let (mut short, mut general) = (WindowSet::default(), WindowSet::default());
         let mut now_ms = 1_700_000_000_000u64;
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        for w in [60, 1, 3600] {
-            let l = [Limit::sliding(7, w)];
+        let day = Limit::calendar(7, Period::Day, ZoneId::UTC);
+        for (w, l) in [
+            (60u32, Limit::sliding(7, 60)),
+            (1, Limit::sliding(7, 1)),
+            (3600, Limit::sliding(7, 3600)),
+            (86_400, day),
+        ] {
+            let l = [l];
             for _ in 0..2000 {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;

@@ -1,0 +1,396 @@
+//! report: the cost a response reports (issue 29's `cost_from`), read from a header or from the
+//! body as it streams through, without I/O. The proxy feeds it the bytes it forwards and asks at
+//! the end; nothing here holds a response back.
+//!
+//! A JSON body (`application/json`) is kept as it passes, up to a bound, and read at its end; an
+//! event stream (`text/event-stream`) is read event by event (only the current event is kept), and
+//! the last `data:` event that carries the field wins, the way LLM APIs report usage at the end of
+//! a stream.
+
+/// The largest cost a response may report.
+pub const MAX_REPORTED: u64 = 1_000_000_000;
+
+/// Where an endpoint's responses report their cost (`cost_from` in the catalog).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostFrom {
+    /// A response header (its name, lower-case).
+    Header(String),
+    /// A field of the body, by path (`usage.total_tokens`: object keys, or array indices).
+    Json(Box<[Box<str>]>),
+}
+
+impl CostFrom {
+    /// The path of `usage.total_tokens`, or why it is not one: dot-separated, no empty segment.
+    pub fn json_path(path: &str) -> Result<CostFrom, String> {
+        if path.is_empty() || path.split('.').any(str::is_empty) || path.len() > 256 {
+            return Err(format!(
+                "{path:?} is not a JSON path (keys separated by dots, such as \"usage.total_tokens\", at most 256 bytes)"
+            ));
+        }
+        Ok(CostFrom::Json(path.split('.').map(Box::from).collect()))
+    }
+}
+
+/// Why a response reported no cost (its reservation stays): the `outcome` of the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoReport {
+    /// Nothing in the response carries the field.
+    Missing,
+    /// A value that is not a whole number from 0 to [`MAX_REPORTED`].
+    Invalid,
+    /// The body is larger than what is read of it.
+    TooLarge,
+    /// The response ended before its end (the upstream or the client went away).
+    CutShort,
+}
+
+impl NoReport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoReport::Missing => "missing",
+            NoReport::Invalid => "invalid",
+            NoReport::TooLarge => "too_large",
+            NoReport::CutShort => "cut_short",
+        }
+    }
+}
+
+/// A reported number: a whole number from 0 to [`MAX_REPORTED`], as header text.
+pub fn parse_reported(text: &[u8]) -> Result<u64, NoReport> {
+    std::str::from_utf8(text)
+        .ok()
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|n| *n <= MAX_REPORTED)
+        .ok_or(NoReport::Invalid)
+}
+
+/// The value at `path` in `v`, as a reported number.
+fn value_at(v: &serde_json::Value, path: &[Box<str>]) -> Result<u64, NoReport> {
+    let mut at = v;
+    for key in path {
+        at = match at {
+            serde_json::Value::Object(m) => m.get(&**key),
+            serde_json::Value::Array(a) => key.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => None,
+        }
+        .ok_or(NoReport::Missing)?;
+    }
+    at.as_u64()
+        .filter(|n| *n <= MAX_REPORTED)
+        .ok_or(NoReport::Invalid)
+}
+
+/// Reads a body's report as it streams through: [`BodyReport::feed`] each chunk forwarded, then
+/// [`BodyReport::end`].
+#[derive(Debug)]
+pub struct BodyReport {
+    path: Box<[Box<str>]>,
+    /// At most this many bytes are kept (a JSON body; an event stream's current event).
+    max: usize,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// A JSON body, kept until it ends; `None` once it grew past the bound.
+    Json(Option<Vec<u8>>),
+    /// An event stream: the line being read, the current event's data, and the last value
+    /// found (`None`: none yet; `Some(Err)`: the last event carrying the field had a bad value).
+    Events {
+        line: Vec<u8>,
+        data: Vec<u8>,
+        last: Option<Result<u64, NoReport>>,
+        overflow: bool,
+    },
+}
+
+impl BodyReport {
+    /// The reader for a body of `content_type` (`None`: a type that carries no report, such as
+    /// `text/html`), looking for `path`, keeping at most `max` bytes.
+    pub fn new(content_type: &str, path: &[Box<str>], max: usize) -> Option<BodyReport> {
+        let essence = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        let kind = match essence.as_str() {
+            "text/event-stream" => Kind::Events {
+                line: Vec::new(),
+                data: Vec::new(),
+                last: None,
+                overflow: false,
+            },
+            e if e == "application/json" || e.ends_with("+json") => Kind::Json(Some(Vec::new())),
+            _ => return None,
+        };
+        Some(BodyReport {
+            path: path.into(),
+            max,
+            kind,
+        })
+    }
+
+    /// The next bytes of the body.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        let max = self.max;
+        match &mut self.kind {
+            Kind::Json(kept) => {
+                if let Some(buf) = kept {
+                    if buf.len() + bytes.len() > max {
+                        *kept = None;
+                    } else {
+                        buf.extend_from_slice(bytes);
+                    }
+                }
+            }
+            Kind::Events { .. } => {
+                while let Some(i) = bytes.iter().position(|&b| b == b'\n') {
+                    self.push_line(&bytes[..i]);
+                    self.line_done();
+                    bytes = &bytes[i + 1..];
+                }
+                self.push_line(bytes);
+            }
+        }
+    }
+
+    fn push_line(&mut self, part: &[u8]) {
+        let max = self.max;
+        if let Kind::Events { line, overflow, .. } = &mut self.kind {
+            if line.len() + part.len() > max {
+                *overflow = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(part);
+            }
+        }
+    }
+
+    /// A line of the event stream is complete (its `\n` seen).
+    fn line_done(&mut self) {
+        let Kind::Events {
+            line,
+            data,
+            last,
+            overflow,
+        } = &mut self.kind
+        else {
+            return;
+        };
+        let text = line.strip_suffix(b"\r").unwrap_or(line);
+        if text.is_empty() {
+            // The event ends: its data is one JSON value, or something else (`[DONE]`).
+            if !data.is_empty()
+                && let Ok(v) = serde_json::from_slice::<serde_json::Value>(data)
+            {
+                match value_at(&v, &self.path) {
+                    Err(NoReport::Missing) => {}
+                    found => *last = Some(found),
+                }
+            }
+            data.clear();
+        } else if let Some(rest) = text.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            if data.len() + rest.len() + 1 > self.max {
+                *overflow = true;
+                data.clear();
+            } else {
+                if !data.is_empty() {
+                    data.push(b'\n');
+                }
+                data.extend_from_slice(rest);
+            }
+        }
+        line.clear();
+    }
+
+    /// The body ended (all of it went through): what it reported.
+    pub fn end(mut self) -> Result<u64, NoReport> {
+        if let Kind::Events { line, .. } = &self.kind
+            && !line.is_empty()
+        {
+            // A last line without its newline, then the end of the last event.
+            self.line_done();
+        }
+        if let Kind::Events { data, .. } = &self.kind
+            && !data.is_empty()
+        {
+            self.line_done();
+        }
+        match self.kind {
+            Kind::Json(None) => Err(NoReport::TooLarge),
+            Kind::Json(Some(buf)) => match serde_json::from_slice::<serde_json::Value>(&buf) {
+                Ok(v) => value_at(&v, &self.path),
+                Err(_) => Err(NoReport::Missing),
+            },
+            Kind::Events {
+                last: Some(found), ..
+            } => found,
+            Kind::Events { overflow: true, .. } => Err(NoReport::TooLarge),
+            Kind::Events { .. } => Err(NoReport::Missing),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(p: &str) -> Box<[Box<str>]> {
+        match CostFrom::json_path(p).unwrap() {
+            CostFrom::Json(p) => p,
+            CostFrom::Header(_) => unreachable!(),
+        }
+    }
+
+    /// What a body of `content_type` sent in `chunks` reports at `usage.total_tokens`.
+    fn report(content_type: &str, chunks: &[&[u8]], max: usize) -> Result<u64, NoReport> {
+        let mut r = BodyReport::new(content_type, &path("usage.total_tokens"), max).unwrap();
+        for c in chunks {
+            r.feed(c);
+        }
+        r.end()
+    }
+
+    #[test]
+    fn a_header_reports_a_whole_number_from_zero_to_a_billion() {
+        assert_eq!(parse_reported(b"1234"), Ok(1234));
+        assert_eq!(parse_reported(b" 0 "), Ok(0));
+        assert_eq!(parse_reported(b"1000000000"), Ok(MAX_REPORTED));
+        for bad in [
+            &b"1000000001"[..],
+            b"-1",
+            b"1.5",
+            b"12abc",
+            b"",
+            b"0x10",
+            b"\xff",
+        ] {
+            assert_eq!(parse_reported(bad), Err(NoReport::Invalid), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_json_body_reports_the_field_at_its_path_in_any_chunks() {
+        let body = br#"{"id": "x", "usage": {"prompt_tokens": 5, "total_tokens": 42}}"#;
+        for split in 0..body.len() {
+            let (a, b) = body.split_at(split);
+            assert_eq!(report("application/json", &[a, b], 1024), Ok(42), "{split}");
+        }
+        assert_eq!(
+            report("application/json; charset=utf-8", &[body], 1024),
+            Ok(42)
+        );
+        assert_eq!(report("application/problem+json", &[body], 1024), Ok(42));
+        assert_eq!(
+            report("application/json", &[body], 20),
+            Err(NoReport::TooLarge)
+        );
+        assert_eq!(
+            report("application/json", &[br#"{"usage": {}}"#], 64),
+            Err(NoReport::Missing)
+        );
+        assert_eq!(
+            report(
+                "application/json",
+                &[br#"{"usage": {"total_tokens": 2.5}}"#],
+                64
+            ),
+            Err(NoReport::Invalid)
+        );
+        assert_eq!(
+            report(
+                "application/json",
+                &[br#"{"usage": {"total_tokens": -3}}"#],
+                64
+            ),
+            Err(NoReport::Invalid)
+        );
+        assert_eq!(
+            report("application/json", &[b"{not json"], 64),
+            Err(NoReport::Missing)
+        );
+        let mut arr = BodyReport::new("application/json", &path("choices.1.n"), 64).unwrap();
+        arr.feed(br#"{"choices": [{"n": 1}, {"n": 7}]}"#);
+        assert_eq!(arr.end(), Ok(7), "array indices");
+        assert!(BodyReport::new("text/html", &path("a"), 64).is_none());
+    }
+
+    #[test]
+    fn an_event_stream_reports_the_last_event_that_carries_the_field() {
+        let stream = concat!(
+            "data: {\"choices\": [{\"delta\": \"Hel\"}]}\n\n",
+            ": a comment\n",
+            "event: message\r\n",
+            "data: {\"usage\": {\"total_tokens\": 10}}\r\n\r\n",
+            "data: {\"choices\": [{\"delta\": \"lo\"}]}\n\n",
+            "data: {\"usage\":\n",
+            "data:  {\"total_tokens\": 57}}\n\n",
+            "data: [DONE]\n\n",
+        )
+        .as_bytes();
+        for split in 0..stream.len() {
+            let (a, b) = stream.split_at(split);
+            assert_eq!(
+                report("text/event-stream", &[a, b], 1024),
+                Ok(57),
+                "{split}"
+            );
+        }
+        let one_byte_at_a_time: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(
+            report("text/event-stream", &one_byte_at_a_time, 1024),
+            Ok(57)
+        );
+        assert_eq!(
+            report(
+                "text/event-stream",
+                &[b"data: {\"usage\": {\"total_tokens\": 3}}"],
+                1024
+            ),
+            Ok(3),
+            "a last event without its blank line"
+        );
+        assert_eq!(
+            report("text/event-stream", &[b"data: {\"a\": 1}\n\n"], 1024),
+            Err(NoReport::Missing)
+        );
+        assert_eq!(
+            report(
+                "text/event-stream",
+                &[b"data: {\"usage\": {\"total_tokens\": 9}}\n\ndata: {\"usage\": {\"total_tokens\": \"x\"}}\n\n"],
+                1024
+            ),
+            Err(NoReport::Invalid),
+            "the last report wins, bad or not"
+        );
+        // Only the current event is kept: a long stream of small events stays within the bound.
+        let mut r = BodyReport::new("text/event-stream", &path("usage.total_tokens"), 64).unwrap();
+        for _ in 0..10_000 {
+            r.feed(b"data: {\"choices\": [{\"delta\": \"abc\"}]}\n\n");
+        }
+        r.feed(b"data: {\"usage\": {\"total_tokens\": 99}}\n\n");
+        assert_eq!(r.end(), Ok(99));
+        assert_eq!(
+            report("text/event-stream", &[&[b'x'; 100]], 64),
+            Err(NoReport::TooLarge),
+            "a line past the bound"
+        );
+    }
+
+    #[test]
+    fn json_paths_are_dotted_keys() {
+        assert_eq!(
+            CostFrom::json_path("usage.total_tokens"),
+            Ok(CostFrom::Json(
+                vec!["usage".into(), "total_tokens".into()].into()
+            ))
+        );
+        for bad in ["", ".a", "a.", "a..b"] {
+            assert!(CostFrom::json_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}

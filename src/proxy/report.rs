@@ -1,0 +1,189 @@
+//! report: what a `cost_from` endpoint's response reports it cost, applied to the store in
+//! place of the request's reservation (docs/semantics.md, "Cost reported by the response").
+//!
+//! The header is read with the response's head; a body is read as it streams to the client
+//! ([`Tapped`]), never held back. The adjustment goes to the store on a task of its own as soon as
+//! the report is known, so it is made even when the client has gone by then.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use quotagate_engine::clock::Clock;
+use quotagate_engine::limiter::Limit;
+use quotagate_engine::report::{BodyReport, CostFrom, NoReport, parse_reported};
+use quotagate_store::{CounterKey, Store};
+
+use crate::metrics::{Metrics, OutcomeLabels};
+
+/// A request admitted with a reservation, waiting for its response's report.
+pub struct Pending {
+    pub store: Arc<Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    /// Its counter, its pools' (each with its number of limits) and the limits it was counted in.
+    pub counter: CounterKey,
+    pub pools: Vec<(CounterKey, usize)>,
+    pub limits: Vec<Limit>,
+    /// The units reserved, and when (the caller's clock).
+    pub reserved: u64,
+    pub reserved_at_ms: u64,
+}
+
+impl Pending {
+    /// The response reported `report`: its difference from the reservation goes to the store (on
+    /// a task of its own); no report keeps the reservation. Counted in the metric either way.
+    pub fn settle(self, report: Result<u64, NoReport>) {
+        let outcome = match report {
+            Ok(_) => "reported",
+            Err(why) => why.as_str(),
+        };
+        self.metrics
+            .cost_reports
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        let Ok(reported) = report else { return };
+        let delta = reported as i64 - self.reserved as i64;
+        if delta == 0 {
+            return;
+        }
+        tokio::spawn(async move {
+            let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
+            let now_ms = self.clock.now_ms();
+            self.store
+                .adjust(&parts, delta, self.reserved_at_ms, now_ms)
+                .await;
+        });
+    }
+
+    /// How the response with `headers` reports, for `from`: settled now (a header, or a body
+    /// that carries no report), or a reader for its body.
+    pub fn read(self, from: &CostFrom, headers: &http::HeaderMap, max_bytes: usize) -> Option<Tap> {
+        match from {
+            CostFrom::Header(name) => {
+                let report = match headers.get(name.as_str()) {
+                    Some(v) => parse_reported(v.as_bytes()),
+                    None => Err(NoReport::Missing),
+                };
+                self.settle(report);
+                None
+            }
+            CostFrom::Json(path) => {
+                let kind = headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                match BodyReport::new(kind, path, max_bytes) {
+                    Some(reader) => Some(Tap {
+                        reader,
+                        pending: self,
+                    }),
+                    None => {
+                        self.settle(Err(NoReport::Missing));
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The limits a request of `rate` was counted in (a shadow limit only if no shadow refused it)
+/// and, of them, how many each pool of `pools` has (its own come first).
+pub fn counted(
+    rate: &quotagate_engine::limiter::Rate<'_>,
+    pools: &[(CounterKey, usize)],
+) -> (Vec<Limit>, Vec<(CounterKey, usize)>) {
+    let kept = |l: &Limit| !(l.shadow && rate.outcome.shadow_limited);
+    let own = rate.limits.own().len();
+    let limits: Vec<Limit> = rate.limits.iter().copied().filter(kept).collect();
+    let mut at = own;
+    let pools = pools
+        .iter()
+        .map(|(counter, n)| {
+            let range = &rate.limits[at.min(rate.limits.len())..(at + n).min(rate.limits.len())];
+            at += n;
+            (counter.clone(), range.iter().filter(|l| kept(l)).count())
+        })
+        .collect();
+    (limits, pools)
+}
+
+/// A body being read for its report.
+pub struct Tap {
+    reader: BodyReport,
+    pending: Pending,
+}
+
+/// A response body on its way to the client, read for its report when it has a [`Tap`]
+/// (otherwise passed through untouched). Dropped before its end (the client or the upstream went
+/// away), the reservation stays.
+pub struct Tapped<B> {
+    body: B,
+    tap: Option<Box<Tap>>,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Tapped<B> {
+    pub fn new(body: B, tap: Option<Tap>) -> Self {
+        let mut tapped = Tapped {
+            body,
+            tap: tap.map(Box::new),
+        };
+        if tapped.body.is_end_stream() {
+            tapped.finish();
+        }
+        tapped
+    }
+
+    fn finish(&mut self) {
+        if let Some(tap) = self.tap.take() {
+            let Tap { reader, pending } = *tap;
+            pending.settle(reader.end());
+        }
+    }
+}
+
+impl<B> Drop for Tapped<B> {
+    fn drop(&mut self) {
+        if let Some(tap) = self.tap.take() {
+            tap.pending.settle(Err(NoReport::CutShort));
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Tapped<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if let (Some(tap), Some(data)) = (this.tap.as_mut(), f.data_ref()) {
+                    tap.reader.feed(data);
+                }
+                if this.body.is_end_stream() {
+                    this.finish();
+                }
+            }
+            None => this.finish(),
+            // Dropped with its tap: cut short.
+            Some(Err(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
