@@ -1278,6 +1278,31 @@ async fn several_windows_cost_and_shadow_limits_on_redis() {
     windows_cost_and_shadow(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
 
+/// Sends `n` requests at once with `headers`, request `i` to `url(i)`: how many got 200 (the
+/// others must get 429).
+async fn burst(
+    n: usize,
+    url: impl Fn(usize) -> String,
+    headers: &'static [(&'static str, &'static str)],
+) -> usize {
+    let client = Arc::new(http1_client());
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (url, client) = (url(i), client.clone());
+            tokio::spawn(async move { send(&client, "GET", &url, headers, Bytes::new()).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap().status {
+            200 => ok += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    ok
+}
+
 // ---- calendar quotas (issue 29) ----
 
 const CALENDAR_CATALOG: &str = r#"{
@@ -1378,22 +1403,7 @@ async fn two_instances_on_one_redis_share_a_day_quota_exactly() {
     let c = redis_config(&up, &redis, FailurePolicy::Closed);
     let a = TestGateway::start(c.clone(), CALENDAR_CATALOG, FakeClock::new(T0)).await;
     let b = TestGateway::start(c, CALENDAR_CATALOG, FakeClock::new(T0)).await;
-    let client = Arc::new(http1_client());
-    let tasks: Vec<_> = (0..200)
-        .map(|i| {
-            let url = [&a, &b][i % 2].url("/b");
-            let client = client.clone();
-            tokio::spawn(async move { send(&client, "GET", &url, &[KEY], Bytes::new()).await })
-        })
-        .collect();
-    let mut ok = 0;
-    for t in tasks {
-        match t.await.unwrap().status {
-            200 => ok += 1,
-            429 => {}
-            s => panic!("status {s}"),
-        }
-    }
+    let mut ok = burst(200, |i| [&a, &b][i % 2].url("/b"), &[KEY]).await;
     assert!(ok <= 50, "{ok} passed a quota of 50");
     let mut rounds = 0;
     loop {
@@ -1505,25 +1515,8 @@ async fn two_instances_on_one_redis_share_a_pool_exactly() {
     c.store.time_source = TimeSource::Redis;
     let a = TestGateway::start(c.clone(), POOL_CATALOG, FakeClock::new(T0)).await;
     let b = TestGateway::start(c, POOL_CATALOG, FakeClock::new(T0 + 30)).await;
-    let client = Arc::new(http1_client());
-    let tasks: Vec<_> = (0..200)
-        .map(|i| {
-            let url = [&a, &b][i % 2].url(["/a", "/b"][(i / 2) % 2]);
-            let client = client.clone();
-            tokio::spawn(async move {
-                send(&client, "GET", &url, &[("X-Api-Key", "k2")], Bytes::new()).await
-            })
-        })
-        .collect();
-    let mut ok = 0;
-    for t in tasks {
-        match t.await.unwrap().status {
-            200 => ok += 1,
-            429 => {}
-            s => panic!("status {s}"),
-        }
-    }
-    assert_eq!(ok, 50);
+    let url = |i: usize| [&a, &b][i % 2].url(["/a", "/b"][(i / 2) % 2]);
+    assert_eq!(burst(200, url, &[("X-Api-Key", "k2")]).await, 50);
     assert_eq!(up.requests().len(), 50);
 }
 

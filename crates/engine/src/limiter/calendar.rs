@@ -246,11 +246,32 @@ impl Tally {
 
 /// The period of `period` in `zone` holding `now_ms`; outside the years the database knows
 /// (never with a real clock), the second holding it.
+///
+/// Asked on every decision of a calendar limit (its headers, its Redis keys): the periods found
+/// last are kept per thread, so that the time zone arithmetic runs about once per period.
 pub fn period_bounds(period: Period, zone: ZoneId, now_ms: u64) -> (u64, u64) {
-    zone.span(period, now_ms).unwrap_or_else(|| {
+    /// (period, zone, start, end) of the periods found last on this thread, newest first.
+    type Found = [(Period, ZoneId, u64, u64); FOUND];
+    const FOUND: usize = 4;
+    thread_local! {
+        static LAST: std::cell::Cell<Found> =
+            const { std::cell::Cell::new([(Period::Hour, ZoneId::UTC, 0, 0); FOUND]) };
+    }
+    let mut found = LAST.get();
+    if let Some(&(_, _, start, end)) = found
+        .iter()
+        .find(|&&(p, z, start, end)| (p, z) == (period, zone) && (start..end).contains(&now_ms))
+    {
+        return (start, end);
+    }
+    let (start, end) = zone.span(period, now_ms).unwrap_or_else(|| {
         let start = now_ms - now_ms % 1000;
         (start, start + 1000)
-    })
+    });
+    found.rotate_right(1);
+    found[0] = (period, zone, start, end);
+    LAST.set(found);
+    (start, end)
 }
 
 /// The local `:00` of `z`'s hour, in `z`'s offset where that time exists in it.
