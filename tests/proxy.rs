@@ -1524,14 +1524,16 @@ async fn two_instances_on_one_redis_share_a_pool_exactly() {
 
 const TOKENS_CATALOG: &str = r#"{
   "methods": ["GET"],
-  "paths": ["/tokens/header/{n}", "/tokens/json/{n}", "/tokens/sse/{n}", "/tokens/cut/{n}", "/tokens/none", "/plain"],
+  "paths": ["/tokens/header/{n}", "/tokens/json/{n}", "/tokens/sse/{n}", "/tokens/cut/{n}", "/tokens/none", "/plain",
+            "/tokens/slow/{n}"],
   "endpoints": [
     {"p": 0, "m": 0, "cost": 10, "cost_from": {"header": "x-usage-tokens"}},
     {"p": 1, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
     {"p": 2, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
     {"p": 3, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
     {"p": 4, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}},
-    {"p": 5, "m": 0}
+    {"p": 5, "m": 0},
+    {"p": 6, "m": 0, "cost": 10, "cost_from": {"json": "usage.total_tokens"}}
   ],
   "apilimits": [{"key": "k1", "limits": [{"group": "*", "rl": 100, "period": "day"}]}]
 }"#;
@@ -1541,6 +1543,7 @@ const TOKENS_CATALOG: &str = r#"{
 /// response that reports nothing or is cut short keeps it. A report above what is left takes the
 /// pool past its limit: refused until the day ends.
 async fn reported_costs_through_the_proxy(c: Config) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gw = TestGateway::start(c, TOKENS_CATALOG, FakeClock::new(T0)).await;
     let left = |want: u64| {
         let why = format!("http://{}/limits?method=GET&path=/plain", gw.admin);
@@ -1586,8 +1589,23 @@ async fn reported_costs_through_the_proxy(c: Config) {
     );
     assert_eq!(get(&gw.url("/tokens/none"), &[KEY]).await.status, 200);
     support::eventually(limit, || left(12)).await;
+    // A client that leaves before the report does not take it with it: the rest of the stream
+    // is read for it.
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(b"GET /tokens/slow/2 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+        let mut buf = [0u8; 4096];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the stream's first events");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(tcp);
+    support::eventually(limit, || left(10)).await;
     let r = get(&gw.url("/tokens/header/500"), &[KEY]).await;
-    assert_eq!(r.status, 200, "12 left: the reservation of 10 fits");
+    assert_eq!(r.status, 200, "10 left: the reservation of 10 fits");
     support::eventually(limit, || left(0)).await;
     let r = get(&gw.url("/tokens/header/1"), &[KEY]).await;
     assert_eq!(r.status, 429, "the report took the pool past its limit");
@@ -1600,7 +1618,7 @@ async fn reported_costs_through_the_proxy(c: Config) {
     };
     assert_eq!(
         (count("reported"), count("cut_short"), count("missing")),
-        (Some(4.0), Some(1.0), Some(1.0))
+        (Some(5.0), Some(1.0), Some(1.0))
     );
 }
 

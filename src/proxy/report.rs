@@ -3,7 +3,9 @@
 //!
 //! The header is read with the response's head; a body is read as it streams to the client
 //! ([`Tapped`]), never held back. The adjustment goes to the store on a task of its own as soon as
-//! the report is known, so it is made even when the client has gone by then.
+//! the report is known. A client that goes away before the end does not take the report with it
+//! (it could otherwise dodge what a long answer cost by leaving before the last event): the rest
+//! of the upstream's body is read, and dropped, for it, for at most [`DRAIN_TIME`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -111,6 +113,9 @@ pub fn counted(
     (limits, pools)
 }
 
+/// How long the rest of a body is read for its report once its client has gone.
+pub const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// A body being read for its report.
 pub struct Tap {
     reader: BodyReport,
@@ -118,20 +123,21 @@ pub struct Tap {
 }
 
 /// A response body on its way to the client, read for its report when it has a [`Tap`]
-/// (otherwise passed through untouched). Dropped before its end (the client or the upstream went
-/// away), the reservation stays.
-pub struct Tapped<B> {
-    body: B,
+/// (otherwise passed through untouched). Dropped before its end by a client that went away, the
+/// rest is read for the report on a task of its own; a body that failed keeps the reservation.
+pub struct Tapped<B: Body<Data = Bytes> + Unpin + Send + 'static> {
+    /// Always there but while being dropped.
+    body: Option<B>,
     tap: Option<Box<Tap>>,
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Tapped<B> {
+impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
     pub fn new(body: B, tap: Option<Tap>) -> Self {
         let mut tapped = Tapped {
-            body,
+            body: Some(body),
             tap: tap.map(Box::new),
         };
-        if tapped.body.is_end_stream() {
+        if tapped.body.as_ref().is_some_and(|b| b.is_end_stream()) {
             tapped.finish();
         }
         tapped
@@ -145,15 +151,43 @@ impl<B: Body<Data = Bytes> + Unpin> Tapped<B> {
     }
 }
 
-impl<B> Drop for Tapped<B> {
+impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Drop for Tapped<B> {
     fn drop(&mut self) {
-        if let Some(tap) = self.tap.take() {
-            tap.pending.settle(Err(NoReport::CutShort));
-        }
+        let (Some(tap), Some(body)) = (self.tap.take(), self.body.take()) else {
+            return;
+        };
+        tokio::spawn(drain(body, *tap));
     }
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Body for Tapped<B> {
+/// Reads the rest of `body` (its client has gone) for `tap`'s report, for at most
+/// [`DRAIN_TIME`].
+async fn drain<B: Body<Data = Bytes> + Unpin>(mut body: B, tap: Tap) {
+    use http_body_util::BodyExt;
+    let Tap {
+        mut reader,
+        pending,
+    } = tap;
+    let read = async {
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Some(data) = f.data_ref() {
+                        reader.feed(data);
+                    }
+                }
+                Some(Err(_)) => return false,
+                None => return true,
+            }
+        }
+    };
+    match tokio::time::timeout(DRAIN_TIME, read).await {
+        Ok(true) => pending.settle(reader.end()),
+        _ => pending.settle(Err(NoReport::CutShort)),
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Body for Tapped<B> {
     type Data = Bytes;
     type Error = B::Error;
 
@@ -162,28 +196,37 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Tapped<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
         match &frame {
             Some(Ok(f)) => {
                 if let (Some(tap), Some(data)) = (this.tap.as_mut(), f.data_ref()) {
                     tap.reader.feed(data);
                 }
-                if this.body.is_end_stream() {
+                if body.is_end_stream() {
                     this.finish();
                 }
             }
             None => this.finish(),
-            // Dropped with its tap: cut short.
-            Some(Err(_)) => {}
+            // The upstream broke off: no report, the reservation stays.
+            Some(Err(_)) => {
+                if let Some(tap) = this.tap.take() {
+                    tap.pending.settle(Err(NoReport::CutShort));
+                }
+            }
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
     }
 }

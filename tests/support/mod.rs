@@ -246,7 +246,8 @@ type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 /// `/slow/..` answers after 2 s; `/redirect` answers 302; `/hop` answers with hop-by-hop and
 /// rate-limit fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
 /// report a cost of n in a header, a JSON body (about 1 kB) or at the end of an event stream,
-/// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/none` reports nothing.
+/// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/slow/<n>` pauses 300 ms
+/// before it, `/tokens/none` reports nothing.
 /// Everything else: 200 `ok`.
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -398,6 +399,11 @@ fn tokens(rest: &str) -> Response<UpBody> {
         cut,
         ..Chunks::default()
     };
+    let slow = |frames: Vec<String>| Chunks {
+        frames: frames.into_iter().map(Bytes::from).collect(),
+        slow_before: 2,
+        ..Chunks::default()
+    };
     let events = |n: &str| {
         vec![
             "data: {\"choices\": [{\"delta\": \"Hel\"}]}\n\n".to_owned(),
@@ -419,6 +425,7 @@ fn tokens(rest: &str) -> Response<UpBody> {
         }
         "sse" => ("text/event-stream", frames(events(n), false)),
         "cut" => ("text/event-stream", frames(events(n)[..2].to_vec(), true)),
+        "slow" => ("text/event-stream", slow(events(n))),
         "none" => (
             "application/json",
             frames(vec![r#"{"id": "r2"}"#.to_owned()], false),
@@ -443,6 +450,8 @@ pub struct Chunks {
     cut: bool,
     /// Before the cut: a pause, so that what was sent goes out first.
     pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// A pause of 300 ms when this many frames are left (0: none).
+    slow_before: usize,
 }
 
 impl http_body::Body for Chunks {
@@ -453,6 +462,14 @@ impl http_body::Body for Chunks {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.slow_before > 0 && self.frames.len() == self.slow_before {
+            let pause = self
+                .pause
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(300))));
+            std::task::ready!(pause.as_mut().poll(_cx));
+            self.pause = None;
+            self.slow_before = 0;
+        }
         if let Some(f) = self.frames.pop_front() {
             return std::task::Poll::Ready(Some(Ok(Frame::data(f))));
         }
