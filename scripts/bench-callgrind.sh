@@ -6,13 +6,16 @@
 # the same arguments, e.g. `--set limits.enabled=false` or `--store redis --redis-url URL`.
 # WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit;
 # LIMITS=day one calendar day quota (UTC) instead; LIMITS=pool one per-minute pool over every
-# endpoint (`"group": "*"`) instead.
+# endpoint (`"group": "*"`) instead; COST_FROM=1 has the endpoint read each response's cost from
+# its JSON body (`"cost_from": {"json": "body_bytes"}`: the example upstream's echo reports 0,
+# so each request's reservation is given back). PAD=N adds a header of N bytes to each request
+# (the echo's body grows by as much: PAD=500 makes it about 1 kB).
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate.
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} python3 - "$W/catalog.json" <<'PY'
+WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
 ws = [60] if os.environ["WINDOWS"] == "1" else [1, 60, 3600]
 many = 1_000_000_000
@@ -22,8 +25,11 @@ limits = {
     "pool": [{"group": "*", "rl": many}],
 }[os.environ["LIMITS"]]
 keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
+endpoint = {"p": 0, "m": 0}
+if os.environ["COST_FROM"]:
+    endpoint["cost_from"] = {"json": "body_bytes"}
 json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
-           "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
+           "endpoints": [endpoint], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -43,11 +49,14 @@ instructions() {
     --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  python3 - "$gw" "$n" <<'PY'
-import http.client, sys
+  PAD=${PAD:-0} python3 - "$gw" "$n" <<'PY'
+import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+headers = {"X-Api-Key": "key-0001"}
+if int(os.environ["PAD"]):
+    headers["X-Pad"] = "p" * int(os.environ["PAD"])
 for _ in range(int(sys.argv[2])):
-    c.request("GET", "/users/42", headers={"X-Api-Key": "key-0001"})
+    c.request("GET", "/users/42", headers=headers)
     r = c.getresponse(); r.read()
     assert r.status == 200, r.status
 PY

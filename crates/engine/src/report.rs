@@ -66,20 +66,140 @@ pub fn parse_reported(text: &[u8]) -> Result<u64, NoReport> {
         .ok_or(NoReport::Invalid)
 }
 
-/// The value at `path` in `v`, as a reported number.
-fn value_at(v: &serde_json::Value, path: &[Box<str>]) -> Result<u64, NoReport> {
-    let mut at = v;
-    for key in path {
-        at = match at {
-            serde_json::Value::Object(m) => m.get(&**key),
-            serde_json::Value::Array(a) => key.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => None,
-        }
-        .ok_or(NoReport::Missing)?;
+/// The reported number at `path` in the JSON text `json`: read in one pass that builds nothing
+/// but the value at the path (what is beside it is skipped, not kept).
+fn value_at(json: &[u8], path: &[Box<str>]) -> Result<u64, NoReport> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let found = At(path).deserialize(&mut de).map_err(|_| NoReport::Missing)?;
+    de.end().map_err(|_| NoReport::Missing)?;
+    found
+}
+
+/// Finds the value at a path while deserializing.
+struct At<'p>(&'p [Box<str>]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for At<'_> {
+    type Value = Result<u64, NoReport>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
     }
-    at.as_u64()
-        .filter(|n| *n <= MAX_REPORTED)
-        .ok_or(NoReport::Invalid)
+}
+
+impl<'de> serde::de::Visitor<'de> for At<'_> {
+    type Value = Result<u64, NoReport>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = Err(NoReport::Missing);
+        let Some((first, rest)) = self.0.split_first() else {
+            while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+            return Ok(Err(NoReport::Invalid));
+        };
+        while let Some(is_it) = map.next_key_seed(Key(first))? {
+            if is_it {
+                found = map.next_value_seed(At(rest))?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut found = Err(NoReport::Missing);
+        let at = match self.0.split_first() {
+            Some((first, rest)) => first.parse::<usize>().ok().map(|i| (i, rest)),
+            None => None,
+        };
+        let mut i = 0;
+        loop {
+            match at {
+                Some((want, rest)) if want == i => match seq.next_element_seed(At(rest))? {
+                    Some(f) => found = f,
+                    None => break,
+                },
+                _ => {
+                    if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
+                        break;
+                    }
+                }
+            }
+            i += 1;
+        }
+        if self.0.is_empty() {
+            return Ok(Err(NoReport::Invalid));
+        }
+        Ok(found)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(match self.0.is_empty() {
+            true if n <= MAX_REPORTED => Ok(n),
+            true => Err(NoReport::Invalid),
+            false => Err(NoReport::Missing),
+        })
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+        match u64::try_from(n) {
+            Ok(n) => self.visit_u64(n),
+            Err(_) => Ok(self.not_a_count()),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(self.not_a_count())
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(self.not_a_count())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(self.not_a_count())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.not_a_count())
+    }
+}
+
+impl At<'_> {
+    /// A value that is not a whole number: at the path, an invalid report; above it, none.
+    fn not_a_count(&self) -> Result<u64, NoReport> {
+        match self.0.is_empty() {
+            true => Err(NoReport::Invalid),
+            false => Err(NoReport::Missing),
+        }
+    }
+}
+
+/// Tells whether an object's key is the one looked for, without keeping it.
+struct Key<'k>(&'k str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Key<'_> {
+    type Value = bool;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Key<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<bool, E> {
+        Ok(k == self.0)
+    }
 }
 
 /// Reads a body's report as it streams through: [`BodyReport::feed`] each chunk forwarded, then
@@ -183,10 +303,8 @@ impl BodyReport {
         let text = line.strip_suffix(b"\r").unwrap_or(line);
         if text.is_empty() {
             // The event ends: its data is one JSON value, or something else (`[DONE]`).
-            if !data.is_empty()
-                && let Ok(v) = serde_json::from_slice::<serde_json::Value>(data)
-            {
-                match value_at(&v, &self.path) {
+            if !data.is_empty() {
+                match value_at(data, &self.path) {
                     Err(NoReport::Missing) => {}
                     found => *last = Some(found),
                 }
@@ -222,10 +340,7 @@ impl BodyReport {
         }
         match self.kind {
             Kind::Json(None) => Err(NoReport::TooLarge),
-            Kind::Json(Some(buf)) => match serde_json::from_slice::<serde_json::Value>(&buf) {
-                Ok(v) => value_at(&v, &self.path),
-                Err(_) => Err(NoReport::Missing),
-            },
+            Kind::Json(Some(buf)) => value_at(&buf, &self.path),
             Kind::Events {
                 last: Some(found), ..
             } => found,
