@@ -75,6 +75,8 @@ pub struct Proxy {
     upstream: Arc<Upstream>,
     policy: Policy,
     metrics: Arc<Metrics>,
+    /// `quotagate_cost_reports_total`, looked up once.
+    cost_counts: Arc<report::Counts>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
 }
@@ -95,6 +97,7 @@ impl Proxy {
             upstream,
             policy: s.policy.clone(),
             metrics: rt.metrics.clone(),
+            cost_counts: Arc::new(report::Counts::new(&rt.metrics)),
             upstream_failing: AtomicBool::new(false),
         }
     }
@@ -345,7 +348,7 @@ impl Proxy {
                         let pending = report::Pending {
                             store: self.store.clone(),
                             clock: self.clock.clone(),
-                            metrics: self.metrics.clone(),
+                            counts: self.cost_counts.clone(),
                             counter: reserved.counter,
                             pools,
                             limits,

@@ -20,11 +20,49 @@ use quotagate_store::{CounterKey, Store};
 
 use crate::metrics::{Metrics, OutcomeLabels};
 
+/// `quotagate_cost_reports_total`'s counters, looked up once (a family's lookup hashes and
+/// locks).
+pub struct Counts {
+    reported: prometheus_client::metrics::counter::Counter,
+    missing: prometheus_client::metrics::counter::Counter,
+    invalid: prometheus_client::metrics::counter::Counter,
+    too_large: prometheus_client::metrics::counter::Counter,
+    cut_short: prometheus_client::metrics::counter::Counter,
+}
+
+impl Counts {
+    pub fn new(metrics: &Metrics) -> Counts {
+        let get = |outcome| {
+            metrics
+                .cost_reports
+                .get_or_create(&OutcomeLabels { outcome })
+                .clone()
+        };
+        Counts {
+            reported: get("reported"),
+            missing: get(NoReport::Missing.as_str()),
+            invalid: get(NoReport::Invalid.as_str()),
+            too_large: get(NoReport::TooLarge.as_str()),
+            cut_short: get(NoReport::CutShort.as_str()),
+        }
+    }
+
+    fn of(&self, report: &Result<u64, NoReport>) -> &prometheus_client::metrics::counter::Counter {
+        match report {
+            Ok(_) => &self.reported,
+            Err(NoReport::Missing) => &self.missing,
+            Err(NoReport::Invalid) => &self.invalid,
+            Err(NoReport::TooLarge) => &self.too_large,
+            Err(NoReport::CutShort) => &self.cut_short,
+        }
+    }
+}
+
 /// A request admitted with a reservation, waiting for its response's report.
 pub struct Pending {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
-    pub metrics: Arc<Metrics>,
+    pub counts: Arc<Counts>,
     /// Its counter, its pools' (each with its number of limits) and the limits it was counted in.
     pub counter: CounterKey,
     pub pools: Vec<(CounterKey, usize)>,
@@ -38,26 +76,25 @@ impl Pending {
     /// The response reported `report`: its difference from the reservation goes to the store (on
     /// a task of its own); no report keeps the reservation. Counted in the metric either way.
     pub fn settle(self, report: Result<u64, NoReport>) {
-        let outcome = match report {
-            Ok(_) => "reported",
-            Err(why) => why.as_str(),
-        };
-        self.metrics
-            .cost_reports
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc();
+        use futures_util::FutureExt;
+        self.counts.of(&report).inc();
         let Ok(reported) = report else { return };
         let delta = reported as i64 - self.reserved as i64;
         if delta == 0 {
             return;
         }
-        tokio::spawn(async move {
+        let adjust = async move {
             let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
             let now_ms = self.clock.now_ms();
             self.store
                 .adjust(&parts, delta, self.reserved_at_ms, now_ms)
                 .await;
-        });
+        };
+        // In memory it is done at once; a store call goes on a task of its own.
+        let mut adjust = Box::pin(adjust);
+        if adjust.as_mut().now_or_never().is_none() {
+            tokio::spawn(adjust);
+        }
     }
 
     /// How the response with `headers` reports, for `from`: settled now (a header, or a body

@@ -15,8 +15,9 @@ pub const MAX_REPORTED: u64 = 1_000_000_000;
 pub enum CostFrom {
     /// A response header (its name, lower-case).
     Header(String),
-    /// A field of the body, by path (`usage.total_tokens`: object keys, or array indices).
-    Json(Box<[Box<str>]>),
+    /// A field of the body, by path (`usage.total_tokens`: object keys, or array indices);
+    /// shared by every response's reader.
+    Json(Path),
 }
 
 impl CostFrom {
@@ -30,6 +31,9 @@ impl CostFrom {
         Ok(CostFrom::Json(path.split('.').map(Box::from).collect()))
     }
 }
+
+/// A JSON path's keys.
+pub type Path = std::sync::Arc<[Box<str>]>;
 
 /// Why a response reported no cost (its reservation stays): the `outcome` of the metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,7 +210,7 @@ impl<'de> serde::de::Visitor<'de> for Key<'_> {
 /// [`BodyReport::end`].
 #[derive(Debug)]
 pub struct BodyReport {
-    path: Box<[Box<str>]>,
+    path: Path,
     /// At most this many bytes are kept (a JSON body; an event stream's current event).
     max: usize,
     kind: Kind,
@@ -229,25 +233,26 @@ enum Kind {
 impl BodyReport {
     /// The reader for a body of `content_type` (`None`: a type that carries no report, such as
     /// `text/html`), looking for `path`, keeping at most `max` bytes.
-    pub fn new(content_type: &str, path: &[Box<str>], max: usize) -> Option<BodyReport> {
-        let essence = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        let kind = match essence.as_str() {
-            "text/event-stream" => Kind::Events {
+    pub fn new(content_type: &str, path: &Path, max: usize) -> Option<BodyReport> {
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        let is = |t: &str| essence.eq_ignore_ascii_case(t);
+        let json_suffix = essence.len() > 5
+            && essence.is_char_boundary(essence.len() - 5)
+            && essence[essence.len() - 5..].eq_ignore_ascii_case("+json");
+        let kind = if is("text/event-stream") {
+            Kind::Events {
                 line: Vec::new(),
                 data: Vec::new(),
                 last: None,
                 overflow: false,
-            },
-            e if e == "application/json" || e.ends_with("+json") => Kind::Json(Some(Vec::new())),
-            _ => return None,
+            }
+        } else if is("application/json") || json_suffix {
+            Kind::Json(Some(Vec::new()))
+        } else {
+            return None;
         };
         Some(BodyReport {
-            path: path.into(),
+            path: path.clone(),
             max,
             kind,
         })
@@ -354,7 +359,7 @@ impl BodyReport {
 mod tests {
     use super::*;
 
-    fn path(p: &str) -> Box<[Box<str>]> {
+    fn path(p: &str) -> Path {
         match CostFrom::json_path(p).unwrap() {
             CostFrom::Json(p) => p,
             CostFrom::Header(_) => unreachable!(),
