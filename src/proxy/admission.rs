@@ -82,7 +82,8 @@ pub struct Target<'s> {
     /// For the rate-limit fields.
     pub limit: Option<Rate<'s>>,
     /// Where the response reports what the request cost, and the counters it reserved in.
-    pub report: Option<Reserved<'s>>,
+    /// (Boxed: rare, and a target is moved along every forwarded request.)
+    pub report: Option<Box<Reserved<'s>>>,
 }
 
 /// A request counted with a reservation that its response replaces (`cost_from`).
@@ -213,11 +214,11 @@ impl<'s> Pending<'s, '_> {
         };
         let (allowed, shadow_limited) = (outcome.allowed, outcome.shadow_limited);
         let report = match endpoint.cost_from.as_ref() {
-            Some(from) if allowed => Some(Reserved {
+            Some(from) if allowed => Some(Box::new(Reserved {
                 from,
                 counter: self.held.counter(),
                 pools: self.held.pool_counters(&self.limits),
-            }),
+            })),
             _ => None,
         };
         let rate = Rate {

@@ -344,6 +344,7 @@ impl Proxy {
                 // What the response reports it cost, read before the fields it may also have.
                 let tap = match (target.report, &target.limit) {
                     (Some(reserved), Some(rate)) => {
+                        let reserved = *reserved;
                         let (limits, pools) = report::counted(rate, &reserved.pools);
                         let pending = report::Pending {
                             store: self.store.clone(),

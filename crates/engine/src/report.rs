@@ -75,7 +75,9 @@ pub fn parse_reported(text: &[u8]) -> Result<u64, NoReport> {
 fn value_at(json: &[u8], path: &[Box<str>]) -> Result<u64, NoReport> {
     use serde::de::DeserializeSeed;
     let mut de = serde_json::Deserializer::from_slice(json);
-    let found = At(path).deserialize(&mut de).map_err(|_| NoReport::Missing)?;
+    let found = At(path)
+        .deserialize(&mut de)
+        .map_err(|_| NoReport::Missing)?;
     de.end().map_err(|_| NoReport::Missing)?;
     found
 }
@@ -101,7 +103,10 @@ impl<'de> serde::de::Visitor<'de> for At<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found = Err(NoReport::Missing);
         let Some((first, rest)) = self.0.split_first() else {
-            while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+            while map
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
             return Ok(Err(NoReport::Invalid));
         };
         while let Some(is_it) = map.next_key_seed(Key(first))? {
@@ -227,6 +232,8 @@ enum Kind {
         data: Vec<u8>,
         last: Option<Result<u64, NoReport>>,
         overflow: bool,
+        /// The line being read is past the bound: dropped up to its end.
+        skipping: bool,
     },
 }
 
@@ -245,6 +252,7 @@ impl BodyReport {
                 data: Vec::new(),
                 last: None,
                 overflow: false,
+                skipping: false,
             }
         } else if is("application/json") || json_suffix {
             Kind::Json(Some(Vec::new()))
@@ -284,9 +292,18 @@ impl BodyReport {
 
     fn push_line(&mut self, part: &[u8]) {
         let max = self.max;
-        if let Kind::Events { line, overflow, .. } = &mut self.kind {
+        if let Kind::Events {
+            line,
+            overflow,
+            skipping,
+            ..
+        } = &mut self.kind
+        {
+            if *skipping {
+                return;
+            }
             if line.len() + part.len() > max {
-                *overflow = true;
+                (*overflow, *skipping) = (true, true);
                 line.clear();
             } else {
                 line.extend_from_slice(part);
@@ -301,10 +318,16 @@ impl BodyReport {
             data,
             last,
             overflow,
+            skipping,
         } = &mut self.kind
         else {
             return;
         };
+        if std::mem::take(skipping) {
+            // The end of a line too long to read: nothing to take from it.
+            line.clear();
+            return;
+        }
         let text = line.strip_suffix(b"\r").unwrap_or(line);
         if text.is_empty() {
             // The event ends: its data is one JSON value, or something else (`[DONE]`).
@@ -332,8 +355,8 @@ impl BodyReport {
 
     /// The body ended (all of it went through): what it reported.
     pub fn end(mut self) -> Result<u64, NoReport> {
-        if let Kind::Events { line, .. } = &self.kind
-            && !line.is_empty()
+        if let Kind::Events { line, skipping, .. } = &self.kind
+            && (!line.is_empty() || *skipping)
         {
             // A last line without its newline, then the end of the last event.
             self.line_done();
