@@ -505,18 +505,33 @@ async fn calendar_periods_agree_with_the_reference_across_their_boundaries(s: Su
         ],
         vec![calendar(25, Period::Hour, "Asia/Kolkata")],
     ];
+    let sets: Vec<&[Limit]> = sets.iter().map(Vec::as_slice).collect();
+    walk_limit_sets(&s, &mut next, &sets, |r, next| match r {
+        0..=49 => 0,
+        50..=84 => next(400),
+        85..=94 => next(900_000),
+        _ => next(3 * 86_400_000),
+    })
+    .await;
+}
+
+/// 1200 requests of two keys, each key holding one of `sets` for 300 steps at a time (as a
+/// catalog would), of costs 0 (a check) to 3, the clock moved on by `advance(r, next)` (`r` below
+/// 100) before each: every answer the reference's (`WindowSet::hit`).
+async fn walk_limit_sets(
+    s: &Subject,
+    next: &mut impl FnMut(u64) -> u64,
+    sets: &[&[Limit]],
+    advance: impl Fn(u64, &mut dyn FnMut(u64) -> u64) -> u64,
+) {
     let keys = [key("a"), key("b")];
     let mut reference = vec![WindowSet::default(); keys.len()];
     let mut now = T0 * 1000 + 17;
     for step in 0..1200 {
-        match next(100) {
-            0..=49 => {}
-            50..=84 => now += next(400),
-            85..=94 => now += next(900_000),
-            _ => now += next(3 * 86_400_000),
-        }
+        let r = next(100);
+        now += advance(r, next);
         let i = next(2) as usize;
-        let set = &sets[(i + step / 300) % sets.len()];
+        let set = sets[(i + step / 300) % sets.len()];
         let cost = next(4);
         let want = reference[i].hit(set, cost, now);
         let got = s.hit_all(&keys[i], set, cost, now).await;
@@ -871,28 +886,14 @@ async fn agrees_with_the_reference_counter_on_random_windows_costs_and_shadows(s
         &[lim(7, 90), shadow(2, 1), lim(12, 7)],
         &[shadow(3, 2), shadow(9, 60)],
     ];
-    let keys = [key("a"), key("b")];
-    let mut reference = vec![WindowSet::default(); keys.len()];
-    let mut now = T0 * 1000 + 17;
-    for step in 0..1200 {
-        match next(100) {
-            0..=49 => {}
-            50..=89 => now += next(400),
-            90..=97 => now += next(20_000),
-            _ => now += 50_000 + next(100_000),
-        }
-        let i = next(2) as usize;
-        // A key keeps its set for a while, as a catalog would.
-        let set = sets[(i + step / 300) % sets.len()];
-        // 0: a check (the rate-limit service's `hits_addend` 0), counting nothing.
-        let cost = next(4);
-        let want = reference[i].hit(set, cost, now);
-        let got = s.hit_all(&keys[i], set, cost, now).await;
-        assert_eq!(
-            got, want,
-            "step {step}, key {i}, now {now}, cost {cost}, {set:?}"
-        );
-    }
+    // Costs of 0 are checks (the rate-limit service's `hits_addend` 0), counting nothing.
+    walk_limit_sets(&s, &mut next, &sets, |r, next| match r {
+        0..=49 => 0,
+        50..=89 => next(400),
+        90..=97 => next(20_000),
+        _ => 50_000 + next(100_000),
+    })
+    .await;
 }
 
 /// A random walk of costs (within the limit, and above it) on fixed windows of both kinds agrees

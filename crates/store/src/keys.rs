@@ -37,11 +37,16 @@ impl CounterKey {
     /// `endpoint` is the endpoint's name (`METHOD /template`), stable across catalog versions, so a
     /// counter carries on when a new catalog keeps the endpoint.
     pub fn new(api_key: &[u8], endpoint: &str) -> Self {
-        let mut s = String::with_capacity(api_key.len() + endpoint.len() + 8);
+        CounterKey::of_key(api_key, "}:", endpoint)
+    }
+
+    /// `{<api key>}<sep><name>`, both parts escaped.
+    fn of_key(api_key: &[u8], sep: &str, name: &str) -> Self {
+        let mut s = String::with_capacity(api_key.len() + name.len() + 8);
         s.push('{');
         escape(api_key, &mut s);
-        s.push_str("}:");
-        escape(endpoint.as_bytes(), &mut s);
+        s.push_str(sep);
+        escape(name.as_bytes(), &mut s);
         CounterKey(s)
     }
 
@@ -53,12 +58,7 @@ impl CounterKey {
     /// `{<api key>}:@<group>`. An `@` is always escaped in an endpoint's name, so no endpoint
     /// can share it, and it is in the API key's slot.
     pub fn pool(api_key: &[u8], group: &str) -> Self {
-        let mut s = String::with_capacity(api_key.len() + group.len() + 8);
-        s.push('{');
-        escape(api_key, &mut s);
-        s.push_str("}:@");
-        escape(group.as_bytes(), &mut s);
-        CounterKey(s)
+        CounterKey::of_key(api_key, "}:@", group)
     }
 
     /// A pool's counter ([`CounterKey::pool`])?
