@@ -1,8 +1,9 @@
 //! What a response reports (an upstream's bytes): never a panic, whatever the body and however
-//! it is split into chunks, and the same answer for every split.
+//! it is split into chunks, the same answer for every split, and for a JSON body what serde_json
+//! finds at the path wherever serde_json reads the body as JSON.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use quotagate_engine::report::{BodyReport, CostFrom};
+use quotagate_engine::report::{BodyReport, CostFrom, json, reported};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&split, body)) = data.split_first() else {
@@ -22,5 +23,11 @@ fuzz_target!(|data: &[u8]| {
             r.feed(chunk);
         }
         assert_eq!(r.end(), whole, "{kind}: the split changed the answer");
+        if kind == "application/json"
+            && body.len() <= 4096
+            && let Some(want) = json::reference(body, &path).map(reported)
+        {
+            assert_eq!(whole, want, "serde_json reads it otherwise");
+        }
     }
 });

@@ -2,10 +2,12 @@
 //! body as it streams through, without I/O. The proxy feeds it the bytes it forwards and asks at
 //! the end; nothing here holds a response back.
 //!
-//! A JSON body (`application/json`) is kept as it passes, up to a bound, and read at its end; an
-//! event stream (`text/event-stream`) is read event by event (only the current event is kept), and
-//! the last `data:` event that carries the field wins, the way LLM APIs report usage at the end of
-//! a stream.
+//! A JSON body (`application/json`) is read as it passes ([`json::Scan`]: nothing of it is kept),
+//! up to a bound; an event stream (`text/event-stream`) is read event by event (only the current
+//! event is kept), and the last `data:` event that carries the field wins, the way LLM APIs report
+//! usage at the end of a stream.
+
+pub mod json;
 
 /// The largest cost a response may report.
 pub const MAX_REPORTED: u64 = 1_000_000_000;
@@ -32,8 +34,16 @@ impl CostFrom {
     }
 }
 
-/// A JSON path's keys.
-pub type Path = std::sync::Arc<[Box<str>]>;
+pub use json::Path;
+
+/// What a JSON text holds at the path, as a report.
+pub fn reported(found: json::Found) -> Result<u64, NoReport> {
+    match found {
+        json::Found::Count(n) if n <= MAX_REPORTED => Ok(n),
+        json::Found::Count(_) | json::Found::Other => Err(NoReport::Invalid),
+        json::Found::Nothing => Err(NoReport::Missing),
+    }
+}
 
 /// Why a response reported no cost (its reservation stays): the `outcome` of the metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,145 +80,11 @@ pub fn parse_reported(text: &[u8]) -> Result<u64, NoReport> {
         .ok_or(NoReport::Invalid)
 }
 
-/// The reported number at `path` in the JSON text `json`: read in one pass that builds nothing
-/// but the value at the path (what is beside it is skipped, not kept).
-fn value_at(json: &[u8], path: &[Box<str>]) -> Result<u64, NoReport> {
-    use serde::de::DeserializeSeed;
-    let mut de = serde_json::Deserializer::from_slice(json);
-    let found = At(path)
-        .deserialize(&mut de)
-        .map_err(|_| NoReport::Missing)?;
-    de.end().map_err(|_| NoReport::Missing)?;
-    found
-}
-
-/// Finds the value at a path while deserializing.
-struct At<'p>(&'p [Box<str>]);
-
-impl<'de> serde::de::DeserializeSeed<'de> for At<'_> {
-    type Value = Result<u64, NoReport>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for At<'_> {
-    type Value = Result<u64, NoReport>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = Err(NoReport::Missing);
-        let Some((first, rest)) = self.0.split_first() else {
-            while map
-                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                .is_some()
-            {}
-            return Ok(Err(NoReport::Invalid));
-        };
-        while let Some(is_it) = map.next_key_seed(Key(first))? {
-            if is_it {
-                found = map.next_value_seed(At(rest))?;
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut found = Err(NoReport::Missing);
-        let at = match self.0.split_first() {
-            Some((first, rest)) => first.parse::<usize>().ok().map(|i| (i, rest)),
-            None => None,
-        };
-        let mut i = 0;
-        loop {
-            match at {
-                Some((want, rest)) if want == i => match seq.next_element_seed(At(rest))? {
-                    Some(f) => found = f,
-                    None => break,
-                },
-                _ => {
-                    if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
-                        break;
-                    }
-                }
-            }
-            i += 1;
-        }
-        if self.0.is_empty() {
-            return Ok(Err(NoReport::Invalid));
-        }
-        Ok(found)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
-        Ok(match self.0.is_empty() {
-            true if n <= MAX_REPORTED => Ok(n),
-            true => Err(NoReport::Invalid),
-            false => Err(NoReport::Missing),
-        })
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
-        match u64::try_from(n) {
-            Ok(n) => self.visit_u64(n),
-            Err(_) => Ok(self.not_a_count()),
-        }
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(self.not_a_count())
-    }
-
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(self.not_a_count())
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(self.not_a_count())
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.not_a_count())
-    }
-}
-
-impl At<'_> {
-    /// A value that is not a whole number: at the path, an invalid report; above it, none.
-    fn not_a_count(&self) -> Result<u64, NoReport> {
-        match self.0.is_empty() {
-            true => Err(NoReport::Invalid),
-            false => Err(NoReport::Missing),
-        }
-    }
-}
-
-/// Tells whether an object's key is the one looked for, without keeping it.
-struct Key<'k>(&'k str);
-
-impl<'de> serde::de::DeserializeSeed<'de> for Key<'_> {
-    type Value = bool;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Key<'_> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<bool, E> {
-        Ok(k == self.0)
-    }
+/// The reported number at `path` in the JSON text `json`.
+fn value_at(json: &[u8], path: &Path) -> Result<u64, NoReport> {
+    let mut scan = json::Scan::new(path);
+    scan.feed(json);
+    reported(scan.end())
 }
 
 /// Reads a body's report as it streams through: [`BodyReport::feed`] each chunk forwarded, then
@@ -223,8 +99,8 @@ pub struct BodyReport {
 
 #[derive(Debug)]
 enum Kind {
-    /// A JSON body, kept until it ends; `None` once it grew past the bound.
-    Json(Option<Vec<u8>>),
+    /// A JSON body, read as it passes; `None` once it grew past the bound.
+    Json(Option<json::Scan>, usize),
     /// An event stream: the line being read, the current event's data, and the last value
     /// found (`None`: none yet; `Some(Err)`: the last event carrying the field had a bad value).
     Events {
@@ -241,7 +117,12 @@ impl BodyReport {
     /// The reader for a body of `content_type` (`None`: a type that carries no report, such as
     /// `text/html`), looking for `path`, keeping at most `max` bytes.
     pub fn new(content_type: &str, path: &Path, max: usize) -> Option<BodyReport> {
-        let essence = content_type.split(';').next().unwrap_or("").trim();
+        // Bytes, not `str::split`: a char search costs more than the rest of this.
+        let essence = match content_type.bytes().position(|b| b == b';') {
+            Some(end) => &content_type[..end],
+            None => content_type,
+        }
+        .trim();
         let is = |t: &str| essence.eq_ignore_ascii_case(t);
         let json_suffix = essence.len() > 5
             && essence.is_char_boundary(essence.len() - 5)
@@ -255,7 +136,7 @@ impl BodyReport {
                 skipping: false,
             }
         } else if is("application/json") || json_suffix {
-            Kind::Json(Some(Vec::new()))
+            Kind::Json(Some(json::Scan::new(path)), 0)
         } else {
             return None;
         };
@@ -270,13 +151,12 @@ impl BodyReport {
     pub fn feed(&mut self, mut bytes: &[u8]) {
         let max = self.max;
         match &mut self.kind {
-            Kind::Json(kept) => {
-                if let Some(buf) = kept {
-                    if buf.len() + bytes.len() > max {
-                        *kept = None;
-                    } else {
-                        buf.extend_from_slice(bytes);
-                    }
+            Kind::Json(scan, seen) => {
+                *seen = seen.saturating_add(bytes.len());
+                match scan {
+                    Some(_) if *seen > max => *scan = None,
+                    Some(scan) => scan.feed(bytes),
+                    None => {}
                 }
             }
             Kind::Events { .. } => {
@@ -367,8 +247,8 @@ impl BodyReport {
             self.line_done();
         }
         match self.kind {
-            Kind::Json(None) => Err(NoReport::TooLarge),
-            Kind::Json(Some(buf)) => value_at(&buf, &self.path),
+            Kind::Json(None, _) => Err(NoReport::TooLarge),
+            Kind::Json(Some(scan), _) => reported(scan.end()),
             Kind::Events {
                 last: Some(found), ..
             } => found,
