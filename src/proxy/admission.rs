@@ -171,6 +171,14 @@ pub enum Step<'s, 'r> {
     Count(Pending<'s, 'r>),
 }
 
+/// The counters a request is counted in ([`Pending::counters`]).
+#[derive(Debug)]
+pub struct Counters {
+    pub counter: CounterKey,
+    /// Each pool's, with its number of limits.
+    pub pools: Vec<(CounterKey, usize)>,
+}
+
 /// A request that has a limit: the store decides.
 #[derive(Debug)]
 pub struct Pending<'s, 'r> {
@@ -187,8 +195,18 @@ impl<'s> Pending<'s, '_> {
         self.held.counter()
     }
 
-    /// The second half: the store's verdict (asked at `now_ms`) turned into the admission.
-    pub fn conclude(self, verdict: Verdict, now_ms: u64) -> Admission<'s> {
+    /// The counters it is counted in: its own and its pools' (escaped names, so made once: for
+    /// the store, then for [`Pending::conclude`]).
+    pub fn counters(&self) -> Counters {
+        Counters {
+            counter: self.held.counter(),
+            pools: self.held.pool_counters(&self.limits),
+        }
+    }
+
+    /// The second half: the store's verdict (asked at `now_ms` on `counters`) turned into the
+    /// admission.
+    pub fn conclude(self, counters: Counters, verdict: Verdict, now_ms: u64) -> Admission<'s> {
         let endpoint = self.held.endpoint;
         let outcome = match verdict {
             Verdict::Decided(o) | Verdict::Local(o) => o,
@@ -216,8 +234,8 @@ impl<'s> Pending<'s, '_> {
         let report = match endpoint.cost_from.as_ref() {
             Some(from) if allowed => Some(Box::new(Reserved {
                 from,
-                counter: self.held.counter(),
-                pools: self.held.pool_counters(&self.limits),
+                counter: counters.counter,
+                pools: counters.pools,
             })),
             _ => None,
         };
@@ -773,7 +791,12 @@ mod tests {
             retry_after: None,
         };
         let outcome = |q: Quota| Outcome::new(q.allowed, false, &[q]);
-        let a = pending().conclude(Verdict::Decided(outcome(quota)), 0);
+        let conclude = |v: Verdict| {
+            let p = pending();
+            let counters = p.counters();
+            p.conclude(counters, v, 0)
+        };
+        let a = conclude(Verdict::Decided(outcome(quota)));
         assert_eq!(a.decision, Decision::Allowed);
         assert!(
             matches!(&a.action, Action::Forward(Target { limit: Some(r), .. }) if r.outcome.quotas() == [quota])
@@ -784,7 +807,7 @@ mod tests {
             retry_after: Some(7),
             ..quota
         };
-        let a = pending().conclude(Verdict::Local(outcome(refused)), 0);
+        let a = conclude(Verdict::Local(outcome(refused)));
         let Action::Reject(r) = &a.action else {
             panic!()
         };
@@ -794,17 +817,14 @@ mod tests {
             "GET /users/{id} allows 2 requests per 60 s; retry after 7 s"
         );
         assert_eq!(r.response(HeaderSet::Both).headers()["retry-after"], "7");
+        assert_eq!(conclude(Verdict::Open).decision, Decision::StoreOpen);
         assert_eq!(
-            pending().conclude(Verdict::Open, 0).decision,
-            Decision::StoreOpen
-        );
-        assert_eq!(
-            pending().conclude(Verdict::Closed, 0).decision,
+            conclude(Verdict::Closed).decision,
             Decision::StoreUnavailable
         );
         let shadowed = Outcome::new(true, true, &[quota]);
         assert_eq!(
-            pending().conclude(Verdict::Decided(shadowed), 0).decision,
+            conclude(Verdict::Decided(shadowed)).decision,
             Decision::ShadowLimited
         );
         // A default limit applies to a known key without its own.

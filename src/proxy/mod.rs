@@ -76,7 +76,8 @@ pub struct Proxy {
     policy: Policy,
     metrics: Arc<Metrics>,
     /// `quotagate_cost_reports_total`, looked up once.
-    cost_counts: Arc<report::Counts>,
+    /// Settles what `cost_from` responses report.
+    settler: Arc<report::Settler>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
 }
@@ -97,7 +98,11 @@ impl Proxy {
             upstream,
             policy: s.policy.clone(),
             metrics: rt.metrics.clone(),
-            cost_counts: Arc::new(report::Counts::new(&rt.metrics)),
+            settler: Arc::new(report::Settler {
+                store: rt.store.clone(),
+                clock: rt.clock.clone(),
+                counts: report::Counts::new(&rt.metrics),
+            }),
             upstream_failing: AtomicBool::new(false),
         }
     }
@@ -192,19 +197,21 @@ impl Proxy {
                 }
                 let asked = Instant::now();
                 let now_ms = self.clock.now_ms();
-                let counter = pending.counter();
+                let counters = pending.counters();
                 let verdict = if pending.limits.has_pools() {
-                    let pools = pending.held.pool_counters(&pending.limits);
-                    let parts = admission::parts(&counter, &pending.limits, &pools);
+                    let parts =
+                        admission::parts(&counters.counter, &pending.limits, &counters.pools);
                     self.store.hit_parts(&parts, pending.cost, now_ms).await
                 } else {
                     let limits = &pending.limits;
-                    self.store.hit(&counter, limits, pending.cost, now_ms).await
+                    (self.store)
+                        .hit(&counters.counter, limits, pending.cost, now_ms)
+                        .await
                 };
                 self.metrics
                     .decision_seconds
                     .observe(asked.elapsed().as_secs_f64());
-                let a = pending.conclude(verdict, now_ms);
+                let a = pending.conclude(counters, verdict, now_ms);
                 if a.decision == Decision::ShadowLimited {
                     tracing::debug!(
                         endpoint = a.endpoint.map(|e| e.name.as_str()),
@@ -347,9 +354,7 @@ impl Proxy {
                         let reserved = *reserved;
                         let (limits, pools) = report::counted(rate, &reserved.pools);
                         let pending = report::Pending {
-                            store: self.store.clone(),
-                            clock: self.clock.clone(),
-                            counts: self.cost_counts.clone(),
+                            settler: self.settler.clone(),
                             counter: reserved.counter,
                             pools,
                             limits,

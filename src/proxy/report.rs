@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::Limit;
 use quotagate_engine::report::{BodyReport, CostFrom, NoReport, parse_reported};
-use quotagate_store::{CounterKey, Store};
+use quotagate_store::{CounterKey, Part, Store};
 
 use crate::metrics::{Metrics, OutcomeLabels};
 
@@ -58,11 +58,17 @@ impl Counts {
     }
 }
 
-/// A request admitted with a reservation, waiting for its response's report.
-pub struct Pending {
+/// What every report is settled with: one per proxy, shared by each pending request (one
+/// reference counted per request, not three).
+pub struct Settler {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
-    pub counts: Arc<Counts>,
+    pub counts: Counts,
+}
+
+/// A request admitted with a reservation, waiting for its response's report.
+pub struct Pending {
+    pub settler: Arc<Settler>,
     /// Its counter, its pools' (each with its number of limits) and the limits it was counted in.
     pub counter: CounterKey,
     pub pools: Vec<(CounterKey, usize)>,
@@ -73,28 +79,43 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// The response reported `report`: its difference from the reservation goes to the store (on
-    /// a task of its own); no report keeps the reservation. Counted in the metric either way.
+    /// The response reported `report`: its difference from the reservation goes to the store
+    /// (at once in memory, on a task of its own for a shared store); no report keeps the
+    /// reservation. Counted in the metric either way.
     pub fn settle(self, report: Result<u64, NoReport>) {
-        use futures_util::FutureExt;
-        self.counts.of(&report).inc();
+        let settler = &*self.settler;
+        settler.counts.of(&report).inc();
         let Ok(reported) = report else { return };
         let delta = reported as i64 - self.reserved as i64;
-        if delta == 0 {
+        if delta == 0 || self.limits.is_empty() {
             return;
         }
-        let adjust = async move {
+        let now_ms = settler.clock.now_ms();
+        let done = match self.pools.is_empty() {
+            // Most requests: one counter, its parts on the stack.
+            true => settler.store.adjust_in_memory(
+                &[Part {
+                    counter: &self.counter,
+                    limits: &self.limits,
+                }],
+                delta,
+                self.reserved_at_ms,
+                now_ms,
+            ),
+            false => {
+                let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
+                (settler.store).adjust_in_memory(&parts, delta, self.reserved_at_ms, now_ms)
+            }
+        };
+        if done {
+            return;
+        }
+        tokio::spawn(async move {
             let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
-            let now_ms = self.clock.now_ms();
-            self.store
+            (self.settler.store)
                 .adjust(&parts, delta, self.reserved_at_ms, now_ms)
                 .await;
-        };
-        // In memory it is done at once; a store call goes on a task of its own.
-        let mut adjust = Box::pin(adjust);
-        if adjust.as_mut().now_or_never().is_none() {
-            tokio::spawn(adjust);
-        }
+        });
     }
 
     /// How the response with `headers` reports, for `from`: settled now (a header, or a body

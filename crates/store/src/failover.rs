@@ -175,6 +175,23 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
+    /// [`Failover::adjust`] at once, without a future, when there is no shared store (the
+    /// embedded memory store: a lock and a few additions, not worth a task). `false`: there is
+    /// one; call [`Failover::adjust`].
+    pub fn adjust_in_memory(
+        &self,
+        parts: &[Part<'_>],
+        delta: i64,
+        reserved_at_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        if self.shared.is_some() {
+            return false;
+        }
+        let _ = self.local.adjust_now(parts, delta, reserved_at_ms, now_ms);
+        true
+    }
+
     /// [`Failover::peek`] across several counters ([`CounterStore::peek_parts`]).
     pub async fn peek_parts(
         &self,

@@ -70,7 +70,9 @@ impl CounterKey {
     /// are chosen by, so that every counter of one API key is in one. The whole name when it has
     /// none.
     pub fn tag(&self) -> &str {
-        match self.0.find('}') {
+        // Bytes, not `str::find`: this runs for every request, and a char search costs several
+        // times more on a name of 30 bytes.
+        match self.0.bytes().position(|b| b == b'}') {
             Some(end) if self.0.starts_with('{') => &self.0[..=end],
             _ => &self.0,
         }
