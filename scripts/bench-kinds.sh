@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# CPU per request of the kinds of limit, side by side in one run (issue 29's bounds: a day quota,
+# a pool and `cost_from` on a 1 kB JSON response each <= 5% over a 60 s window on the same key).
+#
+#   scripts/bench-kinds.sh [ROUNDS] [SECONDS]     (defaults: 5 rounds of 5 s)
+#
+# One gateway (1 worker, memory store, on the second core) per row in front of the example upstream, `wrk -t1 -c16`
+# on one API key far under its limit, each request with a 500-byte header so the upstream's JSON
+# echo is about 1 kB. Rows: one 60 s window; one day quota (UTC); one 60 s pool over every
+# endpoint; one 60 s window on an endpoint with `"cost_from": {"json": "body_bytes"}` (every
+# response read; the echo reports 0, so each reservation is given back). The rows take turns
+# within each round, so drift on a shared machine falls on all of them; the table has each row's
+# median CPU (utime + stime of the gateway, /proc) per request and its ratio to the first row's.
+# QUOTAGATE_BIN=... measures another build. Prints the table; appends nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+
+ROUNDS=${1:-5}
+SECONDS_PER_RUN=${2:-5}
+ensure_debian_packages wrk:wrk
+if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
+BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+bench_workdir
+
+python3 - "$WORK" <<'PY'
+import json, os, sys
+many = 1_000_000_000
+kinds = {
+    "window": ([{"ep": 0, "rl": many, "w": 60}], None),
+    "day": ([{"ep": 0, "rl": many, "period": "day"}], None),
+    "pool": ([{"group": "*", "rl": many}], None),
+    "cost_from": ([{"ep": 0, "rl": many, "w": 60}], {"json": "body_bytes"}),
+}
+for name, (limits, cost_from) in kinds.items():
+    endpoint = {"p": 0, "m": 0}
+    if cost_from:
+        endpoint["cost_from"] = cost_from
+    doc = {"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"],
+           "paths": ["/users/{id}"], "endpoints": [endpoint],
+           "apilimits": [{"key": "bench-key", "limits": limits}]}
+    json.dump(doc, open(os.path.join(sys.argv[1], f"{name}.json"), "w"))
+PY
+cat > "$WORK/pad.lua" <<'LUA'
+wrk.headers["X-Api-Key"] = "bench-key"
+wrk.headers["X-Pad"] = string.rep("p", 500)
+LUA
+
+# The gateway on one core, the load and the upstream on the other: their work does not land in
+# the gateway's core's caches and run queue, which makes rows of one run comparable.
+PIN_GW="taskset -c 1"; PIN_LOAD="taskset -c 0"
+[ "$(nproc)" -ge 2 ] || { PIN_GW=""; PIN_LOAD=""; }
+UP_PORT=$(free_port)
+$PIN_LOAD "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
+wait_port "$UP_PORT"
+
+KINDS=(window day pool cost_from)
+RESULTS=()
+for round in $(seq "$ROUNDS"); do
+  for kind in "${KINDS[@]}"; do
+    port=$(free_port)
+    $PIN_GW "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" \
+      --catalog "$WORK/$kind.json" --set server.workers=1 --set log.level=warn \
+      --set admin.enabled=false 2>>"$WORK/gw.log" & gw=$!
+    wait_port "$port"
+    $PIN_LOAD wrk -t1 -c16 -d1s -s "$WORK/pad.lua" "http://127.0.0.1:$port/users/1" >/dev/null
+    before=$(cpu_ticks "$gw")
+    out=$($PIN_LOAD wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" -s "$WORK/pad.lua" "http://127.0.0.1:$port/users/1")
+    after=$(cpu_ticks "$gw")
+    kill "$gw"; wait "$gw" 2>/dev/null || true
+    requests=$(awk '/requests in/{print $1}' <<<"$out")
+    non2xx=$(awk '/Non-2xx/{print $NF}' <<<"$out")
+    [ -z "$non2xx" ] || { echo "$kind: $non2xx answers were not 2xx" >&2; exit 1; }
+    RESULTS+=("$kind $requests $((after - before))")
+    echo "round $round $kind: $requests requests, $((after - before)) ticks" >&2
+  done
+done
+
+python3 - "$TICKS_PER_S" "$SECONDS_PER_RUN" "$(machine_line)" "${RESULTS[@]}" <<'PY'
+import statistics, sys
+hz, secs, machine = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+rows = {}
+for r in sys.argv[4:]:
+    kind, n, ticks = r.split()
+    rows.setdefault(kind, []).append((int(n) / secs, int(ticks) / hz * 1e6 / int(n)))
+base = statistics.median(c for _, c in rows["window"])
+print(f"machine: {machine}; median of {len(rows['window'])} rounds")
+print("| limit of the key | req/s | CPU us/request | vs a 60 s window |")
+print("|---|---:|---:|---:|")
+names = {"window": "one 60 s window", "day": "one day quota (UTC)", "pool": "one 60 s pool (every endpoint)",
+         "cost_from": "one 60 s window, `cost_from` a 1 kB JSON body"}
+for kind, runs in rows.items():
+    rate = statistics.median(r for r, _ in runs)
+    cpu = statistics.median(c for _, c in runs)
+    print(f"| {names[kind]} | {rate:,.0f} | {cpu:.2f} | {cpu / base:.3f} |")
+PY
