@@ -1635,6 +1635,56 @@ async fn reported_costs_replace_reservations_on_redis() {
     reported_costs_through_the_proxy(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
 
+const REPORTED_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/tokens/header/{n}"],
+  "endpoints": [{"p": 0, "m": 0, "cost": 10, "cost_from": {"header": "x-usage-tokens"}}],
+  "apilimits": [{"key": "k1", "limits": [{"ep": 0, "rl": 100, "w": 60}]},
+                {"key": "k2", "limits": [{"ep": 0, "rl": 100, "w": 60}]}]
+}"#;
+
+/// Two instances on one Redis, with leases (the default), share a key's 100 units a minute on
+/// an endpoint that reserves 10 and whose responses report what they cost. A request is admitted
+/// only while its reservation fits beside what was counted, whatever the order in which reports
+/// land: reports of 7 admit at most 13 (7 x 12 + 10 <= 100 < 7 x 13 + 10), and while requests
+/// keep coming all 13 (each report reaches Redis, through the instances' leases, within the
+/// issue's 100 ms); reports of 25 admit at most 10 (the reservations that fit at once) and at
+/// least 4 (25 x 3 + 10 <= 100). Then both instances refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_count_what_responses_report_exactly() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let c = redis_config(&up, &redis, FailurePolicy::Closed);
+    let a = TestGateway::start(c.clone(), REPORTED_CATALOG, FakeClock::new(T0)).await;
+    let b = TestGateway::start(c, REPORTED_CATALOG, FakeClock::new(T0)).await;
+    for (key, tokens, least, most) in [("k1", 7, 13, 13), ("k2", 25, 4, 10)] {
+        let headers: &'static [(&str, &str)] = match key {
+            "k1" => &[("X-Api-Key", "k1")],
+            _ => &[("X-Api-Key", "k2")],
+        };
+        let path = format!("/tokens/header/{tokens}");
+        let mut ok = burst(60, |i| [&a, &b][i % 2].url(&path), headers).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(ok <= most, "{key}: {ok} admitted, over {most}");
+            let answers = [
+                get(&a.url(&path), headers).await.status,
+                get(&b.url(&path), headers).await.status,
+            ];
+            ok += answers.iter().filter(|&&s| s == 200).count();
+            if ok >= least && answers == [429, 429] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key}: {ok} admitted, at least {least} expected, then refusals"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(ok <= most, "{key}: {ok} admitted, over {most}");
+    }
+}
+
 #[tokio::test]
 async fn a_dry_run_forwards_everything_and_counts_what_it_would_refuse() {
     let up = Upstream::start().await;
