@@ -238,6 +238,13 @@ impl Scan {
                         i += 1;
                         continue;
                     }
+                    if b == b'"' && matches!(self.state, State::KeyOrClose | State::Key) {
+                        let next = self.members(bytes, i);
+                        if next != i {
+                            i = next;
+                            continue;
+                        }
+                    }
                     if b == b'"'
                         && let Some(len) = self.whole_string(&bytes[i + 1..])
                     {
@@ -247,6 +254,78 @@ impl Scan {
                     if self.byte(b) {
                         i += 1;
                     }
+                }
+            }
+        }
+    }
+
+    /// Reads an object's members from the key at `bytes[i]` in one loop, while they are off the
+    /// path and whole in `bytes` (most of an answer's top object): `"key": value,` at a time, the
+    /// value followed to its end as [`Scan::skip`] and `SkipScalar` would. Stops at the path's
+    /// key (its value is then read by the grammar), at a container (skipped by [`Scan::skip`]),
+    /// at the object's end, or where the member is not whole here or has an escape (then from
+    /// the member's key, by the byte: the same answer). Where it read to.
+    fn members(&mut self, bytes: &[u8], mut i: usize) -> usize {
+        let want = self.path[usize::from(self.depth) - 1].as_bytes();
+        let space = |mut j: usize| {
+            while bytes.get(j).is_some_and(|&b| is_space(b)) {
+                j += 1;
+            }
+            j
+        };
+        loop {
+            // At a key's `"`, in state `KeyOrClose` or `Key`.
+            let Some(len) = quote_or_escape(&bytes[i + 1..]) else {
+                return i;
+            };
+            if bytes[i + 1 + len] != b'"' {
+                return i;
+            }
+            let on_path = bytes[i + 1..i + 1 + len] == *want;
+            let mut j = space(i + len + 2);
+            if bytes.get(j) != Some(&b':') {
+                return i;
+            }
+            j = space(j + 1);
+            let Some(&v) = bytes.get(j) else {
+                return i;
+            };
+            if on_path || v == b'{' || v == b'[' {
+                self.selected = on_path;
+                self.state = State::Value;
+                return j;
+            }
+            j = match v {
+                b'"' => match quote_or_escape(&bytes[j + 1..]) {
+                    Some(len) if bytes[j + 1 + len] == b'"' => j + len + 2,
+                    _ => return i,
+                },
+                _ => match bytes[j..]
+                    .iter()
+                    .position(|&b| matches!(b, b',' | b'}' | b']') || is_space(b))
+                {
+                    Some(len) => j + len,
+                    None => return i,
+                },
+            };
+            j = space(j);
+            match bytes.get(j) {
+                Some(b',') => {
+                    self.state = State::Key;
+                    let k = space(j + 1);
+                    if bytes.get(k) != Some(&b'"') {
+                        return k;
+                    }
+                    i = k;
+                }
+                Some(b'}') => {
+                    self.close();
+                    return j + 1;
+                }
+                _ => {
+                    self.selected = false;
+                    self.state = State::Next;
+                    return j;
                 }
             }
         }
