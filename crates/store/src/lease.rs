@@ -82,7 +82,8 @@ pub fn bucket_end_ms(limits: &[Limit], at_ms: u64) -> u64 {
     limits
         .iter()
         .map(|l| match l.kind {
-            Kind::Calendar(_) => (at_ms / 1000 + 1) * 1000,
+            // (A concurrency limit is never leased: `RedisStore::leases_for`.)
+            Kind::Calendar(_) | Kind::Concurrent => (at_ms / 1000 + 1) * 1000,
             _ => bucket_start(l.w, bucket_of(l.w, at_ms) + 1),
         })
         .min()
@@ -97,7 +98,7 @@ fn bucket_us(limits: &[Limit]) -> i64 {
         .iter()
         .map(|l| match l.kind {
             Kind::Sliding => i64::from(l.w) * 1_000_000 / buckets(l.w) as i64,
-            Kind::Fixed | Kind::Aligned | Kind::Calendar(_) => 1_000_000,
+            Kind::Fixed | Kind::Aligned | Kind::Calendar(_) | Kind::Concurrent => 1_000_000,
         })
         .min()
         .unwrap_or(1_000_000)
@@ -726,7 +727,7 @@ impl Told {
             s.floor = s.floor.saturating_sub(cost);
             // Redis rounds a fixed window's TTL to the nearest second: so does this answer.
             let shave = match s.limit.kind {
-                Kind::Sliding | Kind::Calendar(_) => 0,
+                Kind::Sliding | Kind::Calendar(_) | Kind::Concurrent => 0,
                 Kind::Fixed | Kind::Aligned => 500_000,
             };
             let reset_us = u64::try_from(s.exit_us - shave - now_us).unwrap_or(0);

@@ -105,7 +105,13 @@ pub struct LimitDef {
     /// `"*"` for every endpoint) counts here. In place of `ep`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-    pub rl: i64,
+    /// Units per window (or period). Every limit has it but a concurrency limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rl: Option<i64>,
+    /// A concurrency limit: at most this many requests of the key in flight at once, in place
+    /// of `rl` (and of `w` or `period`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent: Option<i64>,
     /// Window in seconds, 1 to 86400. Default: 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w: Option<serde_json::Number>,

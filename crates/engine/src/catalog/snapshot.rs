@@ -285,7 +285,8 @@ fn period_value(name: &str) -> Result<Period, Reason> {
 /// One limit as a catalog writes it (a key's, an endpoint's default, an anonymous one).
 #[derive(Clone, Copy, Default)]
 struct Spec<'a> {
-    rl: i64,
+    rl: Option<i64>,
+    concurrent: Option<i64>,
     w: Option<&'a serde_json::Number>,
     shadow: Option<bool>,
     period: Option<&'a str>,
@@ -296,6 +297,7 @@ impl<'a> Spec<'a> {
     fn of(l: &'a LimitDef) -> Spec<'a> {
         Spec {
             rl: l.rl,
+            concurrent: l.concurrent,
             w: l.w.as_ref(),
             shadow: l.shadow,
             period: l.period.as_deref(),
@@ -305,7 +307,8 @@ impl<'a> Spec<'a> {
 
     fn of_default(d: &'a super::DefaultLimitDef) -> Spec<'a> {
         Spec {
-            rl: d.rl,
+            rl: Some(d.rl),
+            concurrent: None,
             w: d.w.as_ref(),
             shadow: d.shadow,
             period: d.period.as_deref(),
@@ -341,7 +344,22 @@ impl LimitList {
 
     /// Adds one entry, or says what is wrong with it (`Err((field, reason))`).
     fn add(&mut self, spec: Spec, what: &str) -> Result<(), (&'static str, String)> {
-        let rl = limit_value(spec.rl).map_err(|r| ("rl", r.0))?;
+        let rl = match (spec.rl, spec.concurrent) {
+            (Some(_), Some(_)) => {
+                return Err((
+                    "concurrent",
+                    "a concurrency limit has no \"rl\" (it counts requests in flight)".into(),
+                ));
+            }
+            (None, Some(n)) => return self.add_concurrent(n, spec, what),
+            (None, None) => {
+                return Err((
+                    "rl",
+                    "missing: a limit has \"rl\" (or \"concurrent\")".into(),
+                ));
+            }
+            (Some(rl), None) => limit_value(rl).map_err(|r| ("rl", r.0))?,
+        };
         let limit = match spec.period {
             Some(_) if spec.w.is_some() => {
                 return Err((
@@ -381,8 +399,56 @@ impl LimitList {
                 Limit::sliding(rl, w)
             }
         };
+        let field = if spec.period.is_some() { "period" } else { "w" };
+        self.push(limit, spec, what, field)
+    }
+
+    /// Adds a concurrency limit of `n` requests in flight.
+    fn add_concurrent(
+        &mut self,
+        n: i64,
+        spec: Spec,
+        what: &str,
+    ) -> Result<(), (&'static str, String)> {
+        let field = match (spec.w, spec.period, spec.tz) {
+            (Some(_), _, _) => Some("w"),
+            (_, Some(_), _) => Some("period"),
+            (_, _, Some(_)) => Some("tz"),
+            _ => None,
+        };
+        if let Some(field) = field {
+            return Err((
+                field,
+                "a concurrency limit has no window, period or time zone".into(),
+            ));
+        }
+        let n = match u64::try_from(n) {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                return Err((
+                    "concurrent",
+                    format!("{n} requests in flight: a concurrency limit allows at least 1"),
+                ));
+            }
+        };
+        if self.limits.iter().any(Limit::is_concurrent) {
+            return Err((
+                "concurrent",
+                format!("{what} already has a concurrency limit"),
+            ));
+        }
+        self.push(Limit::concurrent(n), spec, what, "concurrent")
+    }
+
+    /// Adds `limit` (shadow as `spec` says) if there is room for it; `field` names it if not.
+    fn push(
+        &mut self,
+        limit: Limit,
+        spec: Spec,
+        what: &str,
+        field: &'static str,
+    ) -> Result<(), (&'static str, String)> {
         if self.limits.len() == MAX_LIMITS {
-            let field = if spec.period.is_some() { "period" } else { "w" };
             return Err((
                 field,
                 format!(
@@ -543,7 +609,7 @@ fn build_endpoints(
         if let Some(rl) = ep.default_rl
             && let Err((_, r)) = defaults.add(
                 Spec {
-                    rl,
+                    rl: Some(rl),
                     ..Spec::default()
                 },
                 "this endpoint",
@@ -1083,6 +1149,44 @@ mod tests {
     }
 
     #[test]
+    fn concurrency_limits_load_beside_rates_and_bad_ones_name_their_field() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a","/b"],"groups":{"g":[0,1]},
+                "endpoints":[{"p":0,"m":0},{"p":1,"m":0}],
+                "apilimits":[{"key":"k","limits":[
+                    {"ep":0,"rl":10,"w":1},{"ep":0,"concurrent":3},{"group":"g","concurrent":8}]}]}"#,
+        )
+        .unwrap();
+        let LimitLookup::Limits(a) = s.limit(b"k", 0) else {
+            panic!("limited")
+        };
+        assert_eq!(a.own, &[Limit::concurrent(3), Limit::sliding(10, 1)]);
+        assert_eq!(
+            a.pools().collect::<Vec<_>>(),
+            [("g", &[Limit::concurrent(8)][..])]
+        );
+
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],
+                "endpoints":[{"p":0,"m":0}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"concurrent":0},
+                    {"ep":0,"concurrent":2,"rl":5},{"ep":0,"concurrent":2,"w":1},
+                    {"ep":0,"concurrent":2,"period":"day"},{"ep":0},
+                    {"ep":0,"concurrent":2},{"ep":0,"concurrent":3}]}]}"#,
+        );
+        let want = [
+            "apilimits[0].limits[0].concurrent: 0 requests in flight: a concurrency limit allows at least 1",
+            r#"apilimits[0].limits[1].concurrent: a concurrency limit has no "rl" (it counts requests in flight)"#,
+            "apilimits[0].limits[2].w: a concurrency limit has no window, period or time zone",
+            "apilimits[0].limits[3].period: a concurrency limit has no window, period or time zone",
+            r#"apilimits[0].limits[4].rl: missing: a limit has "rl" (or "concurrent")"#,
+            "apilimits[0].limits[6].concurrent: endpoint 0 already has a concurrency limit",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn off_by_one_index_is_an_error_not_a_panic() {
         // DynLimits checks `p > len` and crashes on `p == len`.
         let got = problems(
@@ -1169,13 +1273,13 @@ mod tests {
             hash: "h2".into(),
             released: None,
         });
-        b.apilimits[0].limits[0].rl = 99; // k1 changed
+        b.apilimits[0].limits[0].rl = Some(99); // k1 changed
         b.apilimits.remove(1); // k2 removed
         b.apilimits.push(ApiLimits {
             key: "k3".into(),
             limits: vec![LimitDef {
                 ep: Some(1),
-                rl: 4,
+                rl: Some(4),
                 ..LimitDef::default()
             }],
         });
@@ -1205,7 +1309,7 @@ mod tests {
         let mut f = a.clone();
         f.anonymous.push(LimitDef {
             ep: Some(0),
-            rl: 5,
+            rl: Some(5),
             ..LimitDef::default()
         });
         assert!(a.diff_to(&f).is_none(), "anonymous limits changed: no diff");

@@ -29,7 +29,7 @@ impl Span {
                     seconds: (index + 1) * w - now,
                 }
             }
-            Kind::Sliding | Kind::Fixed | Kind::Calendar(_) => Span {
+            Kind::Sliding | Kind::Fixed | Kind::Calendar(_) | Kind::Concurrent => Span {
                 index: None,
                 seconds: w,
             },
@@ -83,7 +83,7 @@ pub fn fixed_outcome(l: &Limit, cost: u64, allowed: bool, credit: u64, ttl: i64)
     let ttl = u64::try_from(ttl).unwrap_or(0);
     let reset = match l.kind {
         Kind::Aligned => ttl.max(1),
-        Kind::Sliding | Kind::Fixed | Kind::Calendar(_) => ttl,
+        Kind::Sliding | Kind::Fixed | Kind::Calendar(_) | Kind::Concurrent => ttl,
     };
     let q = Quota {
         allowed,

@@ -39,6 +39,10 @@ pub enum Kind {
     /// ([`Tally`]): a calendar quota. It has no `w`. Counted beside sliding windows (a day quota
     /// next to a per-second limit), by the same stores and in the same script.
     Calendar(Period),
+    /// At most `rl` requests in flight at once: a slot is taken at admission and freed when the
+    /// request ends ([`WindowSet::free`]). It has no `w`; a request takes one slot whatever its
+    /// cost (a check, cost 0, takes none). Counted beside the others, in the same call.
+    Concurrent,
 }
 
 /// One limit: `rl` units per `w` seconds in a window of one [`Kind`], enforced or shadow.
@@ -76,6 +80,28 @@ impl Limit {
         }
     }
 
+    /// An enforced concurrency limit: at most `n` requests in flight at once.
+    pub const fn concurrent(n: u64) -> Limit {
+        Limit {
+            kind: Kind::Concurrent,
+            ..Limit::sliding(n, 0)
+        }
+    }
+
+    /// A limit on requests in flight ([`Kind::Concurrent`]), not on a rate.
+    pub const fn is_concurrent(&self) -> bool {
+        matches!(self.kind, Kind::Concurrent)
+    }
+
+    /// The units a request of `cost` takes from this limit: its cost, or for a concurrency limit
+    /// one slot (none for a check).
+    pub const fn units(&self, cost: u64) -> u64 {
+        match self.kind {
+            Kind::Concurrent if cost > 0 => 1,
+            _ => cost,
+        }
+    }
+
     /// The calendar period this limit counts in, if it is a calendar limit.
     pub const fn period(&self) -> Option<Period> {
         match self.kind {
@@ -84,7 +110,8 @@ impl Limit {
         }
     }
 
-    /// The length in seconds of the window holding `now_ms`: `w`, or the calendar period's.
+    /// The length in seconds of the window holding `now_ms`: `w`, or the calendar period's (0 for
+    /// a concurrency limit, which has none).
     pub fn seconds_at(&self, now_ms: u64) -> u64 {
         match self.kind {
             Kind::Calendar(p) => {
@@ -123,13 +150,16 @@ impl Limit {
 
     /// Counted in a [`WindowSet`] (a sliding window or a calendar period), not as a fixed window.
     const fn in_window_set(&self) -> bool {
-        matches!(self.kind, Kind::Sliding | Kind::Calendar(_))
+        matches!(
+            self.kind,
+            Kind::Sliding | Kind::Calendar(_) | Kind::Concurrent
+        )
     }
 
     /// Can a request of `cost` ever pass this limit? Not when it is 0 or below the cost: such a
     /// request is refused without reading any window (and, in a window, counted nowhere).
     pub const fn can_pass(&self, cost: u64) -> bool {
-        self.rl > 0 && cost <= self.rl
+        self.rl > 0 && self.units(cost) <= self.rl
     }
 
     /// The quota of a sliding or calendar limit for a request it can never pass (its cost is
@@ -156,7 +186,9 @@ impl Limit {
     pub fn alone(&self, cost: u64, now_ms: u64) -> Option<Outcome> {
         match self.kind {
             // A shadow limit's refusal is the store's to tell (it counts the enforced ones).
-            Kind::Sliding | Kind::Calendar(_) if !self.shadow && cost > self.rl => {
+            Kind::Sliding | Kind::Calendar(_) | Kind::Concurrent
+                if !self.shadow && self.units(cost) > self.rl =>
+            {
                 // (A zero limit with a cost of 0 goes to the store, which refuses it too.)
                 Some(Outcome::new(false, false, &[self.never(now_ms)]))
             }
@@ -367,19 +399,45 @@ impl Outcome {
         if self.allowed {
             return None;
         }
-        let mut wait = 0;
+        let (mut wait, mut by_rate, mut by_slots) = (0, false, false);
         for (l, q) in limits.iter().zip(self.quotas()) {
             if l.shadow || q.allowed {
                 continue;
             }
+            // Nothing says when a slot frees: a refusal by concurrency alone tells no wait.
+            if l.is_concurrent() {
+                by_slots = true;
+                continue;
+            }
+            by_rate = true;
             wait = wait.max(q.retry_after?);
         }
-        Some(wait)
+        (by_rate || !by_slots).then_some(wait)
+    }
+
+    /// The enforced concurrency limit that refused this request, if only such limits did (no
+    /// rate refused it).
+    pub fn refused_by_slots(&self, limits: &[Limit]) -> Option<usize> {
+        if self.allowed {
+            return None;
+        }
+        let mut slots = None;
+        for (i, (l, q)) in limits.iter().zip(self.quotas()).enumerate() {
+            if l.shadow || q.allowed {
+                continue;
+            }
+            if !l.is_concurrent() {
+                return None;
+            }
+            slots = slots.or(Some(i));
+        }
+        slots
     }
 
     /// The enforced limit that tells most about this answer, for the single-policy headers: on a
     /// refusal the refusing limit with the longest wait (one that can never pass first); else the
-    /// one with the least left, then the longest reset. `None` when every limit is shadow.
+    /// one with the least left, then the longest reset. `None` when every limit is shadow or
+    /// counts requests in flight (not a rate: [`Outcome::refused_by_slots`] tells of those).
     pub fn most_restrictive(&self, limits: &[Limit]) -> Option<usize> {
         let rank = |q: &Quota| {
             (
@@ -393,7 +451,7 @@ impl Outcome {
             .iter()
             .zip(self.quotas())
             .enumerate()
-            .filter(|(_, (l, _))| !l.shadow)
+            .filter(|(_, (l, _))| !l.shadow && !l.is_concurrent())
             .min_by_key(|(_, (_, q))| rank(q))
             .map(|(i, _)| i)
     }
@@ -419,6 +477,8 @@ pub struct Rate<'s> {
 pub struct WindowSet {
     windows: Vec<Window>,
     tallies: Vec<Tally>,
+    /// Slots of its concurrency limit taken and not yet freed (one such limit per counter).
+    in_flight: u64,
 }
 
 impl WindowSet {
@@ -443,9 +503,10 @@ impl WindowSet {
         self
     }
 
-    /// True when no window holds anything at `now_ms`.
+    /// True when no window holds anything at `now_ms` and no slot is taken.
     pub fn is_idle(&self, now_ms: u64) -> bool {
-        self.windows.iter().all(|w| w.is_idle(now_ms))
+        self.in_flight == 0
+            && self.windows.iter().all(|w| w.is_idle(now_ms))
             && self.tallies.iter().all(|t| t.is_idle(now_ms))
     }
 
@@ -464,6 +525,22 @@ impl WindowSet {
     /// The tally of `period` in `zone`, if it has one.
     pub fn get_tally(&self, period: Period, zone: ZoneId) -> Option<&Tally> {
         self.tallies.iter().find(|t| t.is_for(period, zone))
+    }
+
+    /// Slots taken in its concurrency limit.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// This counter with `n` slots taken (read from a store).
+    pub fn with_in_flight(mut self, n: u64) -> WindowSet {
+        self.in_flight = n;
+        self
+    }
+
+    /// Frees up to `slots` slots of its concurrency limit: requests that ended.
+    pub fn free(&mut self, slots: u64) {
+        self.in_flight -= self.in_flight.min(slots);
     }
 
     /// The window of `w` seconds (created empty if new).
@@ -514,7 +591,10 @@ impl WindowSet {
     /// a request whose response reported a cost above what it reserved (docs/semantics.md).
     pub fn add(&mut self, limits: &[Limit], units: u64, now_ms: u64) {
         for l in limits.iter().take(MAX_LIMITS) {
-            if l.period().is_some() {
+            if l.is_concurrent() {
+                // A report changes what a request cost, not that it was in flight.
+                continue;
+            } else if l.period().is_some() {
                 let i = self.tally(l, now_ms);
                 self.tallies[i].check(now_ms, u64::MAX, 0);
                 self.tallies[i].count(units);
@@ -531,7 +611,9 @@ impl WindowSet {
     /// below what it reserved at `at_ms`.
     pub fn give_back(&mut self, limits: &[Limit], units: u64, at_ms: u64) {
         for l in limits.iter().take(MAX_LIMITS) {
-            if let Some(p) = l.period() {
+            if l.is_concurrent() {
+                continue;
+            } else if let Some(p) = l.period() {
                 if let Some(t) = self.tallies.iter_mut().find(|t| t.is_for(p, l.zone)) {
                     t.give_back(at_ms, units);
                 }
@@ -580,11 +662,16 @@ fn decide_parts(
     now_ms: u64,
     count: bool,
 ) -> Outcome {
-    // Per limit, in the parts' order: its part, its window's index in that part's `windows` or its
-    // tally's in `tallies`, and what checking it found.
+    // Per limit, in the parts' order: its part, where it counts in that part (a window's index
+    // in `windows`, a tally's in `tallies`, or the slots in flight) and what checking it found.
+    #[derive(Clone, Copy)]
+    enum At {
+        Window(usize, Check),
+        Tally(usize),
+        Slots,
+    }
     let mut part = [0usize; MAX_LIMITS];
-    let mut at = [0usize; MAX_LIMITS];
-    let mut checks = [None::<Check>; MAX_LIMITS];
+    let mut at = [At::Slots; MAX_LIMITS];
     let mut fit = [false; MAX_LIMITS];
     let mut all = [Limit::per_minute(0); MAX_LIMITS];
     let mut n = 0;
@@ -596,16 +683,24 @@ fn decide_parts(
             (part[i], all[i]) = (p, *l);
             // A limit below the cost can never pass: no window is needed to say so.
             let fits = l.can_pass(cost)
-                && if l.period().is_some() {
-                    at[i] = set.tally(l, now_ms);
-                    fit[i] = set.tallies[at[i]].check(now_ms, l.rl, cost);
-                    fit[i]
-                } else {
-                    at[i] = set.window(l.w);
-                    let c = set.windows[at[i]].check(now_ms, l.rl, cost);
-                    checks[i] = Some(c);
-                    c.fits
+                && match l.kind {
+                    Kind::Calendar(_) => {
+                        let t = set.tally(l, now_ms);
+                        at[i] = At::Tally(t);
+                        set.tallies[t].check(now_ms, l.rl, cost)
+                    }
+                    Kind::Concurrent => {
+                        at[i] = At::Slots;
+                        set.in_flight.saturating_add(l.units(cost)) <= l.rl
+                    }
+                    _ => {
+                        let w = set.window(l.w);
+                        let c = set.windows[w].check(now_ms, l.rl, cost);
+                        at[i] = At::Window(w, c);
+                        c.fits
+                    }
                 };
+            fit[i] = fits;
             if !fits {
                 if l.shadow {
                     shadow_ok = false;
@@ -623,19 +718,38 @@ fn decide_parts(
             continue;
         }
         let set = &mut *parts[part[i]].0;
-        let Some(c) = &checks[i] else {
-            let t = &mut set.tallies[at[i]];
-            if counted {
-                t.count(cost);
+        quotas[i] = match at[i] {
+            At::Tally(t) => {
+                let t = &mut set.tallies[t];
+                if counted {
+                    t.count(cost);
+                }
+                t.quota(fit[i], now_ms, l.rl)
             }
-            quotas[i] = t.quota(fit[i], now_ms, l.rl);
-            continue;
+            At::Slots => {
+                if counted {
+                    set.in_flight = set.in_flight.saturating_add(l.units(cost));
+                }
+                Quota {
+                    allowed: fit[i],
+                    limit: l.rl,
+                    remaining: if fit[i] {
+                        l.rl.saturating_sub(set.in_flight)
+                    } else {
+                        0
+                    },
+                    reset: 0,
+                    retry_after: None,
+                }
+            }
+            At::Window(w, c) => {
+                let win = &mut set.windows[w];
+                if counted {
+                    win.count(cost);
+                }
+                win.quota(&c, now_ms, l.rl, cost, counted)
+            }
         };
-        let win = &mut set.windows[at[i]];
-        if counted {
-            win.count(cost);
-        }
-        quotas[i] = win.quota(c, now_ms, l.rl, cost, counted);
     }
     Outcome::new(
         enforced_ok,
@@ -894,6 +1008,72 @@ mod tests {
             e.peek(&limits, 1, T0 + 61_000).quotas()[0].remaining,
             8,
             "the minute-old bucket has left: nothing to take from"
+        );
+    }
+
+    #[test]
+    fn a_concurrency_limit_holds_a_slot_per_request_until_it_is_freed() {
+        let limits = [Limit::concurrent(2), lim(10, 60)];
+        let mut c = WindowSet::default();
+        let o = c.hit(&limits, 3, T0);
+        assert!(o.allowed, "a cost of 3 takes one slot");
+        assert_eq!(o.quotas()[0].remaining, 1);
+        assert_eq!(o.quotas()[1].remaining, 7);
+        assert!(c.hit(&limits, 1, T0 + 10).allowed);
+        let o = c.hit(&limits, 1, T0 + 20);
+        assert!(!o.allowed, "two in flight");
+        assert_eq!(
+            o.retry_after(&limits),
+            None,
+            "nothing says when a slot frees"
+        );
+        assert_eq!(o.refused_by_slots(&limits), Some(0));
+        assert_eq!(o.most_restrictive(&limits), Some(1), "rates only");
+        assert_eq!(c.in_flight(), 2);
+        assert_eq!(
+            c.peek(&limits, 1, T0 + 20).quotas()[1].remaining,
+            6,
+            "the refused request took nothing from the rate"
+        );
+        assert!(c.hit(&limits, 0, T0 + 20).allowed, "a check takes no slot");
+        c.free(1);
+        assert!(c.hit(&limits, 1, T0 + 30).allowed, "a slot freed");
+        c.free(9);
+        assert_eq!(c.in_flight(), 0, "never below none");
+        assert!(c.is_idle(T0 + 120_000));
+        c.hit(&limits, 1, T0 + 120_000);
+        assert!(!c.is_idle(T0 + 240_000), "a slot taken is state to keep");
+        c.add(&limits, 5, T0 + 120_000);
+        c.give_back(&limits, 5, T0 + 120_000);
+        assert_eq!(c.in_flight(), 1, "reports change rates, not slots");
+    }
+
+    #[test]
+    fn a_rate_refusal_beside_slots_takes_no_slot_and_tells_its_wait() {
+        let limits = [Limit::concurrent(5), lim(1, 60)];
+        let mut c = WindowSet::default();
+        assert!(c.hit(&limits, 1, T0).allowed);
+        let o = c.hit(&limits, 1, T0 + 1_000);
+        assert!(!o.allowed);
+        assert_eq!(c.in_flight(), 1);
+        assert_eq!(o.retry_after(&limits), Some(59));
+        assert_eq!(o.refused_by_slots(&limits), None);
+        let full = [Limit::concurrent(1), lim(1, 60)];
+        let o = c.hit(&full, 1, T0 + 2_000);
+        assert_eq!(
+            o.retry_after(&full),
+            Some(58),
+            "refused by both: the rate tells when"
+        );
+        assert_eq!(o.refused_by_slots(&full), None);
+        let never = Limit::concurrent(1).alone(1, T0);
+        assert!(never.is_none(), "one slot is room for any cost");
+        let shadow = [Limit::concurrent(1).shadowed(true)];
+        assert!(c.hit(&shadow, 1, T0).allowed);
+        let o = c.hit(&shadow, 1, T0);
+        assert!(
+            o.allowed && o.shadow_limited,
+            "a shadow limit never refuses"
         );
     }
 
