@@ -179,15 +179,28 @@ fn store_settings(c: &StoreConfig, workers: usize) -> Result<StoreSettings, Conf
         &tls,
     )
     .map_err(|e| ConfigError::option(e.option(), e.reason()))?;
+    let timeout = positive_ms("store.timeout_ms", c.timeout_ms)?;
+    // A slot is renewed every third of its hold time, by calls that take up to the timeout.
+    if c.concurrency_hold_ms < 1000.max(c.timeout_ms.saturating_mul(4)) {
+        return Err(ConfigError::option(
+            "store.concurrency_hold_ms",
+            format!(
+                "{} ms is too short: at least 1000 ms and 4 x store.timeout_ms ({} ms)",
+                c.concurrency_hold_ms,
+                c.timeout_ms.saturating_mul(4)
+            ),
+        ));
+    }
     let redis = RedisOptions {
         target,
-        timeout: positive_ms("store.timeout_ms", c.timeout_ms)?,
+        timeout,
         pool_size: c.pool_size,
         prefix: c.key_prefix.clone(),
         time_source: c.time_source,
         connections: workers,
         lease: c.lease,
         lease_max_units: positive_units("store.lease_max_units", c.lease_max_units)?,
+        concurrency_hold: std::time::Duration::from_millis(c.concurrency_hold_ms),
     };
     let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
     Ok(match c.kind {

@@ -152,6 +152,7 @@ impl Port {
                     connections: 2,
                     lease: Default::default(),
                     lease_max_units: 1000,
+                    concurrency_hold: Duration::from_secs(10),
                 })
                 .unwrap()
                 .with_thread_slot(quotagate::workers::current);

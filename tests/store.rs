@@ -132,6 +132,7 @@ fn redis_options(url: String, time_source: TimeSource) -> RedisOptions {
         connections: 1,
         lease: LeaseMode::Off,
         lease_max_units: 1000,
+        concurrency_hold: Duration::from_secs(10),
     }
 }
 
@@ -246,6 +247,8 @@ on_every_store!(
     calendar_periods_agree_with_the_reference_across_their_boundaries,
     pools_and_endpoints_agree_with_the_reference,
     reported_costs_replace_reservations_as_the_reference_does,
+    concurrency_slots_are_taken_and_freed,
+    concurrency_slots_agree_with_the_reference_beside_rates_and_pools,
 );
 
 /// Requests reserve their cost, and later their response reports what they cost
@@ -440,6 +443,204 @@ async fn pools_and_endpoints_agree_with_the_reference(s: Subject) {
             );
         }
     }
+}
+
+/// A concurrency limit beside a rate: a slot per request in flight, freed when it ends; a request
+/// refused by either takes nothing from the other; a check (cost 0) takes no slot.
+async fn concurrency_slots_are_taken_and_freed(s: Subject) {
+    use quotagate_store::Part;
+    let k = CounterKey::new(b"slots", "GET /a");
+    let limits = [Limit::concurrent(2), lim(5, 60)];
+    let parts = [Part {
+        counter: &k,
+        limits: &limits,
+    }];
+    let t = T0 * 1000;
+    let hit = |cost, now| {
+        let store = &s.store;
+        let parts = &parts;
+        async move {
+            match store.hit_parts(parts, cost, now).await {
+                Verdict::Decided(o) => o,
+                other => panic!("store did not decide: {other:?}"),
+            }
+        }
+    };
+    let o = hit(3, t).await;
+    assert!(o.allowed);
+    assert_eq!((o.quotas()[0].remaining, o.quotas()[1].remaining), (1, 2));
+    assert_eq!(hit(1, t + 1).await.quotas()[0].remaining, 0);
+    let o = hit(1, t + 2).await;
+    assert!(!o.allowed, "two in flight");
+    assert_eq!(o.refused_by_slots(&limits), Some(0));
+    assert_eq!(o.retry_after(&limits), None);
+    let p = s.store.peek_parts(&parts, 1, t + 3).await.unwrap();
+    assert_eq!(
+        p.quotas()[1].remaining,
+        1,
+        "the refusal took nothing from the rate"
+    );
+    assert!(!p.allowed, "a peek sees the slots taken");
+    assert!(hit(0, t + 3).await.allowed, "a check takes no slot");
+    s.store.free(&parts, false, t + 4).await;
+    let o = hit(1, t + 5).await;
+    assert!(o.allowed, "a slot was freed");
+    assert_eq!(o.quotas()[1].remaining, 0);
+    s.store.free(&parts, false, t + 6).await;
+    let o = hit(1, t + 7).await;
+    assert!(!o.allowed, "the rate refuses now");
+    assert_eq!(o.refused_by_slots(&limits), None);
+    assert_eq!(o.retry_after(&limits), Some(60));
+    for _ in 0..3 {
+        s.store.free(&parts, false, t + 8).await;
+    }
+    let p = s.store.peek_parts(&parts, 1, t + 9).await.unwrap();
+    assert_eq!(
+        p.quotas()[0].remaining,
+        2,
+        "every slot free, never below none"
+    );
+}
+
+/// A random walk of requests that take slots (an endpoint's and a pool's, beside rates and
+/// shadow limits) and end in any order, against the reference (`limiter::hit_parts` and
+/// `WindowSet::free`).
+async fn concurrency_slots_agree_with_the_reference_beside_rates_and_pools(s: Subject) {
+    use quotagate_engine::limiter::hit_parts;
+    use quotagate_store::Part;
+    let mut next = xorshift(0x5107_5A11_F1EE_7ED5u64);
+    let (a, pool) = (
+        CounterKey::new(b"slotwalk", "GET /a"),
+        CounterKey::pool(b"slotwalk", "*"),
+    );
+    let own = [Limit::concurrent(3), lim(8, 1)];
+    let shared = [Limit::concurrent(4), Limit::concurrent(2).shadowed(true)];
+    // (A shadow and an enforced concurrency limit cannot share a counter: one per counter. The
+    // pool's second limit stands in a counter of its own.)
+    let ghost = CounterKey::pool(b"slotwalk", "ghost");
+    let (shared, ghostly) = ([shared[0]], [shared[1]]);
+    let mut reference = [
+        WindowSet::default(),
+        WindowSet::default(),
+        WindowSet::default(),
+    ];
+    let parts = [
+        Part {
+            counter: &a,
+            limits: &own,
+        },
+        Part {
+            counter: &pool,
+            limits: &shared,
+        },
+        Part {
+            counter: &ghost,
+            limits: &ghostly,
+        },
+    ];
+    let all: Vec<Limit> = own.iter().chain(&shared).chain(&ghostly).copied().collect();
+    // Requests in flight: for each, which parts it holds a slot in.
+    let mut in_flight: Vec<[bool; 3]> = Vec::new();
+    let mut now = T0 * 1000 + 3;
+    for step in 0..600 {
+        now += next(150);
+        if next(2) == 0 && !in_flight.is_empty() {
+            let held = in_flight.swap_remove(next(in_flight.len() as u64) as usize);
+            let freed: Vec<Part> = parts
+                .iter()
+                .zip(held)
+                .filter(|(_, h)| *h)
+                .map(|(p, _)| *p)
+                .collect();
+            for (r, h) in reference.iter_mut().zip(held) {
+                if h {
+                    r.free(1);
+                }
+            }
+            if !freed.is_empty() {
+                s.store.free(&freed, false, now).await;
+            }
+            continue;
+        }
+        let cost = next(3);
+        let [ra, rp, rg] = &mut reference;
+        let mut decided: Vec<(&mut WindowSet, &[Limit])> =
+            vec![(ra, &own[..]), (rp, &shared[..]), (rg, &ghostly[..])];
+        let want = hit_parts(&mut decided, cost, now);
+        let got = match s.store.hit_parts(&parts, cost, now).await {
+            Verdict::Decided(o) => o,
+            other => panic!("store did not decide: {other:?}"),
+        };
+        assert_eq!(got, want, "step {step}, now {now}, cost {cost}");
+        if cost > 0 {
+            let held = [
+                got.counted_in(0, &all[0]),
+                got.counted_in(2, &all[2]),
+                got.counted_in(3, &all[3]),
+            ];
+            if held.iter().any(|h| *h) {
+                in_flight.push(held);
+            }
+        }
+    }
+}
+
+/// Slots live while their instance renews them, and those of an instance that died are dropped
+/// once their hold time has passed: two instances on one Redis, driven by one fake clock (these
+/// stores are not shared, so nothing renews but the test).
+#[tokio::test]
+async fn slots_are_renewed_while_their_instance_lives_and_dropped_after_it_dies() {
+    use quotagate_engine::clock::FakeClock;
+    use quotagate_store::CounterStore;
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let open = || {
+        RedisStore::connect(&RedisOptions {
+            concurrency_hold: Duration::from_secs(1),
+            ..redis_options(server.url(), TimeSource::Local)
+        })
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()))
+    };
+    let (a, b) = (open(), open());
+    let k = key("held");
+    let limits = [Limit::concurrent(2)];
+    let t = T0 * 1000;
+    for _ in 0..2 {
+        assert!(a.hit(&k, &limits, 1, t).await.unwrap().allowed);
+    }
+    assert_eq!(a.slots_held(), 2);
+    assert!(!b.hit(&k, &limits, 1, t + 500).await.unwrap().allowed);
+    clock.advance_ms(900);
+    a.renew_slots_now().await;
+    assert!(
+        !b.hit(&k, &limits, 1, t + 1_500).await.unwrap().allowed,
+        "renewed at t + 900: held until t + 1900"
+    );
+    assert!(
+        !b.hit(&k, &limits, 1, t + 1_899).await.unwrap().allowed,
+        "still held"
+    );
+    // a dies here: nothing renews its slots any more.
+    let o = b.hit(&k, &limits, 1, t + 1_900).await.unwrap();
+    assert!(o.allowed, "a's slots were dropped at the end of their hold");
+    assert_eq!(o.quotas()[0].remaining, 1, "and only b's is taken");
+    let parts = [quotagate_store::Part {
+        counter: &k,
+        limits: &limits,
+    }];
+    a.free(&parts, t + 2_000).await.unwrap();
+    a.free(&parts, t + 2_000).await.unwrap();
+    assert_eq!(a.slots_held(), 0);
+    let o = b.peek(&k, &limits, 1, t + 2_000).await.unwrap();
+    assert_eq!(
+        o.quotas()[0].remaining,
+        1,
+        "freeing a dropped slot frees no other"
+    );
+    b.free(&parts, t + 2_001).await.unwrap();
+    let o = b.peek(&k, &limits, 1, t + 2_002).await.unwrap();
+    assert_eq!(o.quotas()[0].remaining, 2);
 }
 
 fn calendar(rl: u64, period: Period, zone: &str) -> Limit {

@@ -518,6 +518,10 @@ pub struct StoreConfig {
     pub lease: quotagate_store::LeaseMode,
     /// Units one lease holds at most. Default: 1000.
     pub lease_max_units: u64,
+    /// How long a concurrency limit's slot on Redis outlives the last renewal by the instance
+    /// holding it (renewed every third of it while the instance lives): the slots of an instance
+    /// that died are freed within this time. At least 1000 and 4 x `timeout_ms`. Default: 10000 ms.
+    pub concurrency_hold_ms: u64,
 }
 
 impl Default for StoreConfig {
@@ -540,6 +544,7 @@ impl Default for StoreConfig {
             time_source: TimeSource::Redis,
             lease: quotagate_store::LeaseMode::Auto,
             lease_max_units: 1000,
+            concurrency_hold_ms: 10_000,
         }
     }
 }

@@ -192,6 +192,32 @@ impl<B: CounterStore> Failover<B> {
         true
     }
 
+    /// [`CounterStore::free`] where the request took its slots: this instance's memory when it
+    /// was decided there (`in_memory`: a [`Verdict::Local`], or no shared store), else the shared
+    /// store. An error marks the shared store down; its slots are then freed by their hold time.
+    pub async fn free(&self, parts: &[Part<'_>], in_memory: bool, now_ms: u64) {
+        match &self.shared {
+            Some(shared) if !in_memory => match shared.free(parts, now_ms).await {
+                Ok(()) => {}
+                Err(e) if e.is_unsupported() => {}
+                Err(e) => self.mark_down(&e),
+            },
+            _ => {
+                let _ = self.local.free_now(parts);
+            }
+        }
+    }
+
+    /// [`Failover::free`] at once, without a future, when the slots are in this instance's
+    /// memory; `false`: they are in the shared store, call [`Failover::free`].
+    pub fn free_in_memory(&self, parts: &[Part<'_>], in_memory: bool) -> bool {
+        if self.shared.is_some() && !in_memory {
+            return false;
+        }
+        let _ = self.local.free_now(parts);
+        true
+    }
+
     /// [`Failover::peek`] across several counters ([`CounterStore::peek_parts`]).
     pub async fn peek_parts(
         &self,

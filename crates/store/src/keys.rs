@@ -189,6 +189,17 @@ pub fn window_hash(prefix: &str, counter: &CounterKey, w: u32) -> String {
     s
 }
 
+/// The Redis sorted set that holds `counter`'s slots of its concurrency limit (one member per
+/// request in flight: `window.lua`). `c` can never be a minute number, `s<w>` or a period.
+pub fn slots_set(prefix: &str, counter: &CounterKey) -> String {
+    let mut s = String::with_capacity(prefix.len() + counter.0.len() + 5);
+    s.push_str(prefix);
+    s.push_str(":w:");
+    s.push_str(&counter.0);
+    s.push_str(":c");
+    s
+}
+
 /// The Redis hash that holds `counter`'s count (field `n`) for the calendar `period` starting at
 /// Unix millisecond `start_ms`: `<counter>:day:<start in Unix seconds>`. A period's name can never
 /// be a minute number or `s<w>`, and one counter has at most one limit per period.

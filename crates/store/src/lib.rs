@@ -29,6 +29,7 @@ pub mod lease;
 pub mod memory;
 pub mod redis;
 pub mod script;
+pub mod slots;
 pub mod target;
 
 use std::future::Future;
@@ -124,6 +125,18 @@ pub trait CounterStore: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (parts, delta, reserved_at_ms, now_ms);
+        async { Err(StoreError::parts_apart()) }
+    }
+
+    /// Frees one slot of each concurrency limit of `parts`: a request that took them at
+    /// admission (its enforced ones, its shadow ones if it was counted in them:
+    /// [`Outcome::counted_in`]) ended. (By default: not supported.)
+    fn free(
+        &self,
+        parts: &[Part<'_>],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (parts, now_ms);
         async { Err(StoreError::parts_apart()) }
     }
 

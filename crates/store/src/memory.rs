@@ -136,6 +136,18 @@ impl SlidingWindows {
         }
     }
 
+    /// [`CounterStore::free`] on the parts' counters, under one lock.
+    pub fn free(&self, parts: &[Part<'_>]) {
+        let mut shard = self.shard(parts[0].counter);
+        for p in parts {
+            if p.limits.iter().any(Limit::is_concurrent)
+                && let Some(set) = shard.windows.get_mut(p.counter)
+            {
+                set.free(1);
+            }
+        }
+    }
+
     /// [`peek_parts`] on the parts' counters (empty ones where there are none).
     pub fn peek_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Outcome {
         let shard = self.shard(parts[0].counter);
@@ -389,6 +401,15 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// [`CounterStore::free`] without a future (the failover's local fallback too).
+    pub fn free_now(&self, parts: &[Part<'_>]) -> Result<(), StoreError> {
+        check_parts(parts)?;
+        self.windows.free(parts);
+        Ok(())
+    }
+}
+
 impl CounterStore for MemoryStore {
     async fn hit(
         &self,
@@ -448,6 +469,10 @@ impl CounterStore for MemoryStore {
         now_ms: u64,
     ) -> Result<(), StoreError> {
         self.adjust_now(parts, delta, reserved_at_ms, now_ms)
+    }
+
+    async fn free(&self, parts: &[Part<'_>], _now_ms: u64) -> Result<(), StoreError> {
+        self.free_now(parts)
     }
 
     fn kind(&self) -> &'static str {

@@ -27,9 +27,10 @@ use super::lease::{
 };
 use super::memory::check_parts;
 use super::script::{
-    Fields, FixedReply, LeaseArgs, WindowCall, WindowReply, peek_keys, peek_windows,
+    Fields, FixedReply, LeaseArgs, SlotArg, WindowCall, WindowReply, peek_reads, peek_windows,
     read_divvy_lease_reply, read_divvy_reply,
 };
+use super::slots::Slots;
 use super::{CounterStore, Part, StoreError};
 use quotagate_engine::clock::{Clock, SystemClock};
 use quotagate_engine::limiter::{
@@ -121,6 +122,10 @@ pub struct RedisOptions {
     pub lease: LeaseMode,
     /// Units one lease holds at most. Default: 1000.
     pub lease_max_units: u64,
+    /// How long a concurrency limit's slot is held after its instance last renewed it: the time
+    /// after which the slots of an instance that died are freed (renewed every third of it).
+    /// Default: 10 s.
+    pub concurrency_hold: Duration,
 }
 
 /// What one window script call answered.
@@ -196,6 +201,10 @@ pub struct RedisStore {
     thread_slot: fn() -> usize,
     /// The caller's clock, for calls this store makes on its own (a lease given back by a timer).
     clock: Arc<dyn Clock>,
+    /// Concurrency limits' slots this instance holds.
+    held: Slots,
+    /// Set once the task that renews the slots runs.
+    renewing: OnceLock<()>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -227,6 +236,8 @@ impl RedisStore {
             me: OnceLock::new(),
             thread_slot: || 0,
             clock: Arc::new(SystemClock::new()),
+            held: Slots::new(opts.concurrency_hold),
+            renewing: OnceLock::new(),
         })
     }
 
@@ -364,11 +375,131 @@ impl RedisStore {
         }
         match self.leases_for(parts) {
             Some((leases, p)) => self.bounded(self.hit_leased(leases, p, cost, now_ms)).await,
+            None if parts
+                .iter()
+                .any(|p| p.limits.iter().any(Limit::is_concurrent)) =>
+            {
+                Box::pin(self.bounded(self.hit_holding(parts, cost, now_ms))).await
+            }
             None => {
-                let call = self.run_window_script(parts, cost, now_ms, None);
+                let call = self.run_window_script(parts, cost, now_ms, None, None);
                 self.bounded(call).await.map(|c| c.outcome)
             }
         }
+    }
+
+    /// [`RedisStore::hit_sliding`] for a request with concurrency limits: the slots it takes are
+    /// named once (a retried call takes none twice) and held, renewed, until it ends
+    /// ([`CounterStore::free`]).
+    async fn hit_holding(
+        &self,
+        parts: &[Part<'_>],
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, StoreError> {
+        let who = self.held.name();
+        let slot = SlotArg {
+            renew: false,
+            who: &who,
+            hold_ms: self.held.hold_ms(),
+        };
+        let called = self
+            .run_window_script(parts, cost, now_ms, None, Some(slot))
+            .await?;
+        let o = called.outcome;
+        let limits = parts
+            .iter()
+            .flat_map(|p| p.limits.iter().map(move |l| (p, l)));
+        let mut took = false;
+        for (i, (p, l)) in limits.enumerate() {
+            if l.is_concurrent() && o.counted_in(i, l) {
+                self.held.took(p.counter, &who);
+                took = true;
+            }
+        }
+        if took {
+            self.renew_slots();
+        }
+        Ok(o)
+    }
+
+    /// Starts, once, the task that renews the slots this instance holds, every third of their
+    /// hold time, for as long as the store lives.
+    fn renew_slots(&self) {
+        let Some(me) = self.me.get().cloned() else {
+            return;
+        };
+        if self.renewing.set(()).is_err() {
+            return;
+        }
+        let every = self.held.renew_every();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(store) = me.upgrade() else { return };
+                store.renew_slots_now().await;
+            }
+        });
+    }
+
+    /// Renews every slot this instance holds: each is held its hold time from now (by the
+    /// store's clock, or Redis'). A store that is not shared ([`RedisStore::shared`]) renews
+    /// only when this is called.
+    pub async fn renew_slots_now(&self) {
+        let now_ms = self.clock.now_ms();
+        for (counter, names) in self.held.renewals() {
+            let limits = [Limit::concurrent(1)];
+            let parts = [Part {
+                counter: &counter,
+                limits: &limits,
+            }];
+            let slot = SlotArg {
+                renew: true,
+                who: &names,
+                hold_ms: self.held.hold_ms(),
+            };
+            let call = self.run_window_script(&parts, 0, now_ms, None, Some(slot));
+            if let Err(e) = self.bounded(call).await {
+                tracing::debug!(error = %e, "renewing concurrency slots failed; they are tried again in a third of their hold time");
+            }
+        }
+    }
+
+    /// Concurrency-limit slots this instance holds on Redis now.
+    pub fn slots_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Frees one slot this instance holds in each concurrency limit of `parts`.
+    async fn free_slots(&self, parts: &[Part<'_>], now_ms: u64) -> Result<(), StoreError> {
+        for p in parts {
+            let Some(l) = p.limits.iter().find(|l| l.is_concurrent()) else {
+                continue;
+            };
+            // A slot not held here (taken before a failover, or dropped after a failed call) is
+            // freed by its hold time.
+            let Some(who) = self.held.release(p.counter) else {
+                continue;
+            };
+            let limits = [*l];
+            let part = [Part {
+                counter: p.counter,
+                limits: &limits,
+            }];
+            let slot = SlotArg {
+                renew: false,
+                who: &who,
+                hold_ms: self.held.hold_ms(),
+            };
+            let give = LeaseArgs {
+                want: 0,
+                give: 1,
+                given_at_ms: i64::try_from(now_ms).unwrap_or(i64::MAX / 2),
+            };
+            self.bounded(self.run_window_script(&part, 0, now_ms, Some(give), Some(slot)))
+                .await?;
+        }
+        Ok(())
     }
 
     /// The leases `parts` are decided with, and its one part: none for a request that counts in
@@ -377,7 +508,12 @@ impl RedisStore {
     /// from a lease would miss what the others counted meanwhile (docs/stores.md).
     fn leases_for<'a>(&'a self, parts: &'a [Part<'a>]) -> Option<(&'a Leases, &'a Part<'a>)> {
         match (&self.leases, parts) {
-            (Some(leases), [p]) if !p.counter.is_pool() => Some((leases, p)),
+            // Slots are taken and freed by each request: never from a lease.
+            (Some(leases), [p])
+                if !p.counter.is_pool() && !p.limits.iter().any(Limit::is_concurrent) =>
+            {
+                Some((leases, p))
+            }
             _ => None,
         }
     }
@@ -391,7 +527,7 @@ impl RedisStore {
         now_ms: u64,
     ) -> Option<Quota> {
         let [l] = limits else { return None };
-        if l.shadow {
+        if l.shadow || l.is_concurrent() {
             return None;
         }
         let caller_ms = match self.time_source {
@@ -473,7 +609,7 @@ impl RedisStore {
                 seen,
             } => (args, give_apart, turn, seen),
             Planned::Unfollowed => {
-                let call = self.run_window_script(parts, cost, now_ms, None);
+                let call = self.run_window_script(parts, cost, now_ms, None, None);
                 return call.await.map(|c| c.outcome);
             }
         };
@@ -483,7 +619,9 @@ impl RedisStore {
         let sent_us = leases.elapsed_us();
         // A give-back in a failed call may or may not have happened: its units stay counted at
         // worst, until they leave the window (refusing early, never too much).
-        let called = self.run_window_script(parts, cost, now_ms, args).await?;
+        let called = self
+            .run_window_script(parts, cost, now_ms, args, None)
+            .await?;
         if let Some(a) = args
             && a.give > 0
         {
@@ -636,7 +774,7 @@ impl RedisStore {
                     counter: key,
                     limits: g.limits.as_slice(),
                 }];
-                self.run_window_script(&parts, 0, now_ms, Some(args))
+                self.run_window_script(&parts, 0, now_ms, Some(args), None)
                     .await?;
             }
         }
@@ -663,10 +801,10 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         let mut counts = Vec::with_capacity(parts.len());
         for p in parts {
-            let hashes = peek_keys(&self.prefix, p.counter, p.limits, now_ms);
-            counts.push(hashes.len());
-            for hash in hashes {
-                pipe.cmd("HGETALL").arg(hash);
+            let reads = peek_reads(&self.prefix, p.counter, p.limits, now_ms);
+            counts.push(reads.len());
+            for read in reads {
+                pipe.add_command(read);
             }
         }
         let replies: Vec<Fields> = self
@@ -729,9 +867,10 @@ impl RedisStore {
         cost: u64,
         now_ms: u64,
         lease: Option<LeaseArgs>,
+        slot: Option<SlotArg<'_>>,
     ) -> Result<Called, StoreError> {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX / 2);
-        let window = WindowCall::new(&self.prefix, parts);
+        let window = WindowCall::new(&self.prefix, parts).with_slot(slot);
         let set;
         let limits = match parts {
             [p] => p.limits,
@@ -1038,6 +1177,11 @@ impl CounterStore for RedisStore {
         Ok(peek_parts(&sets, cost, now_ms))
     }
 
+    async fn free(&self, parts: &[Part<'_>], now_ms: u64) -> Result<(), StoreError> {
+        check_parts(parts)?;
+        Box::pin(self.free_slots(parts, now_ms)).await
+    }
+
     /// A positive `delta` is taken from the counter's lease when it has that many units left
     /// (they are counted in Redis already), else counted by a script call whose limits are out
     /// of reach (so it counts whatever the room); a negative one is given back by a script call,
@@ -1051,6 +1195,39 @@ impl CounterStore for RedisStore {
         now_ms: u64,
     ) -> Result<(), StoreError> {
         check_parts(parts)?;
+        // A report changes what a request cost, not that it is in flight: slots stay as taken.
+        let rated: Vec<Vec<Limit>>;
+        let rated_parts: Vec<Part>;
+        let parts = if parts
+            .iter()
+            .any(|p| p.limits.iter().any(Limit::is_concurrent))
+        {
+            rated = parts
+                .iter()
+                .map(|p| {
+                    p.limits
+                        .iter()
+                        .filter(|l| !l.is_concurrent())
+                        .copied()
+                        .collect()
+                })
+                .collect();
+            rated_parts = parts
+                .iter()
+                .zip(&rated)
+                .filter(|(_, limits)| !limits.is_empty())
+                .map(|(p, limits)| Part {
+                    counter: p.counter,
+                    limits,
+                })
+                .collect();
+            if rated_parts.is_empty() {
+                return Ok(());
+            }
+            &rated_parts[..]
+        } else {
+            parts
+        };
         let units = delta.unsigned_abs();
         if delta > 0 {
             if let Some((leases, p)) = self.leases_for(parts) {
@@ -1079,7 +1256,7 @@ impl CounterStore for RedisStore {
                     limits,
                 })
                 .collect();
-            self.bounded(self.run_window_script(&forced, units, now_ms, None))
+            self.bounded(self.run_window_script(&forced, units, now_ms, None, None))
                 .await?;
         } else if delta < 0 {
             let at = i64::try_from(reserved_at_ms).unwrap_or(i64::MAX / 2);
@@ -1092,7 +1269,7 @@ impl CounterStore for RedisStore {
                 give: units,
                 given_at_ms,
             };
-            self.bounded(self.run_window_script(parts, 0, now_ms, Some(args)))
+            self.bounded(self.run_window_script(parts, 0, now_ms, Some(args), None))
                 .await?;
             // Room came back: a refusal remembered may no longer hold.
             for p in parts {
@@ -1124,7 +1301,7 @@ impl CounterStore for RedisStore {
             .await
     }
 
-    /// Reads the hashes that hold the windows at `now_ms` ([`peek_keys`], [`peek_windows`]) and
+    /// Reads the hashes that hold the windows at `now_ms` ([`peek_reads`], [`peek_windows`]) and
     /// asks the Rust arithmetic ([`WindowSet::peek`]) about them: a read, no script, nothing
     /// counted.
     async fn peek(

@@ -14,7 +14,7 @@ use quotagate_engine::limiter::{
 };
 
 use crate::Part;
-use crate::keys::{CounterKey, calendar_hash, minute_hash, window_hash};
+use crate::keys::{CounterKey, calendar_hash, minute_hash, slots_set, window_hash};
 
 /// TTL of a per-minute hash in seconds (DynLimits: EXPIRE 180). It must outlive the next minute,
 /// during which the hash is still read as the previous minute.
@@ -36,12 +36,36 @@ pub fn minute_of(ms: i64) -> i64 {
 pub struct WindowCall<'a> {
     prefix: &'a str,
     parts: &'a [Part<'a>],
+    slot: Option<SlotArg<'a>>,
+}
+
+/// What a call does with its concurrency limits' slots (`window.lua`'s "A concurrency limit").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotArg<'a> {
+    /// Take (a hit) or give back (a give-back) slot `who`; or renew the slots `who` lists,
+    /// separated by commas (a call of cost 0).
+    pub renew: bool,
+    /// The slot's name, unique among every instance's requests in flight.
+    pub who: &'a str,
+    /// How long a slot is held after its last write, in milliseconds: the time after which the
+    /// slot of a request whose instance died is dropped.
+    pub hold_ms: u64,
 }
 
 impl<'a> WindowCall<'a> {
     /// The call for `parts`, whose hashes are named under `prefix`.
     pub fn new(prefix: &'a str, parts: &'a [Part<'a>]) -> WindowCall<'a> {
-        WindowCall { prefix, parts }
+        WindowCall {
+            prefix,
+            parts,
+            slot: None,
+        }
+    }
+
+    /// The call, with `slot` for its concurrency limits (a call with one has it).
+    pub fn with_slot(mut self, slot: Option<SlotArg<'a>>) -> WindowCall<'a> {
+        self.slot = slot;
+        self
     }
 
     /// The limits of every part, at most [`MAX_LIMITS`], with their counters.
@@ -74,7 +98,17 @@ impl<'a> WindowCall<'a> {
         let mut n = 0;
         for (i, (counter, l)) in self.limits().enumerate() {
             n += 1;
-            if let Some(p) = l.period() {
+            if l.is_concurrent() {
+                keys.push(slots_set(prefix, counter));
+                // A call without a slot names none: the script then takes or frees nothing.
+                let s = self.slot.unwrap_or(SlotArg {
+                    renew: true,
+                    who: "-",
+                    hold_ms: 0,
+                });
+                let mode = if s.renew { 'r' } else { 'c' };
+                bounds[i] = Some(format!("{mode}{}:{}", s.hold_ms, s.who));
+            } else if let Some(p) = l.period() {
                 let (start, end) = period_bounds(p, l.zone, estimate);
                 keys.push(calendar_hash(prefix, counter, p, start));
                 bounds[i] = Some(format!("{start}:{end}"));
@@ -100,7 +134,7 @@ impl<'a> WindowCall<'a> {
         for (i, (_, l)) in self.limits().enumerate() {
             cmd.arg(l.rl);
             match &bounds[i] {
-                // `"<start ms>:<end ms>"`: the period the caller named the hash for.
+                // `"<start ms>:<end ms>"`: the period the caller named the hash for; or a slot.
                 Some(b) => cmd.arg(b.as_str()),
                 None => cmd.arg(l.w),
             };
@@ -220,30 +254,49 @@ impl WindowReply {
     }
 }
 
-/// The hashes that hold `limits`' windows of `key` at `minute` (now's), in the order
-/// [`peek_windows`] reads their `HGETALL`s: the previous and the current minute's hash for a
-/// minute-long limit, the limit's own hash for the others.
-pub fn peek_keys(prefix: &str, key: &CounterKey, limits: &[Limit], now_ms: u64) -> Vec<String> {
+/// The reads of `limits`' windows of `key` at `now_ms`, in the order [`peek_windows`] reads
+/// their replies: `HGETALL` of the previous and the current minute's hash for a minute-long limit,
+/// of the limit's own hash for the others; for a concurrency limit, its slots held past now (as
+/// member and score pairs, the shape of a hash's fields).
+pub fn peek_reads(
+    prefix: &str,
+    key: &CounterKey,
+    limits: &[Limit],
+    now_ms: u64,
+) -> Vec<redis::Cmd> {
     let minute = minute_of(i64::try_from(now_ms).unwrap_or(i64::MAX / 2));
-    let mut keys = Vec::with_capacity(limits.len() + 1);
+    let mut reads = Vec::with_capacity(limits.len() + 1);
+    let hgetall = |hash: String| {
+        let mut c = redis::cmd("HGETALL");
+        c.arg(hash);
+        c
+    };
     for l in limits {
-        if let Some(p) = l.period() {
+        if l.is_concurrent() {
+            let mut c = redis::cmd("ZRANGEBYSCORE");
+            // Held until a time after now (the script drops a slot whose time is now).
+            c.arg(slots_set(prefix, key))
+                .arg(format!("({now_ms}"))
+                .arg("+inf")
+                .arg("WITHSCORES");
+            reads.push(c);
+        } else if let Some(p) = l.period() {
             let (start, _) = period_bounds(p, l.zone, now_ms);
-            keys.push(calendar_hash(prefix, key, p, start));
+            reads.push(hgetall(calendar_hash(prefix, key, p, start)));
         } else if l.w == MINUTE {
-            keys.push(minute_hash(prefix, key, minute - 1));
-            keys.push(minute_hash(prefix, key, minute));
+            reads.push(hgetall(minute_hash(prefix, key, minute - 1)));
+            reads.push(hgetall(minute_hash(prefix, key, minute)));
         } else {
-            keys.push(window_hash(prefix, key, l.w));
+            reads.push(hgetall(window_hash(prefix, key, l.w)));
         }
     }
-    keys
+    reads
 }
 
 /// A hash's fields and values, as `HGETALL` gives them.
 pub type Fields = Vec<(String, String)>;
 
-/// The windows `limits` have at `now_ms`, from the `HGETALL`s of [`peek_keys`] (a missing reply
+/// The windows `limits` have at `now_ms`, from the replies of [`peek_reads`] (a missing reply
 /// reads as an empty hash).
 pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> WindowSet {
     let now = now_ms / 1000;
@@ -252,8 +305,11 @@ pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> Wind
     let mut replies = replies.into_iter();
     let mut windows = Vec::with_capacity(limits.len());
     let mut tallies = Vec::new();
+    let mut in_flight = 0;
     for l in limits {
-        if let Some(p) = l.period() {
+        if l.is_concurrent() {
+            in_flight = replies.next().unwrap_or_default().len() as u64;
+        } else if let Some(p) = l.period() {
             let fields = replies.next().unwrap_or_default();
             let count = fields
                 .iter()
@@ -294,7 +350,9 @@ pub fn peek_windows(limits: &[Limit], now_ms: u64, replies: Vec<Fields>) -> Wind
             windows.push(Window::from_counts(l.w, at, counts));
         }
     }
-    WindowSet::from_windows(windows).with_tallies(tallies)
+    WindowSet::from_windows(windows)
+        .with_tallies(tallies)
+        .with_in_flight(in_flight)
 }
 
 /// What `divvy.lua` decided: allowed, the credit left, and the window's `TTL` (seconds, rounded to

@@ -48,11 +48,12 @@
 -- ARGV[2]     now in Unix milliseconds, or "" to use this server's TIME (one clock for every instance)
 -- ARGV[3]     TTL of a minute hash, in seconds
 -- ARGV[4]     cost of the request (>= 1)
--- ARGV[5]     k, the number of limits; then rl, w (or a calendar period's bounds), shadow (0 or
---             1) for each
+-- ARGV[5]     k, the number of limits; then rl, w (or a calendar period's bounds, or a
+--             concurrency limit's slot: see "A concurrency limit" below), shadow (0 or 1) for each
 -- ARGV[6+3k]  (optional, a lease) extra units wanted beyond the cost: "want"
 -- ARGV[7+3k]  units of a lease to give back first, and ARGV[8+3k] the time (Unix ms) the lease
---             was counted at; a cost of 0 only gives back
+--             was counted at; a cost of 0 only gives back (a concurrency limit's slot is freed by a
+--             give-back of any size, and renewed by a call of cost 0)
 --
 -- Returns one string (the client decodes one value instead of many): "allowed shadow_limited
 -- now_ms usec grant" (usec: microseconds of TIME, -1 when ARGV[2] gave the time; grant: the extra
@@ -196,13 +197,22 @@ for i = 1, k do
   local w = tonumber(ARGV[4 + 3 * i])
   -- Every field a limit will get, at once: a table that grows is rebuilt.
   local l = {rl = rl, w = w or 0, shadow = ARGV[5 + 3 * i] == '1', never = rl < cost,
-    fits = false, remaining = -1, reset = 0, retry = -1, from = nil, to = nil, base = 0, key = nil}
+    fits = false, remaining = -1, reset = 0, retry = -1, from = nil, to = nil, base = 0, key = nil,
+    con = false, hold = 0, who = nil, renew = false}
   if not w then
-    -- A calendar period, "<start_ms>:<end_ms>".
-    local a, b = string.match(ARGV[4 + 3 * i], '^(%d+):(%d+)$')
-    l.from, l.to = tonumber(a), tonumber(b)
-    if not l.from or now_ms < l.from or now_ms >= l.to then
-      return fmt('%d %d', -1, now_ms) -- the caller named another period: nothing written
+    -- A calendar period, "<start_ms>:<end_ms>"; or a concurrency limit, "c<hold_ms>:<slot>" (take
+    -- or give slot <slot>) or "r<hold_ms>:<slot>,<slot>..." (renew those slots).
+    local arg = ARGV[4 + 3 * i]
+    local mode, hold, who = string.match(arg, '^([cr])(%d+):(.+)$')
+    if mode then
+      l.con, l.hold, l.who, l.renew = true, tonumber(hold), who, mode == 'r'
+      l.never = rl < 1 -- a request takes one slot whatever its cost
+    else
+      local a, b = string.match(arg, '^(%d+):(%d+)$')
+      l.from, l.to = tonumber(a), tonumber(b)
+      if not l.from or now_ms < l.from or now_ms >= l.to then
+        return fmt('%d %d', -1, now_ms) -- the caller named another period: nothing written
+      end
     end
   end
   if l.w == 60 then
@@ -603,6 +613,52 @@ local function cal_write(l, c, counted, units)
   l.remaining = l.rl - c.n - units
 end
 
+-- A concurrency limit. ---------------------------------------------------------------------------
+
+-- The slots of a counter are a sorted set, `<counter>:c`: one member per request in flight
+-- (`<instance>.<n>`, so a retried call takes no second slot), scored by the time (Unix ms) its slot
+-- is held until. Its instance renews it while the request runs; a member whose time has passed is
+-- a request whose instance died, and is dropped before counting.
+
+-- Reads how many slots of limit l are taken now and checks the request (one slot) against it.
+local function con_check(l)
+  call('ZREMRANGEBYSCORE', l.key, '-inf', now_ms)
+  local n = call('ZCARD', l.key)
+  l.reset, l.retry = 0, -1 -- nothing says when a slot frees
+  l.fits = n + 1 <= l.rl
+  l.remaining = math.max(l.rl - n, 0)
+  return {n = n, behind = false}
+end
+
+-- Takes the request's slot, when `counted`.
+local function con_write(l, c, counted)
+  if not counted then
+    return
+  end
+  call('ZADD', l.key, now_ms + l.hold, l.who)
+  -- Outlives every slot in it (each is held at most `hold` past its last write).
+  call('PEXPIRE', l.key, 2 * l.hold)
+  l.remaining = l.rl - c.n - 1
+end
+
+-- Frees the slot l names.
+local function con_give(l)
+  call('ZREM', l.key, l.who)
+end
+
+-- Holds the slots l names for `hold` more: those still there (a slot freed or dropped stays gone).
+local function con_renew(l)
+  local args, until_ms = {'ZADD', l.key, 'XX'}, now_ms + l.hold
+  for who in string.gmatch(l.who, '[^,]+') do
+    args[#args + 1] = until_ms
+    args[#args + 1] = who
+  end
+  call(unpack(args))
+  if l.hold > 0 then
+    call('PEXPIRE', l.key, 2 * l.hold)
+  end
+end
+
 -- Giving a lease back. ----------------------------------------------------------------------------
 
 -- The first second in s+1 .. c holding a count in the 60 s window (minute hashes from KEYS[i],
@@ -712,14 +768,22 @@ if give > 0 then
     end
   end
   -- In every window the lease was counted in: the caller sends the limits it was taken with.
+  -- A concurrency limit's slot is given back whole (a request ended).
   for _, l in ipairs(limits) do
-    if l.w == 60 then
+    if l.con then
+      if not l.renew then con_give(l) end
+    elseif l.w == 60 then
       dyn_give(l, div(given_at, 1000), give)
     elseif l.from then
       cal_give(l, l.key, given_at, give)
     else
       gen_give(l, l.key, given_at, give)
     end
+  end
+end
+for _, l in ipairs(limits) do
+  if l.renew then
+    con_renew(l)
   end
 end
 if cost == 0 then
@@ -744,6 +808,8 @@ local enforced_ok, shadow_ok = true, true
 for i, l in ipairs(limits) do
   if l.never then
     l.fits, l.remaining, l.reset, l.retry = false, -1, l.from and l.to - now_ms or l.w * 1000, -1
+  elseif l.con then
+    state[i] = con_check(l)
   elseif l.from then
     state[i] = cal_check(l, l.key)
   elseif l.w ~= 60 then
@@ -760,7 +826,7 @@ local grant = 0
 if want > 0 and enforced_ok and shadow_ok then
   grant = want
   for i, l in ipairs(limits) do
-    if l.never or state[i].behind then
+    if l.never or l.con or state[i].behind then
       grant = 0
     else
       grant = math.min(grant, div(l.remaining - cost, 2))
@@ -772,6 +838,8 @@ for i, l in ipairs(limits) do
   local counted = enforced_ok and (shadow_ok or not l.shadow) and l.fits
   if l.never then
     -- nothing to write
+  elseif l.con then
+    con_write(l, state[i], counted)
   elseif l.w == 60 then
     if counted then dyn_count(l, state[i], cost + grant) end
   elseif l.from then

@@ -415,6 +415,14 @@ impl Outcome {
         (by_rate || !by_slots).then_some(wait)
     }
 
+    /// Was the request counted in limit `l`, its `i`th? Every limit of an admitted request but
+    /// the shadow ones one of which refused it.
+    pub fn counted_in(&self, i: usize, l: &Limit) -> bool {
+        self.allowed
+            && self.quotas().get(i).is_some_and(|q| q.allowed)
+            && (!l.shadow || !self.shadow_limited)
+    }
+
     /// The enforced concurrency limit that refused this request, if only such limits did (no
     /// rate refused it).
     pub fn refused_by_slots(&self, limits: &[Limit]) -> Option<usize> {
