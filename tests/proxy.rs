@@ -1787,3 +1787,215 @@ async fn anonymous_callers_are_limited_per_address_on_redis() {
     let redis = RedisServer::start();
     anonymous_by_address(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
+
+// ---- concurrency limits (issue 30) ----
+
+const CONCURRENT_CATALOG: &str = r#"{
+  "methods": ["GET"], "paths": ["/hold/{ms}", "/big/{n}", "/a"],
+  "groups": {"g": [0, 2]},
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}, {"p": 2, "m": 0}],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 0, "concurrent": 3}, {"ep": 0, "rl": 1000},
+                             {"ep": 1, "concurrent": 1}, {"ep": 2, "rl": 1000}]},
+    {"key": "k2", "limits": [{"ep": 0, "concurrent": 1}, {"ep": 0, "rl": 2}]},
+    {"key": "k3", "limits": [{"group": "g", "concurrent": 2}, {"ep": 0, "rl": 1000}, {"ep": 2, "rl": 1000}]},
+    {"key": "k4", "limits": [{"ep": 0, "concurrent": 1}]}
+  ]
+}"#;
+
+/// `n` requests at once to `url(i)`, each answer with the time it took.
+async fn timed_burst(
+    n: usize,
+    url: impl Fn(usize) -> String,
+    headers: &'static [(&'static str, &'static str)],
+) -> Vec<(support::Got, Duration)> {
+    let client = Arc::new(http1_client());
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (url, client) = (url(i), client.clone());
+            tokio::spawn(async move {
+                let sent = std::time::Instant::now();
+                let got = send(&client, "GET", &url, headers, Bytes::new()).await;
+                (got, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Ten at once where three may be in flight: exactly three pass, the rest are refused at once
+/// (no `Retry-After`: nothing says when a slot frees), and the slots come back when the answers
+/// are sent.
+async fn three_in_flight_of_ten(
+    gws: &[&TestGateway],
+    key: &'static [(&'static str, &'static str)],
+) {
+    let answers = timed_burst(10, |i| gws[i % gws.len()].url("/hold/800"), key).await;
+    let ok = answers.iter().filter(|(g, _)| g.status == 200).count();
+    assert_eq!(ok, 3, "three slots");
+    for (g, took) in answers.iter().filter(|(g, _)| g.status != 200) {
+        assert_eq!(g.status, 429);
+        assert!(
+            *took < Duration::from_millis(600),
+            "refused at once, not after {took:?}"
+        );
+        assert_eq!(g.header("retry-after"), None);
+        let detail = g.json()["detail"].as_str().unwrap().to_owned();
+        assert_eq!(
+            detail,
+            "GET /hold/{ms} allows 3 requests of this API key in flight at once, and that many are"
+        );
+    }
+    let again = timed_burst(3, |i| gws[i % gws.len()].url("/hold/0"), key).await;
+    assert!(
+        again.iter().all(|(g, _)| g.status == 200),
+        "the slots were freed with the answers"
+    );
+}
+
+async fn concurrency_limits(c: Config) {
+    let gw = TestGateway::start(c, CONCURRENT_CATALOG, FakeClock::new(T0)).await;
+    three_in_flight_of_ten(&[&gw], &[KEY]).await;
+    let r = get(&gw.url("/hold/0"), &[KEY]).await;
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""GET /hold/{ms}";q=1000;w=60"#),
+        "a concurrency limit is not a rate policy"
+    );
+    // A rate beside one slot: refused by the rate, with its Retry-After, taking no slot.
+    let k2: &[(&str, &str)] = &[("X-Api-Key", "k2")];
+    for _ in 0..2 {
+        assert_eq!(get(&gw.url("/hold/0"), k2).await.status, 200);
+    }
+    let r = get(&gw.url("/hold/0"), k2).await;
+    assert_eq!((r.status, r.header("retry-after")), (429, Some("60")));
+    // A pool of two slots across two endpoints.
+    let k3: &'static [(&str, &str)] = &[("X-Api-Key", "k3")];
+    let held = timed_burst(2, |_| gw.url("/hold/600"), k3);
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        get(&gw.url("/a"), k3).await
+    };
+    let (held, r) = tokio::join!(held, probe);
+    assert!(held.iter().all(|(g, _)| g.status == 200));
+    assert_eq!(
+        r.status, 429,
+        "both of the pool's slots are in flight on another endpoint"
+    );
+    assert_eq!(
+        r.json()["detail"],
+        "the pool g allows 2 requests of this API key in flight at once, and that many are"
+    );
+    assert_eq!(get(&gw.url("/a"), k3).await.status, 200);
+}
+
+#[tokio::test]
+async fn concurrency_limits_on_memory() {
+    let up = Upstream::start().await;
+    concurrency_limits(config(&up)).await;
+}
+
+#[tokio::test]
+async fn concurrency_limits_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    concurrency_limits(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+/// A client that goes away frees its slot at once: before the response (the upstream request is
+/// abandoned) and in the middle of its body.
+async fn a_client_that_leaves_frees_its_slot(c: Config) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let mut c = c;
+    c.upstream.url = up.url();
+    let gw = TestGateway::start(c, CONCURRENT_CATALOG, FakeClock::new(T0)).await;
+    let k4: &[(&str, &str)] = &[("X-Api-Key", "k4")];
+    let addr = gw
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /hold/5000 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k4\r\n\r\n")
+        .await
+        .unwrap();
+    support::eventually(Duration::from_secs(5), || async {
+        up.requests()
+            .iter()
+            .any(|r| r.path_and_query == "/hold/5000")
+    })
+    .await;
+    assert_eq!(get(&gw.url("/hold/0"), k4).await.status, 429, "held");
+    let left = std::time::Instant::now();
+    drop(s);
+    support::eventually(Duration::from_secs(3), || async {
+        get(&gw.url("/hold/0"), k4).await.status == 200
+    })
+    .await;
+    assert!(
+        left.elapsed() < Duration::from_secs(3),
+        "freed before the upstream answered"
+    );
+    // In the middle of a long body (k1 has one slot on /big/{n}).
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /big/100000000 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 4096];
+    assert!(s.read(&mut first).await.unwrap() > 0);
+    assert_eq!(
+        get(&gw.url("/big/10"), &[KEY]).await.status,
+        429,
+        "held while it streams"
+    );
+    drop(s);
+    support::eventually(Duration::from_secs(3), || async {
+        get(&gw.url("/big/10"), &[KEY]).await.status == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_frees_its_slot_on_memory() {
+    a_client_that_leaves_frees_its_slot(Config::default()).await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_frees_its_slot_on_redis() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    a_client_that_leaves_frees_its_slot(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+/// Two instances on one Redis share the slots exactly; a live instance keeps its slots past the
+/// hold time (it renews them), and an upstream failure frees them.
+#[tokio::test]
+async fn two_instances_on_one_redis_share_concurrency_slots_exactly() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    c.store.time_source = TimeSource::Redis;
+    c.store.concurrency_hold_ms = 1000;
+    let a = TestGateway::start(c.clone(), CONCURRENT_CATALOG, FakeClock::new(T0)).await;
+    let b = TestGateway::start(c, CONCURRENT_CATALOG, FakeClock::new(T0)).await;
+    three_in_flight_of_ten(&[&a, &b], &[KEY]).await;
+    let k4: &'static [(&str, &str)] = &[("X-Api-Key", "k4")];
+    let long = a.url("/hold/2500");
+    let held = get(&long, k4);
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        get(&b.url("/hold/0"), k4).await.status
+    };
+    let (held, probed) = tokio::join!(held, probe);
+    assert_eq!(held.status, 200);
+    assert_eq!(
+        probed, 429,
+        "held for twice its hold time: renewed while it ran"
+    );
+    assert_eq!(get(&b.url("/hold/0"), k4).await.status, 200);
+}

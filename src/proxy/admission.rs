@@ -84,6 +84,17 @@ pub struct Target<'s> {
     /// Where the response reports what the request cost, and the counters it reserved in.
     /// (Boxed: rare, and a target is moved along every forwarded request.)
     pub report: Option<Box<Reserved<'s>>>,
+    /// Where its concurrency limits' slots were taken, when it has such limits (boxed: rare).
+    pub holds: Option<Box<Holds>>,
+}
+
+/// The counters a request with concurrency limits took its slots in, and which store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holds {
+    pub counter: CounterKey,
+    pub pools: Vec<(CounterKey, usize)>,
+    /// In this instance's memory (a [`Verdict::Local`]), not the shared store.
+    pub in_memory: bool,
 }
 
 /// A request counted with a reservation that its response replaces (`cost_from`).
@@ -101,6 +112,7 @@ impl Target<'_> {
             method: None,
             limit: None,
             report: None,
+            holds: None,
         }
     }
 }
@@ -208,6 +220,7 @@ impl<'s> Pending<'s, '_> {
     /// admission.
     pub fn conclude(self, counters: Counters, verdict: Verdict, now_ms: u64) -> Admission<'s> {
         let endpoint = self.held.endpoint;
+        let in_memory = matches!(verdict, Verdict::Local(_));
         let outcome = match verdict {
             Verdict::Decided(o) | Verdict::Local(o) => o,
             Verdict::Open => {
@@ -216,6 +229,7 @@ impl<'s> Pending<'s, '_> {
                     method: Some(endpoint.method.clone()),
                     limit: None,
                     report: None,
+                    holds: None,
                 };
                 return Admission::forward(Decision::StoreOpen, Some(endpoint), target);
             }
@@ -231,6 +245,13 @@ impl<'s> Pending<'s, '_> {
             }
         };
         let (allowed, shadow_limited) = (outcome.allowed, outcome.shadow_limited);
+        let holds = (allowed && self.limits.iter().any(Limit::is_concurrent)).then(|| {
+            Box::new(Holds {
+                counter: counters.counter.clone(),
+                pools: counters.pools.clone(),
+                in_memory,
+            })
+        });
         let report = match endpoint.cost_from.as_ref() {
             Some(from) if allowed => Some(Box::new(Reserved {
                 from,
@@ -257,6 +278,7 @@ impl<'s> Pending<'s, '_> {
                 method: Some(endpoint.method.clone()),
                 limit: Some(rate),
                 report,
+                holds,
             };
             return Admission::forward(decision, Some(endpoint), target);
         }
@@ -275,6 +297,18 @@ impl<'s> Pending<'s, '_> {
 
 /// The problem detail of a 429: the limit that refused, and when to retry or that it never will.
 fn refusal_detail(rate: &Rate) -> String {
+    let who = |i| match rate.limits.pool_of(i) {
+        Some("*") => "the pool of every endpoint".to_owned(),
+        Some(group) => format!("the pool {group}"),
+        None => rate.name.to_owned(),
+    };
+    if let Some(i) = rate.outcome.refused_by_slots(&rate.limits) {
+        return format!(
+            "{} allows {} of this API key in flight at once, and that many are",
+            who(i),
+            quotagate_engine::text::plural(rate.limits[i].rl, "request", "requests"),
+        );
+    }
     let Some(i) = rate.outcome.most_restrictive(&rate.limits) else {
         return format!("{} refused the request", rate.name);
     };
@@ -283,11 +317,7 @@ fn refusal_detail(rate: &Rate) -> String {
         Some(p) => p.as_str().to_owned(),
         None => format!("{} s", l.w),
     };
-    let who = match rate.limits.pool_of(i) {
-        Some("*") => "the pool of every endpoint".to_owned(),
-        Some(group) => format!("the pool {group}"),
-        None => rate.name.to_owned(),
-    };
+    let who = who(i);
     let allows = |rl| {
         format!(
             "{who} allows {} per {per}",
@@ -384,6 +414,33 @@ impl<'s> Held<'s, '_> {
             .map(|(name, l)| (CounterKey::pool(self.key, name), l.len()))
             .collect()
     }
+}
+
+/// Of `limits` (a request's own, then each pool's: `pools` tells how many each has), those `keep`
+/// takes, and how many of them each pool has.
+pub fn kept(
+    limits: &[Limit],
+    pools: &[(CounterKey, usize)],
+    keep: impl Fn(usize, &Limit) -> bool,
+) -> (Vec<Limit>, Vec<(CounterKey, usize)>) {
+    let pooled: usize = pools.iter().map(|(_, n)| n).sum();
+    let mut at = limits.len().saturating_sub(pooled);
+    let kept = limits
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| keep(*i, l))
+        .map(|(_, l)| *l)
+        .collect();
+    let pools = pools
+        .iter()
+        .map(|(counter, n)| {
+            let end = (at + n).min(limits.len());
+            let here = (at..end).filter(|i| keep(*i, &limits[*i])).count();
+            at = end;
+            (counter.clone(), here)
+        })
+        .collect();
+    (kept, pools)
 }
 
 /// The parts a request with pools is decided on ([`quotagate_store::CounterStore::hit_parts`]):
@@ -570,6 +627,7 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
                 method: Some(endpoint.method.clone()),
                 limit: None,
                 report: None,
+                holds: None,
             },
         ),
     }
@@ -761,6 +819,7 @@ mod tests {
                 method: Some(Method::GET),
                 limit: None,
                 report: None,
+                holds: None,
             })
         );
         let off = policy(&[("enabled", "false")]);

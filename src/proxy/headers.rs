@@ -185,7 +185,8 @@ pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
         let room = (rate.name.len() + 40) * rate.limits.len();
         let (mut policy, mut state) = (String::with_capacity(room), String::with_capacity(room));
         for (i, (l, q)) in rate.limits.iter().zip(quotas).enumerate() {
-            if l.shadow {
+            // A concurrency limit is not a rate: no window to tell (the 429's problem names it).
+            if l.shadow || l.is_concurrent() {
                 continue;
             }
             if !policy.is_empty() {

@@ -9,6 +9,7 @@ pub mod answer;
 pub mod client;
 pub mod explain;
 pub mod headers;
+pub mod in_flight;
 pub mod report;
 pub mod settings;
 pub mod upgrade;
@@ -78,6 +79,8 @@ pub struct Proxy {
     /// `quotagate_cost_reports_total`, looked up once.
     /// Settles what `cost_from` responses report.
     settler: Arc<report::Settler>,
+    /// Frees the slots of requests that end.
+    freer: Arc<in_flight::Freer>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
 }
@@ -102,6 +105,10 @@ impl Proxy {
                 store: rt.store.clone(),
                 clock: rt.clock.clone(),
                 counts: report::Counts::new(&rt.metrics),
+            }),
+            freer: Arc::new(in_flight::Freer {
+                store: rt.store.clone(),
+                clock: rt.clock.clone(),
             }),
             upstream_failing: AtomicBool::new(false),
         }
@@ -276,6 +283,12 @@ impl Proxy {
         record: &mut Record,
         grpc: bool,
     ) -> Response<Body> {
+        // Held until the request ends, however it ends (dropped with this future, with the
+        // response's body, or with an upgraded connection's relay).
+        let mut in_flight = match (target.holds, &target.limit) {
+            (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
+            _ => None,
+        };
         let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
             record.decision = Decision::BadRequest;
             return own(crate::problem::problem(
@@ -342,7 +355,8 @@ impl Proxy {
                     {
                         let agreed = resp.headers().get(http::header::UPGRADE).cloned();
                         let upstream = hyper::upgrade::on(&mut resp);
-                        upgrade::relay(client, upstream, self.policy.upgrade_idle);
+                        let held = in_flight.take();
+                        upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
                         agreed
                     }
                     _ => None,
@@ -377,7 +391,8 @@ impl Proxy {
                     upgrade::restore(&mut head.headers, protocol);
                     return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
                 }
-                Response::from_parts(head, Either::Left(report::Tapped::new(body, tap)))
+                let body = report::Tapped::new(body, tap).holding(in_flight);
+                Response::from_parts(head, Either::Left(body))
             }
             Err(e) => {
                 let (decision, rejection) = answer::upstream_failure(e);

@@ -156,19 +156,7 @@ pub fn counted(
     rate: &quotagate_engine::limiter::Rate<'_>,
     pools: &[(CounterKey, usize)],
 ) -> (Vec<Limit>, Vec<(CounterKey, usize)>) {
-    let kept = |l: &Limit| !(l.shadow && rate.outcome.shadow_limited);
-    let own = rate.limits.own().len();
-    let limits: Vec<Limit> = rate.limits.iter().copied().filter(kept).collect();
-    let mut at = own;
-    let pools = pools
-        .iter()
-        .map(|(counter, n)| {
-            let range = &rate.limits[at.min(rate.limits.len())..(at + n).min(rate.limits.len())];
-            at += n;
-            (counter.clone(), range.iter().filter(|l| kept(l)).count())
-        })
-        .collect();
-    (limits, pools)
+    super::admission::kept(&rate.limits, pools, |i, l| rate.outcome.counted_in(i, l))
 }
 
 /// How long the rest of a body is read for its report once its client has gone.
@@ -187,6 +175,9 @@ pub struct Tapped<B: Body<Data = Bytes> + Unpin + Send + 'static> {
     /// Always there but while being dropped.
     body: Option<B>,
     tap: Option<Box<Tap>>,
+    /// The request's concurrency slots, freed when the body is done with (sent, or its client
+    /// gone).
+    in_flight: Option<super::in_flight::InFlight>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
@@ -194,11 +185,18 @@ impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
         let mut tapped = Tapped {
             body: Some(body),
             tap: tap.map(Box::new),
+            in_flight: None,
         };
         if tapped.body.as_ref().is_some_and(|b| b.is_end_stream()) {
             tapped.finish();
         }
         tapped
+    }
+
+    /// This body, holding `in_flight` until it is done with.
+    pub fn holding(mut self, in_flight: Option<super::in_flight::InFlight>) -> Self {
+        self.in_flight = in_flight;
+        self
     }
 
     fn finish(&mut self) {

@@ -40,13 +40,15 @@ pub fn restore(headers: &mut HeaderMap, protocol: HeaderValue) {
 }
 
 /// Relays the two upgraded connections in the background once both are ready.
-pub fn relay(client: OnUpgrade, upstream: OnUpgrade, idle: Duration) {
+/// `held`: what the request holds until the connection closes (its concurrency slots).
+pub fn relay<H: Send + 'static>(client: OnUpgrade, upstream: OnUpgrade, idle: Duration, held: H) {
     tokio::spawn(async move {
         let (Ok(client), Ok(upstream)) = (client.await, upstream.await) else {
             tracing::debug!("an upgrade did not complete on one side");
             return;
         };
         pump(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+        drop(held);
     });
 }
 

@@ -291,11 +291,17 @@ impl Rls {
             return Some(Plan::Free);
         };
         let (endpoint, limits) = (held.endpoint, held.limits(policy.shadow));
-        let first = limits[0];
+        // Rates only: Envoy's protocol tells no end of a request, so no slot could be freed.
+        let (limits, pools) = admission::kept(&limits, &held.pool_counters(&limits), |_, l| {
+            !l.is_concurrent()
+        });
+        let Some(&first) = limits.first() else {
+            return Some(Plan::Free);
+        };
         Some(Plan::Count {
             counter: held.counter(),
-            pools: held.pool_counters(&limits),
-            limits: limits.to_vec(),
+            pools,
+            limits,
             name: endpoint.name.clone(),
             shown: (
                 u32::try_from(first.rl).unwrap_or(u32::MAX),

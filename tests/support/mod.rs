@@ -243,7 +243,8 @@ pub struct Seen {
 type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 
 /// A real HTTP upstream on port 0 that records every request. Paths with special behaviour:
-/// `/slow/..` answers after 2 s; `/redirect` answers 302; `/hop` answers with hop-by-hop and
+/// `/slow/..` answers after 2 s, `/hold/<ms>` after ms milliseconds; `/redirect` answers 302;
+/// `/hop` answers with hop-by-hop and
 /// rate-limit fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
 /// report a cost of n in a header, a JSON body (about 1 kB) or at the end of an event stream,
 /// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/slow/<n>` pauses 300 ms
@@ -353,6 +354,10 @@ async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> 
         *r.status_mut() = StatusCode::from_u16(status).unwrap();
         r
     };
+    if let Some(ms) = path.strip_prefix("/hold/") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+        return full(200, "held");
+    }
     if path.starts_with("/slow/") {
         tokio::time::sleep(Duration::from_secs(2)).await;
         return full(200, "slow");
