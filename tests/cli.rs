@@ -1190,3 +1190,83 @@ async fn three_gateways_on_one_redis_never_admit_more_than_the_limit() {
         assert!(g.wait_exit().success());
     }
 }
+
+/// A gateway killed with -9 while it holds a concurrency slot on Redis: another instance sees the
+/// slot held at once, and free within `store.concurrency_hold_ms` (1 s here) of the kill.
+#[tokio::test]
+async fn the_slots_of_a_killed_gateway_free_within_the_hold_time() {
+    let redis = support::RedisServer::start();
+    let up = support::Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("slots.json");
+    std::fs::write(
+        &catalog,
+        r#"{"methods": ["GET"], "paths": ["/hold/{ms}"], "endpoints": [{"p": 0, "m": 0}],
+            "apilimits": [{"key": "k", "limits": [{"ep": 0, "concurrent": 1}]}]}"#,
+    )
+    .unwrap();
+    let start = |port: u16| {
+        let q = Running::start(&[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--upstream",
+            &up.url(),
+            "--catalog",
+            catalog.to_str().unwrap(),
+            "--set",
+            "store.kind=redis",
+            "--set",
+            &format!("store.redis_url={}", redis.url()),
+            "--set",
+            "store.concurrency_hold_ms=1000",
+            "--set",
+            &format!("admin.listen=127.0.0.1:{}", free_port()),
+        ]);
+        q.wait_for("quotagate listening");
+        q
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let (a, _b) = (start(pa), start(pb));
+    let key: &[(&str, &str)] = &[("X-Api-Key", "k")];
+    let held = tokio::spawn(async move {
+        let client = support::http1_client();
+        let req = hyper::Request::get(format!("http://127.0.0.1:{pa}/hold/20000"))
+            .header("X-Api-Key", "k")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let _ = client.request(req).await;
+    });
+    support::eventually(Duration::from_secs(5), || async {
+        up.requests()
+            .iter()
+            .any(|r| r.path_and_query == "/hold/20000")
+    })
+    .await;
+    // Longer than the hold: a's renewals keep it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b_url = format!("http://127.0.0.1:{pb}/hold/0");
+    assert_eq!(
+        get(&b_url, key).await.status,
+        429,
+        "held by a live instance"
+    );
+    a.signal("-KILL");
+    let killed = std::time::Instant::now();
+    assert_eq!(
+        get(&b_url, key).await.status,
+        429,
+        "held right after the kill"
+    );
+    loop {
+        if get(&b_url, key).await.status == 200 {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(1500),
+            "still held {:?} after the kill",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.abort();
+}

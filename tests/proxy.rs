@@ -1857,7 +1857,8 @@ async fn three_in_flight_of_ten(
     );
 }
 
-async fn concurrency_limits(c: Config) {
+async fn concurrency_limits(mut c: Config) {
+    c.upstream.response_timeout_ms = 1000;
     let gw = TestGateway::start(c, CONCURRENT_CATALOG, FakeClock::new(T0)).await;
     three_in_flight_of_ten(&[&gw], &[KEY]).await;
     let r = get(&gw.url("/hold/0"), &[KEY]).await;
@@ -1891,6 +1892,10 @@ async fn concurrency_limits(c: Config) {
         "the pool g allows 2 requests of this API key in flight at once, and that many are"
     );
     assert_eq!(get(&gw.url("/a"), k3).await.status, 200);
+    // An upstream that times out frees the slot with its 504 (the response timeout is 1 s).
+    let k4: &[(&str, &str)] = &[("X-Api-Key", "k4")];
+    assert_eq!(get(&gw.url("/hold/1500"), k4).await.status, 504);
+    assert_eq!(get(&gw.url("/hold/0"), k4).await.status, 200);
 }
 
 #[tokio::test]
