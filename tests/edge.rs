@@ -22,7 +22,8 @@ const CATALOG: &str = r#"{
   "endpoints": [{"p": 0, "m": 0}],
   "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100}]},
                 {"key": "ONCE", "limits": [{"ep": 0, "rl": 1}]},
-                {"key": "LOAD", "limits": [{"ep": 0, "rl": 1000000000}]}]
+                {"key": "LOAD", "limits": [{"ep": 0, "rl": 1000000000}]},
+                {"key": "SLOT", "limits": [{"ep": 0, "concurrent": 1}]}]
 }"#;
 
 /// A self-signed P-256 certificate for `names` (subjectAltName DNS entries), common name `cn`:
@@ -374,6 +375,33 @@ async fn upgrades_are_admitted_once_then_relayed_both_ways_until_idle() {
     let mut buf = [0u8; 16];
     let closed = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
     assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+}
+
+/// An upgraded connection holds its concurrency slot until it closes.
+#[tokio::test]
+async fn an_upgraded_connection_holds_its_slot_until_it_closes() {
+    let up = echo_upstream().await;
+    let mut c = Config::default();
+    c.upstream.url = format!("http://{up}");
+    let gw = TestGateway::start(c, CATALOG, FakeClock::new(T0)).await;
+    let (mut s, head) = ask_upgrade(gw.addr, "SLOT").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).await.unwrap();
+    let (_, refused) = ask_upgrade(gw.addr, "SLOT").await;
+    assert!(
+        refused.starts_with("HTTP/1.1 429"),
+        "held while open: {refused}"
+    );
+    drop(s);
+    support::eventually(Duration::from_secs(5), || async {
+        ask_upgrade(gw.addr, "SLOT")
+            .await
+            .1
+            .starts_with("HTTP/1.1 101")
+    })
+    .await;
 }
 
 // ---- gRPC ----

@@ -96,6 +96,10 @@ impl Proxy {
                             about["period"] = p.as_str().into();
                             about["tz"] = l.zone.name().into();
                         }
+                        if l.is_concurrent() {
+                            // Requests in flight at once, not per window.
+                            about["concurrent"] = true.into();
+                        }
                         if let Some(group) = pending.limits.pool_of(i) {
                             about["pool"] = group.into();
                         }
