@@ -6,7 +6,8 @@
 # the same arguments, e.g. `--set limits.enabled=false` or `--store redis --redis-url URL`.
 # WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit;
 # LIMITS=day one calendar day quota (UTC) instead; LIMITS=pool one per-minute pool over every
-# endpoint (`"group": "*"`) instead; COST_FROM=1 has the endpoint read each response's cost from
+# endpoint (`"group": "*"`) instead; LIMITS=concurrent one concurrency limit (`"concurrent": 1000`,
+# issue 30) instead; COST_FROM=1 has the endpoint read each response's cost from
 # its JSON body (`"cost_from": {"json": "body_bytes"}`: the example upstream's echo reports 0,
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
@@ -23,6 +24,7 @@ limits = {
     "": [{"ep": 0, "rl": many, "w": w} for w in ws],
     "day": [{"ep": 0, "rl": many, "period": "day"}],
     "pool": [{"group": "*", "rl": many}],
+    "concurrent": [{"ep": 0, "concurrent": 1000}],
 }[os.environ["LIMITS"]]
 keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
 endpoint = {"p": 0, "m": 0}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU per request of the kinds of limit, side by side in one run (issue 29's bounds: a day quota,
-# a pool and `cost_from` on a 1 kB JSON response each <= 5% over a 60 s window on the same key).
+# a pool and `cost_from` on a 1 kB JSON response each <= 5% over a 60 s window on the same key;
+# issue 30's: a concurrency limit <= 5% over a 60 s window).
 #
 #   scripts/bench-kinds.sh [ROUNDS] [SECONDS]     (defaults: 5 rounds of 5 s)
 #
@@ -8,7 +9,8 @@
 # on one API key far under its limit, each request with a 500-byte header so the upstream's JSON
 # echo is about 1 kB. Rows: one 60 s window; one day quota (UTC); one 60 s pool over every
 # endpoint; one 60 s window on an endpoint with `"cost_from": {"json": "body_bytes"}` (every
-# response read; the echo reports 0, so each reservation is given back). The rows take turns
+# response read; the echo reports 0, so each reservation is given back); one concurrency limit of
+# 1000 requests in flight (a slot taken and freed per request). The rows take turns
 # within each round, so drift on a shared machine falls on all of them; the table has each row's
 # median CPU (utime + stime of the gateway, /proc) per request and its ratio to the first row's.
 # QUOTAGATE_BIN=... measures another build. Prints the table; appends nothing.
@@ -31,6 +33,7 @@ kinds = {
     "day": ([{"ep": 0, "rl": many, "period": "day"}], None),
     "pool": ([{"group": "*", "rl": many}], None),
     "cost_from": ([{"ep": 0, "rl": many, "w": 60}], {"json": "body_bytes"}),
+    "concurrent": ([{"ep": 0, "concurrent": 1000}], None),
 }
 for name, (limits, cost_from) in kinds.items():
     endpoint = {"p": 0, "m": 0}
@@ -54,7 +57,7 @@ UP_PORT=$(free_port)
 $PIN_LOAD "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
 wait_port "$UP_PORT"
 
-KINDS=(window day pool cost_from)
+KINDS=(window day pool cost_from concurrent)
 RESULTS=()
 for round in $(seq "$ROUNDS"); do
   for kind in "${KINDS[@]}"; do
@@ -88,7 +91,8 @@ print(f"machine: {machine}; median of {len(rows['window'])} rounds")
 print("| limit of the key | req/s | CPU us/request | vs a 60 s window |")
 print("|---|---:|---:|---:|")
 names = {"window": "one 60 s window", "day": "one day quota (UTC)", "pool": "one 60 s pool (every endpoint)",
-         "cost_from": "one 60 s window, `cost_from` a 1 kB JSON body"}
+         "cost_from": "one 60 s window, `cost_from` a 1 kB JSON body",
+         "concurrent": "one concurrency limit (1000 in flight)"}
 for kind, runs in rows.items():
     rate = statistics.median(r for r, _ in runs)
     cpu = statistics.median(c for _, c in runs)
