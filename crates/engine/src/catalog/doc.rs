@@ -125,6 +125,10 @@ pub struct LimitDef {
     /// The zone of a calendar quota's periods (an IANA name). Default: the catalog's `tz`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
+    /// A request this limit would refuse waits up to this many milliseconds (0 to 60000) for
+    /// room instead of a 429. An API key's limits only. Default: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<i64>,
 }
 
 /// What changed in the API keys' limits between two catalog versions whose methods, paths and

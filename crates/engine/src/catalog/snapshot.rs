@@ -94,17 +94,29 @@ struct KeyEntry {
     limits: Box<[Limit]>,
 }
 
+/// The longest a request may wait for room (`wait_ms`), in milliseconds.
+pub const MAX_WAIT_MS: u64 = 60_000;
+
 /// Marks a pool's limits in [`KeyEntry::eps`] (no catalog has 2^31 endpoints).
 const GROUP: u32 = 1 << 31;
 
 impl KeyEntry {
     /// The limits on `ep` (an endpoint, or `GROUP | g`).
     fn on(&self, ep: u32) -> &[Limit] {
+        &self.limits[self.range(ep)]
+    }
+
+    /// Where the limits on `ep` are in `limits`.
+    fn range(&self, ep: u32) -> std::ops::Range<usize> {
         let from = self.eps.partition_point(|&e| e < ep);
         let to = from + self.eps[from..].partition_point(|&e| e == ep);
-        &self.limits[from..to]
+        from..to
     }
 }
+
+/// API key bytes -> each of its limits' wait in milliseconds, in the order of its
+/// [`KeyEntry::limits`]: only keys with a limit that waits (most catalogs have none).
+type KeyWaits = HashMap<Box<[u8]>, Box<[u16]>, foldhash::fast::RandomState>;
 
 /// API key bytes -> its limits.
 ///
@@ -121,6 +133,7 @@ pub struct Snapshot {
     routes: RouteTable,
     endpoints: Vec<Endpoint>,
     keys: KeyLimits,
+    waits: KeyWaits,
     /// The groups' names, by number: the catalog's `groups` in order, then `*`.
     groups: Vec<Box<str>>,
     /// Fields of the document quotagate does not know (ignored; logged once when served).
@@ -195,6 +208,38 @@ impl Snapshot {
         } else {
             LimitLookup::Limits(applied)
         }
+    }
+
+    /// How long a request of `key` on `endpoint` may wait for room, per limit of `applied` (its
+    /// lookup there: its own limits, then each pool's, as [`crate::limiter::Limits::pooled`]
+    /// orders them), in milliseconds; `None` when no limit of the key waits (no lookup at all
+    /// in a catalog without waits).
+    pub fn waits(
+        &self,
+        key: &[u8],
+        endpoint: usize,
+        applied: &Applied<'_>,
+    ) -> Option<[u16; MAX_LIMITS]> {
+        if self.waits.is_empty() {
+            return None;
+        }
+        let (waits, entry) = (self.waits.get(key)?, applied.entry?);
+        // The endpoint's defaults (when the key has no limit of its own there) never wait.
+        let own = entry.range(u32::try_from(endpoint).unwrap_or(u32::MAX));
+        let own_waits: &[u16] = if own.is_empty() {
+            &[0; MAX_LIMITS][..applied.own.len().min(MAX_LIMITS)]
+        } else {
+            &waits[own]
+        };
+        let pools = applied
+            .groups
+            .iter()
+            .flat_map(|&g| &waits[entry.range(GROUP | g)]);
+        let mut out = [0u16; MAX_LIMITS];
+        for (o, w) in out.iter_mut().zip(own_waits.iter().chain(pools)) {
+            *o = *w;
+        }
+        Some(out)
     }
 
     /// The name of group number `g` (`*` for every endpoint).
@@ -287,6 +332,7 @@ fn period_value(name: &str) -> Result<Period, Reason> {
 struct Spec<'a> {
     rl: Option<i64>,
     concurrent: Option<i64>,
+    wait_ms: Option<i64>,
     w: Option<&'a serde_json::Number>,
     shadow: Option<bool>,
     period: Option<&'a str>,
@@ -298,6 +344,7 @@ impl<'a> Spec<'a> {
         Spec {
             rl: l.rl,
             concurrent: l.concurrent,
+            wait_ms: l.wait_ms,
             w: l.w.as_ref(),
             shadow: l.shadow,
             period: l.period.as_deref(),
@@ -309,6 +356,7 @@ impl<'a> Spec<'a> {
         Spec {
             rl: Some(d.rl),
             concurrent: None,
+            wait_ms: None,
             w: d.w.as_ref(),
             shadow: d.shadow,
             period: d.period.as_deref(),
@@ -322,6 +370,8 @@ impl<'a> Spec<'a> {
 /// most [`MAX_LIMITS`].
 struct LimitList {
     limits: Vec<Limit>,
+    /// Each limit's wait in milliseconds (0: none).
+    waits: Vec<u16>,
     /// The zone of calendar limits that name none (the catalog's `tz`).
     tz: ZoneId,
 }
@@ -330,16 +380,23 @@ impl LimitList {
     fn new(tz: ZoneId) -> Self {
         LimitList {
             limits: Vec::new(),
+            waits: Vec::new(),
             tz,
         }
     }
 
     /// The limits, shortest window first, then the calendar periods from the hour to the month
     /// (the order of the rate-limit fields).
-    fn sorted(mut self) -> Box<[Limit]> {
-        self.limits
-            .sort_unstable_by_key(|l| (l.period().map_or(0, |p| p as u8 + 1), l.w));
-        self.limits.into()
+    fn sorted(self) -> Box<[Limit]> {
+        self.sorted_with_waits().0
+    }
+
+    /// [`LimitList::sorted`], each limit's wait beside it.
+    fn sorted_with_waits(self) -> (Box<[Limit]>, Vec<u16>) {
+        let mut both: Vec<(Limit, u16)> = self.limits.into_iter().zip(self.waits).collect();
+        both.sort_unstable_by_key(|(l, _)| (l.period().map_or(0, |p| p as u8 + 1), l.w));
+        let (limits, waits): (Vec<Limit>, Vec<u16>) = both.into_iter().unzip();
+        (limits.into(), waits)
     }
 
     /// Adds one entry, or says what is wrong with it (`Err((field, reason))`).
@@ -456,8 +513,27 @@ impl LimitList {
                 ),
             ));
         }
-        self.limits
-            .push(limit.shadowed(spec.shadow.unwrap_or(false)));
+        let shadow = spec.shadow.unwrap_or(false);
+        let wait = match spec.wait_ms {
+            None => 0,
+            Some(_) if shadow => {
+                return Err((
+                    "wait_ms",
+                    "a shadow limit never refuses: it has nothing to wait for".into(),
+                ));
+            }
+            Some(ms) => match u16::try_from(ms) {
+                Ok(ms) if u64::from(ms) <= MAX_WAIT_MS => ms,
+                _ => {
+                    return Err((
+                        "wait_ms",
+                        format!("{ms} ms: a wait is from 0 to {MAX_WAIT_MS} ms"),
+                    ));
+                }
+            },
+        };
+        self.limits.push(limit.shadowed(shadow));
+        self.waits.push(wait);
         Ok(())
     }
 }
@@ -497,7 +573,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         true => endpoints.iter().map(|e| e.default_limits.len()).collect(),
         false => vec![0; raw.endpoints.len()],
     };
-    let (keys, pooled) = key_limits(&raw, tz, &groups, &defaults, &mut problems);
+    let (keys, waits, pooled) = key_limits(&raw, tz, &groups, &defaults, &mut problems);
     if endpoints.len() == raw.endpoints.len() {
         for (e, endpoint) in endpoints.iter_mut().enumerate() {
             endpoint.pools = (0..groups.names.len() as u32)
@@ -519,6 +595,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         routes,
         endpoints,
         keys,
+        waits,
         groups: groups.names,
         unknown_fields: Vec::new(),
     })
@@ -676,6 +753,13 @@ fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Ve
             problems.add(at, "an anonymous limit names its endpoint (\"ep\")".into());
             continue;
         };
+        if l.wait_ms.is_some() {
+            problems.add(
+                format!("{at}.wait_ms"),
+                "only an API key's limits wait for room".into(),
+            );
+            continue;
+        }
         match index(ep, raw.endpoints.len(), "endpoints") {
             Ok(ep) => {
                 let what = format!("endpoint {ep}");
@@ -697,10 +781,11 @@ fn key_limits(
     groups: &Groups,
     defaults: &[usize],
     problems: &mut Problems,
-) -> (KeyLimits, Vec<bool>) {
+) -> (KeyLimits, KeyWaits, Vec<bool>) {
     let mut pooled = vec![false; groups.names.len()];
     let mut keys: KeyLimits =
         HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
+    let mut waits = KeyWaits::default();
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
     for (k, entry) in raw.apilimits.iter().enumerate() {
         if entry.key.is_empty() {
@@ -775,10 +860,15 @@ fn key_limits(
         }
         let mut eps = Vec::with_capacity(entry.limits.len());
         let mut limits = Vec::with_capacity(entry.limits.len());
+        let mut key_waits = Vec::new();
         for (ep, list) in per_ep {
-            let list = list.sorted();
+            let (list, list_waits) = list.sorted_with_waits();
             eps.extend(std::iter::repeat_n(ep, list.len()));
             limits.extend(list);
+            key_waits.extend(list_waits);
+        }
+        if key_waits.iter().any(|w| *w > 0) {
+            waits.insert(entry.key.as_bytes().into(), key_waits.into());
         }
         keys.insert(
             entry.key.as_bytes().into(),
@@ -788,7 +878,7 @@ fn key_limits(
             },
         );
     }
-    (keys, pooled)
+    (keys, waits, pooled)
 }
 
 /// Every endpoint a key's pools cover is held to at most [`MAX_LIMITS`] limits in all: its own
@@ -1182,6 +1272,56 @@ mod tests {
             "apilimits[0].limits[3].period: a concurrency limit has no window, period or time zone",
             r#"apilimits[0].limits[4].rl: missing: a limit has "rl" (or "concurrent")"#,
             "apilimits[0].limits[6].concurrent: endpoint 0 already has a concurrency limit",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn waits_follow_their_limits_and_bad_ones_name_their_field() {
+        let s = Snapshot::from_json(
+            "t",
+            br#"{"methods":["GET"],"paths":["/a","/b"],"groups":{"g":[0,1]},
+                "endpoints":[{"p":0,"m":0},{"p":1,"m":0,"default_rl":5}],
+                "apilimits":[{"key":"k","limits":[
+                    {"ep":0,"rl":100,"w":60,"wait_ms":250},{"ep":0,"rl":10,"w":1},
+                    {"group":"g","concurrent":2,"wait_ms":60000}]},
+                    {"key":"plain","limits":[{"ep":0,"rl":1}]}]}"#,
+        )
+        .unwrap();
+        let waits = |key: &[u8], ep| {
+            let LimitLookup::Limits(a) = s.limit(key, ep) else {
+                panic!("limited")
+            };
+            s.waits(key, ep, &a)
+        };
+        assert_eq!(
+            waits(b"k", 0),
+            Some([0, 250, 60_000, 0, 0, 0]),
+            "the 1 s window, the 60 s one, then the pool's slots"
+        );
+        assert_eq!(
+            waits(b"k", 1),
+            Some([0, 60_000, 0, 0, 0, 0]),
+            "defaults never wait"
+        );
+        assert_eq!(waits(b"plain", 0), None);
+        let none = Snapshot::from_json("t", GOOD.as_bytes()).unwrap();
+        let LimitLookup::Limits(a) = none.limit(b"k1", 0) else {
+            panic!("limited")
+        };
+        assert_eq!(none.waits(b"k1", 0, &a), None);
+
+        let got = problems(
+            r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":0,"m":0}],
+                "apilimits":[{"key":"k","limits":[{"ep":0,"rl":1,"wait_ms":60001},
+                    {"ep":0,"rl":1,"w":1,"wait_ms":-1},{"ep":0,"rl":1,"w":2,"shadow":true,"wait_ms":5}]}],
+                "anonymous":[{"ep":0,"rl":1,"wait_ms":5}]}"#,
+        );
+        let want = [
+            "anonymous[0].wait_ms: only an API key's limits wait for room",
+            "apilimits[0].limits[0].wait_ms: 60001 ms: a wait is from 0 to 60000 ms",
+            "apilimits[0].limits[1].wait_ms: -1 ms: a wait is from 0 to 60000 ms",
+            "apilimits[0].limits[2].wait_ms: a shadow limit never refuses: it has nothing to wait for",
         ];
         assert_eq!(got, want);
     }

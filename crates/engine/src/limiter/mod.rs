@@ -643,6 +643,39 @@ impl WindowSet {
     }
 }
 
+/// Milliseconds from `now_ms` until every enforced rate limit of `parts` (each a counter's
+/// windows and the limits that count there) has room for `units` more, if nothing else is
+/// counted meanwhile: what a request waiting for room, behind others in line, waits for. 0 when
+/// they fit now; `None` when they never can (above a limit). Concurrency limits are not rates:
+/// they say nothing of when a slot frees, and are left out.
+pub fn room_in_ms(parts: &[(&WindowSet, &[Limit])], units: u64, now_ms: u64) -> Option<u64> {
+    let mut wait = 0;
+    for (set, limits) in parts {
+        for l in limits.iter().filter(|l| !l.shadow && !l.is_concurrent()) {
+            let ms = match l.kind {
+                Kind::Calendar(p) => {
+                    let count = set
+                        .get_tally(p, l.zone)
+                        .filter(|t| (t.start_ms..t.end_ms).contains(&now_ms))
+                        .map_or(0, |t| t.count);
+                    match count.saturating_add(units) <= l.rl {
+                        true => 0,
+                        false if units > l.rl => return None,
+                        false => period_bounds(p, l.zone, now_ms).1.saturating_sub(now_ms),
+                    }
+                }
+                _ => match set.get(l.w) {
+                    Some(w) => w.room_in_ms(now_ms, l.rl, units)?,
+                    None if units <= l.rl => 0,
+                    None => return None,
+                },
+            };
+            wait = wait.max(ms);
+        }
+    }
+    Some(wait)
+}
+
 /// [`WindowSet::hit`] across several counters: a request whose limits count in more than one
 /// (its endpoint's, and a pool's shared by several endpoints). `parts[i]` is a counter's windows
 /// and the limits that count there; the request passes only if every enforced limit of every part
@@ -1083,6 +1116,44 @@ mod tests {
             o.allowed && o.shadow_limited,
             "a shadow limit never refuses"
         );
+    }
+
+    #[test]
+    fn room_comes_when_enough_of_the_oldest_counts_leave() {
+        let limits = [lim(3, 1), lim(5, 60), Limit::concurrent(1)];
+        let mut c = WindowSet::default();
+        // 1 s window: 100 ms buckets. Two at T0, one at T0 + 300.
+        c.hit(&limits[..2], 1, T0);
+        c.hit(&limits[..2], 1, T0);
+        c.free(5);
+        c.hit(&limits[..2], 1, T0 + 300);
+        let room = |units, now| room_in_ms(&[(&c, &limits[..])], units, now);
+        assert_eq!(room(0, T0 + 400), Some(0));
+        assert_eq!(
+            room(1, T0 + 400),
+            Some(600),
+            "the two of T0 leave at T0 + 1000"
+        );
+        assert_eq!(room(2, T0 + 400), Some(600));
+        assert_eq!(
+            room(3, T0 + 400),
+            Some(59_600),
+            "the 60 s window holds 3 of 5: room for 3 when the first leaves it"
+        );
+        assert_eq!(room(4, T0 + 400), None, "4 never fit in 3");
+        assert_eq!(
+            room(2, T0 + 900),
+            Some(100),
+            "the two of T0 leave at T0 + 1000"
+        );
+        assert_eq!(room(2, T0 + 1_000), Some(0));
+        let day = [Limit::calendar(2, Period::Day, ZoneId::UTC)];
+        let mut d = WindowSet::default();
+        // 2023-11-14T22:13:20Z: 6,400 s before midnight UTC.
+        let t0 = 1_700_000_000_000;
+        d.hit(&day, 2, t0);
+        assert_eq!(room_in_ms(&[(&d, &day[..])], 1, t0 + 400), Some(6_399_600));
+        assert_eq!(room_in_ms(&[(&d, &day[..])], 3, t0), None);
     }
 
     #[test]

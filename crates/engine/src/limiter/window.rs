@@ -181,6 +181,19 @@ impl Window {
         }
     }
 
+    /// Milliseconds from `now_ms` until `units` more fit under `limit`, if nothing else is
+    /// counted meanwhile: 0 when they fit now, `None` when they never can (above the limit).
+    pub fn room_in_ms(&self, now_ms: u64, limit: u64, units: u64) -> Option<u64> {
+        let mut probe = self.clone();
+        let c = probe.check(now_ms, limit, units);
+        if c.fits {
+            return Some(0);
+        }
+        let now_ms = now_ms.max(bucket_start(self.w, c.bucket));
+        c.room_after
+            .map(|b| bucket_start(self.w, b + self.n()).saturating_sub(now_ms))
+    }
+
     /// When the oldest count in the window at `now_ms` leaves it (Unix ms), if it holds any:
     /// until then nothing it holds can leave.
     pub fn oldest_exit_ms(&self, now_ms: u64) -> Option<u64> {
