@@ -103,6 +103,12 @@ pub struct Metrics {
     /// Responses of `cost_from` endpoints by what they reported: `reported`, or why the
     /// reservation stayed (`missing`, `invalid`, `too_large`, `cut_short`).
     pub cost_reports: Family<OutcomeLabels, Counter>,
+    /// Requests waiting for room now (`wait_ms`).
+    pub waiting: Gauge,
+    /// Waits by outcome: `admitted`, `refused` (after waiting), `client_gone`.
+    pub waits: Family<OutcomeLabels, Counter>,
+    /// Time waited, by every wait that ended.
+    pub wait_seconds: Histogram,
 }
 
 /// The states `/metrics` shows, read when it is rendered.
@@ -143,6 +149,9 @@ impl Metrics {
             catalog_polls: Family::default(),
             catalog_refreshes: Family::default(),
             cost_reports: Family::default(),
+            waiting: Gauge::default(),
+            waits: Family::default(),
+            wait_seconds: Histogram::new(latency_buckets()),
         };
         let r = &mut registry;
         if gateway {
@@ -200,6 +209,21 @@ impl Metrics {
                 "quotagate_cost_reports",
                 "Responses of cost_from endpoints by what they reported (reported, or why the reservation stayed)",
                 m.cost_reports.clone(),
+            );
+            r.register(
+                "quotagate_requests_waiting",
+                "Requests waiting for room now (wait_ms)",
+                m.waiting.clone(),
+            );
+            r.register(
+                "quotagate_waits",
+                "Waits for room by outcome (admitted, refused after waiting, client_gone)",
+                m.waits.clone(),
+            );
+            r.register(
+                "quotagate_wait_duration_seconds",
+                "Time requests waited for room",
+                m.wait_seconds.clone(),
             );
         }
         r.register(

@@ -2004,3 +2004,171 @@ async fn two_instances_on_one_redis_share_concurrency_slots_exactly() {
     );
     assert_eq!(get(&b.url("/hold/0"), k4).await.status, 200);
 }
+
+// ---- waiting for room (issue 30) ----
+
+const WAIT_CATALOG: &str = r#"{
+  "methods": ["GET"], "paths": ["/hold/{ms}", "/w"],
+  "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}],
+  "apilimits": [
+    {"key": "k1", "limits": [{"ep": 1, "rl": 2, "w": 1, "wait_ms": 1500},
+                             {"ep": 0, "concurrent": 1, "wait_ms": 2000}]},
+    {"key": "k2", "limits": [{"ep": 0, "concurrent": 1, "wait_ms": 300}]}
+  ]
+}"#;
+
+/// A metric's value on `gw`'s admin listener (0 when absent).
+async fn metric(gw: &TestGateway, name: &str) -> f64 {
+    support::scrape(gw.admin)
+        .await
+        .get(name)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// A request sent now, answered later: its answer and how long it took.
+fn later(
+    url: String,
+    headers: &'static [(&'static str, &'static str)],
+) -> tokio::task::JoinHandle<(support::Got, Duration)> {
+    tokio::spawn(async move {
+        let sent = std::time::Instant::now();
+        let got = get(&url, headers).await;
+        (got, sent.elapsed())
+    })
+}
+
+/// Two per second, waiting up to 1.5 s: the third and fourth wait in line for the second that
+/// frees them, the fifth could not get room within its wait and is refused at once.
+async fn waiting_for_a_rate(c: Config) {
+    let gw = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
+    for _ in 0..2 {
+        assert_eq!(get(&gw.url("/w"), &[KEY]).await.status, 200);
+    }
+    let third = later(gw.url("/w"), &[KEY]);
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, "quotagate_requests_waiting").await == 1.0
+    })
+    .await;
+    let fourth = later(gw.url("/w"), &[KEY]);
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, "quotagate_requests_waiting").await == 2.0
+    })
+    .await;
+    let sent = std::time::Instant::now();
+    let fifth = get(&gw.url("/w"), &[KEY]).await;
+    assert_eq!(fifth.status, 429, "room for it comes after its wait");
+    assert!(
+        sent.elapsed() < Duration::from_millis(500),
+        "refused at once"
+    );
+    assert_eq!(fifth.header("retry-after"), Some("2"), "behind two in line");
+    // A second passes (the gateway's clock): room for the two in line.
+    gw.clock.advance_ms(1000);
+    for (name, waiting) in [("third", third), ("fourth", fourth)] {
+        let (got, took) = waiting.await.unwrap();
+        assert_eq!(got.status, 200, "{name}");
+        assert!(took < Duration::from_millis(1500), "{name} took {took:?}");
+    }
+    assert_eq!(
+        metric(&gw, r#"quotagate_waits_total{outcome="admitted"}"#).await,
+        2.0
+    );
+    assert_eq!(metric(&gw, "quotagate_requests_waiting").await, 0.0);
+    assert_eq!(
+        get(&gw.url("/w"), &[KEY]).await.status,
+        429,
+        "the second is full"
+    );
+}
+
+#[tokio::test]
+async fn waiting_for_a_rate_on_memory() {
+    let up = Upstream::start().await;
+    waiting_for_a_rate(config(&up)).await;
+}
+
+#[tokio::test]
+async fn waiting_for_a_rate_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    waiting_for_a_rate(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}
+
+/// Waiting for a slot: admitted when the request holding it ends, or refused when the wait runs
+/// out; a client that leaves the line is gone from it at once; the lines are bounded.
+async fn waiting_for_a_slot(mut c: Config) {
+    c.limits.wait_queue_max = 1;
+    let gw = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
+    let k2: &'static [(&str, &str)] = &[("X-Api-Key", "k2")];
+    let holder = later(gw.url("/hold/1500"), k2);
+    support::eventually(Duration::from_secs(5), || async {
+        get(&gw.url("/hold/0"), &[("X-Api-Key", "k2")]).await.status == 429
+    })
+    .await;
+    let (got, took) = later(gw.url("/hold/0"), k2).await.unwrap();
+    assert_eq!(got.status, 429, "its 300 ms ran out");
+    assert!(
+        took >= Duration::from_millis(290),
+        "after waiting: {took:?}"
+    );
+    assert_eq!(got.header("retry-after"), None);
+    assert_eq!(holder.await.unwrap().0.status, 200);
+
+    let holder = later(gw.url("/hold/600"), &[KEY]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = later(gw.url("/hold/0"), &[KEY]);
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, "quotagate_requests_waiting").await == 1.0
+    })
+    .await;
+    let sent = std::time::Instant::now();
+    let full = get(&gw.url("/hold/0"), &[KEY]).await;
+    assert_eq!(full.status, 429, "the lines hold one request");
+    assert!(
+        sent.elapsed() < Duration::from_millis(300),
+        "refused at once"
+    );
+    let (got, took) = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "admitted when the slot was freed");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(holder.await.unwrap().0.status, 200);
+
+    // A client that leaves the line.
+    use tokio::io::AsyncWriteExt;
+    let holder = later(gw.url("/hold/1000"), &[KEY]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let addr = gw
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /hold/0 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, "quotagate_requests_waiting").await == 1.0
+    })
+    .await;
+    drop(s);
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, r#"quotagate_waits_total{outcome="client_gone"}"#).await == 1.0
+    })
+    .await;
+    assert_eq!(metric(&gw, "quotagate_requests_waiting").await, 0.0);
+    assert_eq!(holder.await.unwrap().0.status, 200);
+}
+
+#[tokio::test]
+async fn waiting_for_a_slot_on_memory() {
+    let up = Upstream::start().await;
+    waiting_for_a_slot(config(&up)).await;
+}
+
+#[tokio::test]
+async fn waiting_for_a_slot_on_redis() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    waiting_for_a_slot(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+}

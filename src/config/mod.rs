@@ -411,6 +411,9 @@ pub struct LimitsConfig {
     /// Bytes of a response body read for its `cost_from` report at most: a JSON body kept until
     /// it ends, an event stream's current event. Default: 1 MiB.
     pub cost_body_max_bytes: u64,
+    /// Requests waiting for room (`wait_ms`) at once on this instance at most; more are refused
+    /// at once. Default: 1000.
+    pub wait_queue_max: u64,
 }
 
 /// How requests are spread over several upstream targets.
@@ -461,6 +464,7 @@ impl Default for LimitsConfig {
             trusted_proxies: String::new(),
             ipv6_prefix: 64,
             cost_body_max_bytes: 1024 * 1024,
+            wait_queue_max: 1000,
         }
     }
 }

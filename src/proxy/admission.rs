@@ -19,7 +19,7 @@ use super::client;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, LimitLookup, Snapshot};
 use crate::config::Uncovered;
-use quotagate_engine::limiter::{Limit, Limits, Rate};
+use quotagate_engine::limiter::{Limit, Limits, MAX_LIMITS, Rate};
 use quotagate_engine::path;
 use quotagate_store::{CounterKey, Part, Verdict};
 
@@ -199,6 +199,8 @@ pub struct Pending<'s, 'r> {
     pub limits: Limits<'s>,
     /// Units of every limit it uses.
     pub cost: u64,
+    /// How long it may wait for room, per limit of `limits` (`None`: it never waits).
+    pub waits: Option<[u16; MAX_LIMITS]>,
 }
 
 impl<'s> Pending<'s, '_> {
@@ -387,6 +389,8 @@ pub struct Held<'s, 'r> {
     pub limits: Applied<'s>,
     /// The endpoint's canonical path for this request.
     pub path: String,
+    /// How long it may wait for room, per limit (`None`: none of its limits waits).
+    pub waits: Option<[u16; MAX_LIMITS]>,
 }
 
 impl<'s> Held<'s, '_> {
@@ -513,6 +517,7 @@ pub fn hold<'s, 'r>(
             anonymous: Some(client::group(client(), policy.ipv6_prefix)),
             limits: Applied::own(&endpoint.anonymous),
             path: route.path,
+            waits: None,
         });
     };
     let limits = match catalog.limit(key, route.endpoint) {
@@ -530,6 +535,7 @@ pub fn hold<'s, 'r>(
         endpoint,
         key,
         anonymous: None,
+        waits: catalog.waits(key, route.endpoint, &limits),
         limits,
         path: route.path,
     })
@@ -649,6 +655,8 @@ fn counted<'s, 'r>(head: &'r Parts, policy: &Policy, held: Held<'s, 'r>) -> Step
     Step::Count(Pending {
         limits: held.limits(policy.shadow),
         cost,
+        // A shadow limit never refuses: under `limits.shadow` nothing waits.
+        waits: held.waits.filter(|_| !policy.shadow),
         held,
     })
 }

@@ -14,10 +14,19 @@ use quotagate_store::{CounterKey, Store};
 
 use super::admission::{Holds, kept, parts};
 
-/// The store and clock slots are freed with (one per proxy).
+/// The store and clock slots are freed with, and the lines waiting for them (one per proxy).
 pub struct Freer {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    pub lines: Arc<super::wait::Lines>,
+}
+
+impl Freer {
+    /// Slots of `counter` and `pools` were freed: the requests waiting for them look again.
+    fn wake(&self, counter: &CounterKey, pools: &[(CounterKey, usize)]) {
+        let pooled = pools.iter().filter(|(_, n)| *n > 0).map(|(c, _)| c);
+        self.lines.freed(std::iter::once(counter).chain(pooled));
+    }
 }
 
 /// The slots one request holds.
@@ -58,6 +67,7 @@ impl Drop for InFlight {
             .store
             .free_in_memory(&parts(counter, limits, pools), self.in_memory);
         if freed {
+            self.freer.wake(counter, pools);
             return;
         }
         // (A body dropped outside a runtime, at exit: its slots are freed by their hold time.)
@@ -74,6 +84,7 @@ impl Drop for InFlight {
             let now_ms = freer.clock.now_ms();
             let parts = parts(&counter, &limits, &pools);
             freer.store.free(&parts, false, now_ms).await;
+            freer.wake(&counter, &pools);
         });
     }
 }

@@ -14,6 +14,7 @@ pub mod report;
 pub mod settings;
 pub mod upgrade;
 pub mod upstream;
+pub mod wait;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,6 +82,8 @@ pub struct Proxy {
     settler: Arc<report::Settler>,
     /// Frees the slots of requests that end.
     freer: Arc<in_flight::Freer>,
+    /// Requests waiting for room, by counter.
+    lines: Arc<wait::Lines>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
 }
@@ -93,6 +96,7 @@ impl Proxy {
         upstream: Arc<Upstream>,
         rt: &Runtime,
     ) -> Proxy {
+        let lines = Arc::new(wait::Lines::new(s.policy.wait_queue_max, &rt.metrics));
         Proxy {
             catalog,
             refresh: s.refresh.clone(),
@@ -109,7 +113,9 @@ impl Proxy {
             freer: Arc::new(in_flight::Freer {
                 store: rt.store.clone(),
                 clock: rt.clock.clone(),
+                lines: lines.clone(),
             }),
+            lines,
             upstream_failing: AtomicBool::new(false),
         }
     }
@@ -205,15 +211,22 @@ impl Proxy {
                 let asked = Instant::now();
                 let now_ms = self.clock.now_ms();
                 let counters = pending.counters();
-                let verdict = if pending.limits.has_pools() {
-                    let parts =
-                        admission::parts(&counters.counter, &pending.limits, &counters.pools);
-                    self.store.hit_parts(&parts, pending.cost, now_ms).await
-                } else {
-                    let limits = &pending.limits;
-                    (self.store)
-                        .hit(&counters.counter, limits, pending.cost, now_ms)
-                        .await
+                let verdict = match &pending.waits {
+                    // Requests that may wait: in line behind those waiting on their counter.
+                    Some(waits) => {
+                        Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await
+                    }
+                    None if pending.limits.has_pools() => {
+                        let parts =
+                            admission::parts(&counters.counter, &pending.limits, &counters.pools);
+                        self.store.hit_parts(&parts, pending.cost, now_ms).await
+                    }
+                    None => {
+                        let limits = &pending.limits;
+                        (self.store)
+                            .hit(&counters.counter, limits, pending.cost, now_ms)
+                            .await
+                    }
                 };
                 self.metrics
                     .decision_seconds
@@ -238,6 +251,31 @@ impl Proxy {
             Action::Reject(r) => own(r.response(self.policy.headers)),
             Action::Forward(target) => self.forward(parts, body, peer, target, record, grpc).await,
         }
+    }
+
+    /// Decides a request with limits that wait for room ([`wait::Lines::decide`]).
+    async fn may_wait(
+        &self,
+        pending: &admission::Pending<'_, '_>,
+        counters: &admission::Counters,
+        waits: &[u16; quotagate_engine::limiter::MAX_LIMITS],
+        now_ms: u64,
+    ) -> quotagate_store::Verdict {
+        let parts = admission::parts(&counters.counter, &pending.limits, &counters.pools);
+        let ask = wait::Ask {
+            store: &self.store,
+            clock: &*self.clock,
+            counter: &counters.counter,
+            parts: &parts,
+            limits: &pending.limits,
+            cost: pending.cost,
+            waits,
+        };
+        let first = match self.lines.busy(&counters.counter) {
+            true => None,
+            false => Some(self.store.hit_parts(&parts, pending.cost, now_ms).await),
+        };
+        self.lines.decide(&ask, first).await
     }
 
     /// Handles the forced-refresh header: always removed, so it never reaches the upstream; with

@@ -37,6 +37,8 @@ pub struct Policy {
     pub ipv6_prefix: u8,
     /// Bytes of a body read for its `cost_from` report at most (`limits.cost_body_max_bytes`).
     pub cost_body_max_bytes: usize,
+    /// Requests waiting for room at once at most (`limits.wait_queue_max`).
+    pub wait_queue_max: usize,
 }
 
 impl TryFrom<&Config> for Policy {
@@ -67,6 +69,7 @@ impl TryFrom<&Config> for Policy {
             anonymous: limits.anonymous == crate::config::Anonymous::ByAddress,
             trusted_proxies: client::parse_trusted(&limits.trusted_proxies)?,
             cost_body_max_bytes: usize::try_from(limits.cost_body_max_bytes).unwrap_or(usize::MAX),
+            wait_queue_max: usize::try_from(limits.wait_queue_max).unwrap_or(usize::MAX),
             ipv6_prefix: match limits.ipv6_prefix {
                 p @ 1..=128 => p,
                 p => {

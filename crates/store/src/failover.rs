@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::memory::MemoryStore;
 use super::{CounterKey, CounterStore, FailurePolicy, Part, StoreError, Verdict};
-use quotagate_engine::limiter::{Limit, Outcome, Quota};
+use quotagate_engine::limiter::{Limit, Outcome, Quota, WindowSet};
 
 /// This instance's counters, and a shared store under the failure policy.
 pub struct Failover<B> {
@@ -216,6 +216,19 @@ impl<B: CounterStore> Failover<B> {
         }
         let _ = self.local.free_now(parts);
         true
+    }
+
+    /// [`CounterStore::windows`] where the request is decided: the shared store while it
+    /// answers, else (policy `local`, or no shared store) this instance's memory.
+    pub async fn windows(
+        &self,
+        parts: &[Part<'_>],
+        now_ms: u64,
+    ) -> Result<(Vec<WindowSet>, u64), StoreError> {
+        match &self.shared {
+            Some(shared) if !self.is_degraded() => shared.windows(parts, now_ms).await,
+            _ => self.local.windows(parts, now_ms).await,
+        }
     }
 
     /// [`Failover::peek`] across several counters ([`CounterStore::peek_parts`]).

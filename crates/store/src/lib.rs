@@ -46,7 +46,7 @@ pub use memory::{FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
 pub use target::{RedisMode, RedisTarget};
 
 use quotagate_engine::clock::Clock;
-use quotagate_engine::limiter::{Limit, Outcome};
+use quotagate_engine::limiter::{Limit, Outcome, WindowSet};
 
 /// One counter of a request and the limits that count in it: a request whose limits count in
 /// several counters (its endpoint's and its pools') is decided over all of them at once
@@ -136,6 +136,18 @@ pub trait CounterStore: Send + Sync + 'static {
         parts: &[Part<'_>],
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (parts, now_ms);
+        async { Err(StoreError::parts_apart()) }
+    }
+
+    /// The windows each part's counter holds at `now_ms`, counting nothing, and the time they
+    /// were read at (Redis' with its clock): for a request that waits for room, when it comes
+    /// ([`quotagate_engine::limiter::room_in_ms`]). (By default: not supported.)
+    fn windows(
+        &self,
+        parts: &[Part<'_>],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(Vec<WindowSet>, u64), StoreError>> + Send {
         let _ = (parts, now_ms);
         async { Err(StoreError::parts_apart()) }
     }

@@ -148,6 +148,15 @@ impl SlidingWindows {
         }
     }
 
+    /// Copies of the parts' counters (empty ones where there are none).
+    pub fn windows(&self, parts: &[Part<'_>]) -> Vec<WindowSet> {
+        let shard = self.shard(parts[0].counter);
+        parts
+            .iter()
+            .map(|p| shard.windows.get(p.counter).cloned().unwrap_or_default())
+            .collect()
+    }
+
     /// [`peek_parts`] on the parts' counters (empty ones where there are none).
     pub fn peek_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Outcome {
         let shard = self.shard(parts[0].counter);
@@ -473,6 +482,15 @@ impl CounterStore for MemoryStore {
 
     async fn free(&self, parts: &[Part<'_>], _now_ms: u64) -> Result<(), StoreError> {
         self.free_now(parts)
+    }
+
+    async fn windows(
+        &self,
+        parts: &[Part<'_>],
+        now_ms: u64,
+    ) -> Result<(Vec<WindowSet>, u64), StoreError> {
+        check_parts(parts)?;
+        Ok((self.windows.windows(parts), now_ms))
     }
 
     fn kind(&self) -> &'static str {

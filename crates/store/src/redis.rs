@@ -1177,6 +1177,15 @@ impl CounterStore for RedisStore {
         Ok(peek_parts(&sets, cost, now_ms))
     }
 
+    async fn windows(
+        &self,
+        parts: &[Part<'_>],
+        now_ms: u64,
+    ) -> Result<(Vec<WindowSet>, u64), StoreError> {
+        check_parts(parts)?;
+        self.read_windows(parts, now_ms).await
+    }
+
     async fn free(&self, parts: &[Part<'_>], now_ms: u64) -> Result<(), StoreError> {
         check_parts(parts)?;
         Box::pin(self.free_slots(parts, now_ms)).await

@@ -415,6 +415,28 @@ impl Outcome {
         (by_rate || !by_slots).then_some(wait)
     }
 
+    /// This answer (a request's limits as they stand, counting nothing) told as a refusal of a
+    /// request behind others in line for the same room: each enforced rate limit refuses it,
+    /// with a wait of `wait_ms` (`None`: it never passes); with no rate, its concurrency limits
+    /// refuse it.
+    pub fn refused_behind(&self, limits: &[Limit], wait_ms: Option<u64>) -> Outcome {
+        let mut quotas = [Quota::zero_limit(); MAX_LIMITS];
+        let n = self.quotas().len().min(MAX_LIMITS);
+        quotas[..n].copy_from_slice(&self.quotas()[..n]);
+        let rates = limits.iter().any(|l| !l.shadow && !l.is_concurrent());
+        let retry = wait_ms.map(ceil_seconds);
+        for (l, q) in limits.iter().zip(&mut quotas[..n]) {
+            if l.shadow || l.is_concurrent() == rates {
+                continue;
+            }
+            q.allowed = false;
+            q.remaining = 0;
+            q.retry_after = if l.is_concurrent() { None } else { retry };
+            q.reset = q.retry_after.unwrap_or(q.reset);
+        }
+        Outcome::new(false, false, &quotas[..n])
+    }
+
     /// Was the request counted in limit `l`, its `i`th? Every limit of an admitted request but
     /// the shadow ones one of which refused it.
     pub fn counted_in(&self, i: usize, l: &Limit) -> bool {
@@ -674,6 +696,49 @@ pub fn room_in_ms(parts: &[(&WindowSet, &[Limit])], units: u64, now_ms: u64) -> 
         }
     }
     Some(wait)
+}
+
+/// Milliseconds from `now_ms` until the last of `requests` requests of `cost` each, in line for
+/// the enforced rate limits of `parts`, has room, each admitted as soon as it fits and counted
+/// there (a line of requests waiting for room, this one last): 0 when all fit now; `None` when
+/// one never can. Concurrency and shadow limits are left out, as in [`room_in_ms`].
+pub fn line_room_in_ms(
+    parts: &[(&WindowSet, &[Limit])],
+    requests: u64,
+    cost: u64,
+    now_ms: u64,
+) -> Option<u64> {
+    let rates: Vec<Vec<Limit>> = parts
+        .iter()
+        .map(|(_, limits)| {
+            limits
+                .iter()
+                .filter(|l| !l.shadow && !l.is_concurrent())
+                .copied()
+                .collect()
+        })
+        .collect();
+    let mut sets: Vec<WindowSet> = parts.iter().map(|(s, _)| (*s).clone()).collect();
+    let mut at = now_ms;
+    for _ in 0..requests {
+        let wait = {
+            let views: Vec<(&WindowSet, &[Limit])> =
+                sets.iter().zip(&rates).map(|(s, l)| (s, &l[..])).collect();
+            room_in_ms(&views, cost, at)?
+        };
+        at += wait;
+        let mut counted: Vec<(&mut WindowSet, &[Limit])> = sets
+            .iter_mut()
+            .zip(&rates)
+            .map(|(s, l)| (s, &l[..]))
+            .collect();
+        if !hit_parts(&mut counted, cost, at).allowed {
+            // Room by the windows but not by the decision: the two disagree only on input no
+            // catalog gives (a limit of 0): say never rather than loop.
+            return None;
+        }
+    }
+    Some(at - now_ms)
 }
 
 /// [`WindowSet::hit`] across several counters: a request whose limits count in more than one
@@ -1154,6 +1219,29 @@ mod tests {
         d.hit(&day, 2, t0);
         assert_eq!(room_in_ms(&[(&d, &day[..])], 1, t0 + 400), Some(6_399_600));
         assert_eq!(room_in_ms(&[(&d, &day[..])], 3, t0), None);
+    }
+
+    #[test]
+    fn a_line_gets_room_one_request_after_another() {
+        let limits = [lim(2, 1), Limit::concurrent(1)];
+        let mut c = WindowSet::default();
+        c.hit(&limits[..1], 1, T0);
+        c.hit(&limits[..1], 1, T0 + 200);
+        let line = |n, now| line_room_in_ms(&[(&c, &limits[..])], n, 1, now);
+        assert_eq!(line(0, T0 + 500), Some(0));
+        assert_eq!(
+            line(1, T0 + 500),
+            Some(500),
+            "the first of T0 leaves at T0 + 1000"
+        );
+        assert_eq!(line(2, T0 + 500), Some(700), "the second at T0 + 1200");
+        assert_eq!(
+            line(3, T0 + 500),
+            Some(1_500),
+            "the third waits for the first admitted"
+        );
+        assert_eq!(line(4, T0 + 500), Some(1_700));
+        assert_eq!(line_room_in_ms(&[(&c, &limits[..])], 1, 3, T0), None);
     }
 
     #[test]
