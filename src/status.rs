@@ -88,6 +88,9 @@ pub fn traffic(samples: &[Sample]) -> Value {
     let mut decisions: Map<String, Value> = Map::new();
     let mut classes: Map<String, Value> = Map::new();
     let mut rules: Map<String, Value> = Map::new();
+    let mut waits: Map<String, Value> = Map::new();
+    let mut waiting = 0.0;
+    let mut wait_buckets: Vec<(f64, f64)> = Vec::new();
     // Cumulative latency buckets, per endpoint and over all (summed by bound).
     let mut buckets: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
     for s in samples {
@@ -111,6 +114,12 @@ pub fn traffic(samples: &[Sample]) -> Value {
                 }
             }
             "quotagate_upstream_responses_total" => add(&mut classes, s.label("class"), s.value),
+            "quotagate_requests_waiting" => waiting = s.value,
+            "quotagate_waits_total" => add(&mut waits, s.label("outcome"), s.value),
+            "quotagate_wait_duration_seconds_bucket" => {
+                let le = s.label("le").parse().unwrap_or(f64::INFINITY);
+                wait_buckets.push((le, s.value));
+            }
             "quotagate_request_duration_seconds_bucket" => {
                 let le = s.label("le");
                 let le = if le == "+Inf" {
@@ -150,6 +159,8 @@ pub fn traffic(samples: &[Sample]) -> Value {
         }
     }
     all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    wait_buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let waited = |p| quantile(&wait_buckets, p).filter(|v| v.is_finite());
     let q = |p| quantile(&all, p).filter(|v| v.is_finite());
     json!({
         "requests": {
@@ -158,6 +169,11 @@ pub fn traffic(samples: &[Sample]) -> Value {
         },
         "endpoints": endpoints.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
         "upstream": {"responses": classes},
+        "waits": {
+            "waiting": waiting,
+            "by_outcome": waits,
+            "wait_seconds": {"p50": waited(0.5), "p99": waited(0.99)},
+        },
         "divvy": rules.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
     })
 }
@@ -184,13 +200,18 @@ quotagate_request_duration_seconds_bucket{endpoint="",le="0.001"} 0
 quotagate_request_duration_seconds_bucket{endpoint="",le="0.01"} 0
 quotagate_request_duration_seconds_bucket{endpoint="",le="+Inf"} 1
 divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
+quotagate_requests_waiting 2
+quotagate_waits_total{outcome="admitted"} 4
+quotagate_wait_duration_seconds_bucket{le="0.1"} 3
+quotagate_wait_duration_seconds_bucket{le="0.2"} 4
+quotagate_wait_duration_seconds_bucket{le="+Inf"} 4
 # EOF
 "#;
 
     #[test]
     fn samples_and_their_escaped_labels() {
         let s = parse_samples(TEXT);
-        assert_eq!(s.len(), 11);
+        assert_eq!(s.len(), 16);
         assert_eq!(s[0].label("endpoint"), "GET /users/{id}");
         assert_eq!(s[10].label("rule_label"), "say \"hi\"");
         assert_eq!(s[10].value, 3.0);
@@ -223,5 +244,9 @@ divvy_hits_total{status="accepted",rule_label="say \"hi\""} 3
         assert_eq!(t["requests"]["latency_seconds"]["p99"], Value::Null);
         assert_eq!(t["upstream"]["responses"]["2xx"], json!(7.0));
         assert_eq!(t["divvy"][0]["statuses"]["accepted"], json!(3.0));
+        assert_eq!(t["waits"]["waiting"], json!(2.0));
+        assert_eq!(t["waits"]["by_outcome"]["admitted"], json!(4.0));
+        assert_eq!(t["waits"]["wait_seconds"]["p50"], json!(0.1));
+        assert_eq!(t["waits"]["wait_seconds"]["p99"], json!(0.2));
     }
 }

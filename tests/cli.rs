@@ -573,6 +573,10 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
         .map(|c| c.split('<').next().unwrap_or(""))
         .collect();
     assert_eq!(cells[4..7], ["1", "3", "0"], "{row}");
+    assert!(
+        dom.contains(r#"<span id="waiting">0 now</span>"#),
+        "the waiting card: {dom}"
+    );
     q.signal("-TERM");
 }
 
