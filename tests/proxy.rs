@@ -2172,3 +2172,36 @@ async fn waiting_for_a_slot_on_redis() {
     let redis = RedisServer::start();
     waiting_for_a_slot(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
+
+/// On one Redis, a request waiting at one instance gets the slot that a request at another
+/// instance frees (it asks again every 100 ms), never while that one holds it.
+#[tokio::test]
+async fn a_slot_freed_at_another_instance_admits_a_request_waiting_here() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    c.store.time_source = TimeSource::Redis;
+    let a = TestGateway::start(c.clone(), WAIT_CATALOG, FakeClock::new(T0)).await;
+    let b = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
+    let holder = later(a.url("/hold/600"), &[KEY]);
+    support::eventually(Duration::from_secs(5), || async {
+        up.requests()
+            .iter()
+            .any(|r| r.path_and_query == "/hold/600")
+    })
+    .await;
+    let held_since = std::time::Instant::now();
+    let (got, _) = later(b.url("/hold/0"), &[KEY]).await.unwrap();
+    assert_eq!(got.status, 200, "admitted at b once a freed the slot");
+    let waited = held_since.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450),
+        "not while a held it: {waited:?}"
+    );
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(holder.await.unwrap().0.status, 200);
+    assert_eq!(
+        metric(&b, r#"quotagate_waits_total{outcome="admitted"}"#).await,
+        1.0
+    );
+}
