@@ -273,7 +273,7 @@ impl Proxy {
         };
         let first = match self.lines.busy(&counters.counter) {
             true => None,
-            false => Some(self.store.hit_parts(&parts, pending.cost, now_ms).await),
+            false => Some(Box::pin(self.store.hit_parts(&parts, pending.cost, now_ms)).await),
         };
         self.lines.decide(&ask, first).await
     }

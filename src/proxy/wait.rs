@@ -202,7 +202,7 @@ impl Lines {
             // The lines are full (or nothing waits): as if no line were here.
             return match first {
                 Some(v) => v,
-                None => hit().await,
+                None => Box::pin(hit()).await,
             };
         };
         let started_ms = ask.clock.now_ms();
@@ -211,13 +211,13 @@ impl Lines {
         let rates = ask.limits.iter().any(|l| !l.shadow && !l.is_concurrent());
         if rates {
             let ahead = place.line.members.load(Ordering::Relaxed) as u64;
-            let eta = self.room(ask, ahead, started_ms).await;
+            let eta = Box::pin(self.room(ask, ahead, started_ms)).await;
             if eta.is_none_or(|ms| ms > budget) {
                 place.outcome = Some(Ended::Refused);
                 place.counted = false;
                 return match first {
                     Some(v) => v,
-                    None => self.refused_behind(ask, eta).await,
+                    None => Box::pin(self.refused_behind(ask, eta)).await,
                 };
             }
         }
@@ -226,7 +226,8 @@ impl Lines {
         let waited = async {
             let _turn = place.line.turn.lock().await;
             loop {
-                let v = hit().await;
+                // Store calls boxed: a waiting request's future holds only its timer.
+                let v = Box::pin(hit()).await;
                 let Some(o) = refusal(&v) else {
                     return (v, Ended::Admitted);
                 };
@@ -240,7 +241,7 @@ impl Lines {
                     .zip(o.quotas())
                     .any(|(l, q)| !l.shadow && !q.allowed && !l.is_concurrent());
                 if by_rate {
-                    match self.room(ask, 1, now_ms).await {
+                    match Box::pin(self.room(ask, 1, now_ms)).await {
                         Some(ms) if now_ms + ms <= deadline_ms => {
                             tokio::time::sleep(Duration::from_millis(ms.max(1))).await;
                         }
@@ -265,7 +266,7 @@ impl Lines {
             }
             Err(_) => {
                 place.outcome = Some(Ended::Refused);
-                self.refused_behind(ask, None).await
+                Box::pin(self.refused_behind(ask, None)).await
             }
         }
     }
