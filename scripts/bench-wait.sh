@@ -1,54 +1,59 @@
 #!/usr/bin/env bash
 # What requests waiting for room cost (issue 30: 10,000 waiting <= 20 MB, no CPU while they wait).
 #
-#   scripts/bench-wait.sh [WAITING] [SECONDS]     (defaults: 10000 requests, 10 s of waiting)
+#   scripts/bench-wait.sh [REQUESTS] [SECONDS]     (defaults: 10000 requests, 10 s)
 #
-# One gateway (memory store) whose key has one slot (`"concurrent": 1, "wait_ms": 60000`), held
-# by a request to an upstream that never answers; then WAITING more requests on as many
-# connections, each waiting for that slot. Prints the gateway's resident memory before and while
-# they wait (/proc VmRSS), per waiting request, and its CPU time (utime + stime) over SECONDS of
-# waiting. QUOTAGATE_BIN=... measures another build. Appends nothing.
+# One gateway (memory store, 1 worker) in front of an upstream that reads requests and never
+# answers. Two rows, a fresh gateway each:
+# - waiting: the key has one slot (`"concurrent": 1, "wait_ms": 60000`), taken by one request;
+#   REQUESTS more, on as many connections, each wait for it;
+# - in flight upstream, for comparison: the key has a slot for each (`"concurrent": 1000000`):
+#   REQUESTS requests forwarded, each waiting for the upstream's answer.
+# Prints the gateway's resident memory (/proc VmRSS) before and while they are held, per request,
+# and its CPU time (utime + stime) over SECONDS of holding them. QUOTAGATE_BIN=... measures
+# another build. Appends nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 
-WAITING=${1:-10000}
-SECONDS_WAITING=${2:-10}
+REQUESTS=${1:-10000}
+HOLD_SECONDS=${2:-10}
 if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
 BIN=${QUOTAGATE_BIN:-target/release/quotagate}
 bench_workdir
 ulimit -n "$(ulimit -Hn)"
 
-cat > "$WORK/catalog.json" <<'JSON'
-{"methods": ["GET"], "paths": ["/held"], "endpoints": [{"p": 0, "m": 0}],
- "apilimits": [{"key": "k", "limits": [{"ep": 0, "concurrent": 1, "wait_ms": 60000}]}]}
-JSON
 UP_PORT=$(free_port)
-# An upstream that reads requests and never answers.
 python3 - "$UP_PORT" <<'PY' & PIDS+=($!)
 import asyncio, sys
 async def hold(r, w):
     await r.read(1 << 16)
     await asyncio.sleep(3600)
 async def main():
-    s = await asyncio.start_server(hold, "127.0.0.1", int(sys.argv[1]))
+    s = await asyncio.start_server(hold, "127.0.0.1", int(sys.argv[1]), backlog=4096)
     await s.serve_forever()
 asyncio.run(main())
 PY
 wait_port "$UP_PORT"
-GW_PORT=$(free_port)
-"$BIN" --listen "127.0.0.1:$GW_PORT" --upstream "http://127.0.0.1:$UP_PORT" \
-  --catalog "$WORK/catalog.json" --set server.workers=1 --set log.level=warn \
-  --set admin.enabled=false --set "limits.wait_queue_max=$((WAITING + 10))" \
-  --set "server.max_connections=$((WAITING + 100))" --set upstream.response_timeout_ms=600000 \
-  2>>"$WORK/gw.log" & GW=$!
-PIDS+=("$GW")
-wait_port "$GW_PORT"
-rss() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 
-python3 - "$GW_PORT" "$WAITING" "$SECONDS_WAITING" "$GW" "$TICKS_PER_S" "$(machine_line)" <<'PY'
+echo "machine: $(machine_line)"
+echo "| requests held | RSS before | RSS while held | per request | CPU while held |"
+echo "|---|---:|---:|---:|---:|"
+# row LABEL LIMIT HOLDER: one gateway whose key has LIMIT; HOLDER=1 takes the one slot first.
+row() {
+  local label=$1 limit=$2 holder=$3 port gw
+  printf '{"methods": ["GET"], "paths": ["/held"], "endpoints": [{"p": 0, "m": 0}],
+    "apilimits": [{"key": "k", "limits": [%s]}]}' "$limit" > "$WORK/catalog.json"
+  port=$(free_port)
+  "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" \
+    --catalog "$WORK/catalog.json" --set server.workers=1 --set log.level=warn \
+    --set admin.enabled=false --set "limits.wait_queue_max=$((REQUESTS + 10))" \
+    --set "server.max_connections=$((REQUESTS + 100))" --set upstream.response_timeout_ms=600000 \
+    2>>"$WORK/gw.log" & gw=$!
+  wait_port "$port"
+  python3 - "$port" "$REQUESTS" "$HOLD_SECONDS" "$gw" "$TICKS_PER_S" "$label" "$holder" <<'PY'
 import asyncio, sys
-port, n, secs, gw, hz, machine = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], float(sys.argv[5]), sys.argv[6]
+port, n, secs, gw, hz, label, holder = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], float(sys.argv[5]), sys.argv[6], sys.argv[7] == "1"
 REQ = b"GET /held HTTP/1.1\r\nHost: x\r\nX-Api-Key: k\r\n\r\n"
 def rss_kb():
     for line in open(f"/proc/{gw}/status"):
@@ -63,23 +68,23 @@ async def send():
     await w.drain()
     return r, w
 async def main():
-    holder = await send()
+    if holder:
+        await send()
     await asyncio.sleep(0.5)
     before = rss_kb()
     conns = []
     for i in range(0, n, 500):
         conns += await asyncio.gather(*(send() for _ in range(min(500, n - i))))
-    await asyncio.sleep(1.0)
-    # Nobody has been answered: all of them wait.
-    answered = sum(1 for r, _ in conns if r.at_eof() or len(r._buffer) > 0)
+    await asyncio.sleep(2.0)
+    answered = sum(1 for r, _ in conns if len(r._buffer) > 0 or r.at_eof())
     t0, during = ticks(), rss_kb()
     await asyncio.sleep(secs)
     cpu = (ticks() - t0) / hz
-    print(f"machine: {machine}")
-    print("| requests waiting | RSS before | RSS while waiting | per waiting request | CPU over the wait |")
-    print("|---:|---:|---:|---:|---:|")
-    print(f"| {n:,} | {before / 1024:.1f} MB | {during / 1024:.1f} MB | {(during - before) * 1024 / n:,.0f} B | {cpu:.2f} s in {secs:.0f} s |")
-    if answered:
-        print(f"({answered} were answered before the measure: not all waited)")
+    note = f" ({answered} answered early)" if answered else ""
+    print(f"| {n:,} {label}{note} | {before / 1024:.1f} MB | {during / 1024:.1f} MB | {(during - before) * 1024 / n:,.0f} B | {cpu:.2f} s in {secs:.0f} s |")
 asyncio.run(main())
 PY
+  kill "$gw"; wait "$gw" 2>/dev/null || true
+}
+row "waiting for a slot" '{"ep": 0, "concurrent": 1, "wait_ms": 60000}' 1
+row "in flight upstream" '{"ep": 0, "concurrent": 1000000}' 0
