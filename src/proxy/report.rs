@@ -176,8 +176,8 @@ pub struct Tapped<B: Body<Data = Bytes> + Unpin + Send + 'static> {
     body: Option<B>,
     tap: Option<Box<Tap>>,
     /// The request's concurrency slots, freed when the body is done with (sent, or its client
-    /// gone).
-    in_flight: Option<super::in_flight::InFlight>,
+    /// gone). Boxed: rare, and a body is moved along every response.
+    in_flight: Option<Box<super::in_flight::InFlight>>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
@@ -195,7 +195,7 @@ impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
 
     /// This body, holding `in_flight` until it is done with.
     pub fn holding(mut self, in_flight: Option<super::in_flight::InFlight>) -> Self {
-        self.in_flight = in_flight;
+        self.in_flight = in_flight.map(Box::new);
         self
     }
 
