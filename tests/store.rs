@@ -1857,6 +1857,49 @@ async fn a_script_flush_under_two_instances_loses_no_count() {
     .await;
 }
 
+/// A request whose call to take a slot is dropped before its reply (its client went away, its
+/// time ran out) leaves no slot taken: the call may have taken it in Redis, so it is freed by
+/// name, after the take, rather than held until its hold time.
+#[tokio::test]
+async fn a_call_dropped_while_taking_a_slot_leaves_no_slot_taken() {
+    use quotagate_store::CounterStore;
+    use std::sync::atomic::Ordering::Relaxed;
+    let server = RedisServer::start();
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (url, _proxy) = server.delayed(delay.clone()).await;
+    let store = RedisStore::connect(&RedisOptions {
+        timeout: Duration::from_secs(5),
+        concurrency_hold: Duration::from_secs(60),
+        ..redis_options(url, TimeSource::Local)
+    })
+    .unwrap()
+    .shared();
+    let k = key("dropped");
+    let limits = [Limit::concurrent(1)];
+    let t = T0 * 1000;
+    // The connection is open and the scripts loaded before the latency comes.
+    assert_eq!(
+        store.peek(&k, &limits, 1, t).await.unwrap().quotas()[0].remaining,
+        1
+    );
+    delay.store(300, Relaxed);
+    let call = store.hit(&k, &limits, 1, t);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err(),
+        "dropped before its reply"
+    );
+    delay.store(0, Relaxed);
+    support::eventually(Duration::from_secs(5), || async {
+        server.cli(&["ZCARD", &format!("qgtest:w:{}:c", k.as_str())]) == "0"
+            && store.peek(&k, &limits, 1, t).await.unwrap().quotas()[0].remaining == 1
+    })
+    .await;
+    assert!(store.hit(&k, &limits, 1, t).await.unwrap().allowed);
+    assert_eq!(store.slots_held(), 1);
+}
+
 /// Added network latency between two instances and Redis: below the store timeout every decision
 /// is Redis' and together they admit exactly the limit; above it, a call ends at the timeout and
 /// the failure policy answers (no request waits on the slow link longer than that).

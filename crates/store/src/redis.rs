@@ -128,6 +128,37 @@ pub struct RedisOptions {
     pub concurrency_hold: Duration,
 }
 
+/// Slots a call is taking, freed by name if the call ends without a reply
+/// ([`RedisStore::hit_holding`]): cleared once the reply is read.
+struct Taking {
+    store: Option<Weak<RedisStore>>,
+    slots: Vec<(CounterKey, Limit)>,
+    who: String,
+    now_ms: u64,
+}
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let (Some(store), Ok(runtime)) = (
+            self.store.as_ref().and_then(Weak::upgrade),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (slots, who, now_ms) = (
+            std::mem::take(&mut self.slots),
+            std::mem::take(&mut self.who),
+            self.now_ms,
+        );
+        // On this thread's runtime, so on the connection the dropped call went out on: Redis
+        // runs the free after the take, whenever the take arrives.
+        runtime.spawn(async move { store.free_named(&slots, &who, now_ms).await });
+    }
+}
+
 /// What one window script call answered.
 struct Called {
     outcome: Outcome,
@@ -403,9 +434,24 @@ impl RedisStore {
             who: &who,
             hold_ms: self.held.hold_ms(),
         };
+        // Until the reply says what was taken, a call dropped (its client gone, its time up) or
+        // failed may have taken slots that nothing here would free or renew: they are freed by
+        // name (a free of a slot never taken does nothing).
+        let mut taking = Taking {
+            store: self.me.get().cloned(),
+            slots: parts
+                .iter()
+                .flat_map(|p| p.limits.iter().map(move |l| (p.counter, l)))
+                .filter(|(_, l)| l.is_concurrent())
+                .map(|(c, l)| (c.clone(), *l))
+                .collect(),
+            who: who.clone(),
+            now_ms,
+        };
         let called = self
             .run_window_script(parts, cost, now_ms, None, Some(slot))
             .await?;
+        taking.slots.clear();
         let o = called.outcome;
         let limits = parts
             .iter()
@@ -421,6 +467,31 @@ impl RedisStore {
             self.renew_slots();
         }
         Ok(o)
+    }
+
+    /// Frees slot `who` of each of `slots` (counter and concurrency limit): one script call each.
+    async fn free_named(&self, slots: &[(CounterKey, Limit)], who: &str, now_ms: u64) {
+        for (counter, l) in slots {
+            let limits = [*l];
+            let part = [Part {
+                counter,
+                limits: &limits,
+            }];
+            let slot = SlotArg {
+                renew: false,
+                who,
+                hold_ms: self.held.hold_ms(),
+            };
+            let give = LeaseArgs {
+                want: 0,
+                give: 1,
+                given_at_ms: i64::try_from(now_ms).unwrap_or(i64::MAX / 2),
+            };
+            let call = self.run_window_script(&part, 0, now_ms, Some(give), Some(slot));
+            if let Err(e) = self.bounded(call).await {
+                tracing::debug!(error = %e, "freeing a slot whose call was dropped failed; its hold time frees it");
+            }
+        }
     }
 
     /// Starts, once, the task that renews the slots this instance holds, every third of their
