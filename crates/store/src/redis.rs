@@ -469,29 +469,40 @@ impl RedisStore {
         Ok(o)
     }
 
-    /// Frees slot `who` of each of `slots` (counter and concurrency limit): one script call each.
+    /// Frees slot `who` of each of `slots` (counter and concurrency limit).
     async fn free_named(&self, slots: &[(CounterKey, Limit)], who: &str, now_ms: u64) {
         for (counter, l) in slots {
-            let limits = [*l];
-            let part = [Part {
-                counter,
-                limits: &limits,
-            }];
-            let slot = SlotArg {
-                renew: false,
-                who,
-                hold_ms: self.held.hold_ms(),
-            };
-            let give = LeaseArgs {
-                want: 0,
-                give: 1,
-                given_at_ms: i64::try_from(now_ms).unwrap_or(i64::MAX / 2),
-            };
-            let call = self.run_window_script(&part, 0, now_ms, Some(give), Some(slot));
-            if let Err(e) = self.bounded(call).await {
+            if let Err(e) = self.free_one(counter, l, who, now_ms).await {
                 tracing::debug!(error = %e, "freeing a slot whose call was dropped failed; its hold time frees it");
             }
         }
+    }
+
+    /// Frees slot `who` of `counter`'s concurrency limit `l`: one script call (a give-back).
+    async fn free_one(
+        &self,
+        counter: &CounterKey,
+        l: &Limit,
+        who: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let limits = [*l];
+        let part = [Part {
+            counter,
+            limits: &limits,
+        }];
+        let slot = SlotArg {
+            renew: false,
+            who,
+            hold_ms: self.held.hold_ms(),
+        };
+        let give = LeaseArgs {
+            want: 0,
+            give: 1,
+            given_at_ms: i64::try_from(now_ms).unwrap_or(i64::MAX / 2),
+        };
+        let call = self.run_window_script(&part, 0, now_ms, Some(give), Some(slot));
+        self.bounded(call).await.map(|_| ())
     }
 
     /// Starts, once, the task that renews the slots this instance holds, every third of their
@@ -552,23 +563,7 @@ impl RedisStore {
             let Some(who) = self.held.release(p.counter) else {
                 continue;
             };
-            let limits = [*l];
-            let part = [Part {
-                counter: p.counter,
-                limits: &limits,
-            }];
-            let slot = SlotArg {
-                renew: false,
-                who: &who,
-                hold_ms: self.held.hold_ms(),
-            };
-            let give = LeaseArgs {
-                want: 0,
-                give: 1,
-                given_at_ms: i64::try_from(now_ms).unwrap_or(i64::MAX / 2),
-            };
-            self.bounded(self.run_window_script(&part, 0, now_ms, Some(give), Some(slot)))
-                .await?;
+            self.free_one(p.counter, l, &who, now_ms).await?;
         }
         Ok(())
     }
