@@ -50,6 +50,14 @@ fn redis_config(up: &Upstream, redis: &RedisServer, policy: FailurePolicy) -> Co
     c
 }
 
+/// Two gateways with one configuration (two instances on one store), both at `T0`.
+async fn two_gateways(c: Config, catalog: &str) -> (TestGateway, TestGateway) {
+    (
+        TestGateway::start(c.clone(), catalog, FakeClock::new(T0)).await,
+        TestGateway::start(c, catalog, FakeClock::new(T0)).await,
+    )
+}
+
 // ---- the limit ----
 
 async fn limit_then_429(gw: &TestGateway, up: &Upstream) {
@@ -1285,16 +1293,9 @@ async fn burst(
     url: impl Fn(usize) -> String,
     headers: &'static [(&'static str, &'static str)],
 ) -> usize {
-    let client = Arc::new(http1_client());
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let (url, client) = (url(i), client.clone());
-            tokio::spawn(async move { send(&client, "GET", &url, headers, Bytes::new()).await })
-        })
-        .collect();
     let mut ok = 0;
-    for t in tasks {
-        match t.await.unwrap().status {
+    for (got, _) in timed_burst(n, url, headers).await {
+        match got.status {
             200 => ok += 1,
             429 => {}
             s => panic!("status {s}"),
@@ -1401,8 +1402,7 @@ async fn two_instances_on_one_redis_share_a_day_quota_exactly() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let c = redis_config(&up, &redis, FailurePolicy::Closed);
-    let a = TestGateway::start(c.clone(), CALENDAR_CATALOG, FakeClock::new(T0)).await;
-    let b = TestGateway::start(c, CALENDAR_CATALOG, FakeClock::new(T0)).await;
+    let (a, b) = two_gateways(c, CALENDAR_CATALOG).await;
     let mut ok = burst(200, |i| [&a, &b][i % 2].url("/b"), &[KEY]).await;
     assert!(ok <= 50, "{ok} passed a quota of 50");
     let mut rounds = 0;
@@ -1655,8 +1655,7 @@ async fn two_instances_on_one_redis_count_what_responses_report_exactly() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let c = redis_config(&up, &redis, FailurePolicy::Closed);
-    let a = TestGateway::start(c.clone(), REPORTED_CATALOG, FakeClock::new(T0)).await;
-    let b = TestGateway::start(c, REPORTED_CATALOG, FakeClock::new(T0)).await;
+    let (a, b) = two_gateways(c, REPORTED_CATALOG).await;
     for (key, tokens, least, most) in [("k1", 7, 13, 13), ("k2", 25, 4, 10)] {
         let headers: &'static [(&str, &str)] = match key {
             "k1" => &[("X-Api-Key", "k1")],
@@ -1809,17 +1808,7 @@ async fn timed_burst(
     url: impl Fn(usize) -> String,
     headers: &'static [(&'static str, &'static str)],
 ) -> Vec<(support::Got, Duration)> {
-    let client = Arc::new(http1_client());
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let (url, client) = (url(i), client.clone());
-            tokio::spawn(async move {
-                let sent = std::time::Instant::now();
-                let got = send(&client, "GET", &url, headers, Bytes::new()).await;
-                (got, sent.elapsed())
-            })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..n).map(|i| later(url(i), headers)).collect();
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.unwrap());
@@ -1986,8 +1975,7 @@ async fn two_instances_on_one_redis_share_concurrency_slots_exactly() {
     let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
     c.store.time_source = TimeSource::Redis;
     c.store.concurrency_hold_ms = 1000;
-    let a = TestGateway::start(c.clone(), CONCURRENT_CATALOG, FakeClock::new(T0)).await;
-    let b = TestGateway::start(c, CONCURRENT_CATALOG, FakeClock::new(T0)).await;
+    let (a, b) = two_gateways(c, CONCURRENT_CATALOG).await;
     three_in_flight_of_ten(&[&a, &b], &[KEY]).await;
     let k4: &'static [(&str, &str)] = &[("X-Api-Key", "k4")];
     let long = a.url("/hold/2500");
@@ -2184,8 +2172,7 @@ async fn a_slot_freed_at_another_instance_admits_a_request_waiting_here() {
     let redis = RedisServer::start();
     let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
     c.store.time_source = TimeSource::Redis;
-    let a = TestGateway::start(c.clone(), WAIT_CATALOG, FakeClock::new(T0)).await;
-    let b = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
+    let (a, b) = two_gateways(c, WAIT_CATALOG).await;
     let holder = later(a.url("/hold/600"), &[KEY]);
     support::eventually(Duration::from_secs(5), || async {
         up.requests()

@@ -150,13 +150,16 @@ impl Pending {
     }
 }
 
-/// The limits a request of `rate` was counted in (a shadow limit only if no shadow refused it)
-/// and, of them, how many each pool of `pools` has (its own come first).
+/// The rates a request of `rate` was counted in (a shadow limit only if no shadow refused it)
+/// and, of them, how many each pool of `pools` has (its own come first). A report changes what
+/// a request cost, not that it is in flight: its concurrency slots are not among them.
 pub fn counted(
     rate: &quotagate_engine::limiter::Rate<'_>,
     pools: &[(CounterKey, usize)],
 ) -> (Vec<Limit>, Vec<(CounterKey, usize)>) {
-    super::admission::kept(&rate.limits, pools, |i, l| rate.outcome.counted_in(i, l))
+    super::admission::kept(&rate.limits, pools, |i, l| {
+        !l.is_concurrent() && rate.outcome.counted_in(i, l)
+    })
 }
 
 /// How long the rest of a body is read for its report once its client has gone.

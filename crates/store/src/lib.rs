@@ -115,8 +115,9 @@ pub trait CounterStore: Send + Sync + 'static {
     /// `reserved_at_ms` (the caller's clock, as `now_ms`): `delta` more units counted at
     /// `now_ms` in every limit of `parts` whatever its room (counts may go above a limit), or
     /// `-delta` given back from where the reservation was counted, never below what is there.
-    /// `parts`: the limits the request was counted in (its shadow limits only if it was counted
-    /// in them). (By default: not supported.)
+    /// `parts`: the rates the request was counted in (its shadow limits only if it was counted
+    /// in them; never its concurrency limits: a report changes a cost, not that the request is in
+    /// flight). (By default: not supported.)
     fn adjust(
         &self,
         parts: &[Part<'_>],

@@ -1270,39 +1270,6 @@ impl CounterStore for RedisStore {
         now_ms: u64,
     ) -> Result<(), StoreError> {
         check_parts(parts)?;
-        // A report changes what a request cost, not that it is in flight: slots stay as taken.
-        let rated: Vec<Vec<Limit>>;
-        let rated_parts: Vec<Part>;
-        let parts = if parts
-            .iter()
-            .any(|p| p.limits.iter().any(Limit::is_concurrent))
-        {
-            rated = parts
-                .iter()
-                .map(|p| {
-                    p.limits
-                        .iter()
-                        .filter(|l| !l.is_concurrent())
-                        .copied()
-                        .collect()
-                })
-                .collect();
-            rated_parts = parts
-                .iter()
-                .zip(&rated)
-                .filter(|(_, limits)| !limits.is_empty())
-                .map(|(p, limits)| Part {
-                    counter: p.counter,
-                    limits,
-                })
-                .collect();
-            if rated_parts.is_empty() {
-                return Ok(());
-            }
-            &rated_parts[..]
-        } else {
-            parts
-        };
         let units = delta.unsigned_abs();
         if delta > 0 {
             if let Some((leases, p)) = self.leases_for(parts) {
