@@ -66,6 +66,8 @@ pub struct Admin {
     config: serde_json::Value,
     /// The parts this process runs (`/status`: the dashboard shows those).
     parts: Parts,
+    /// The dashboard's plots (`/status/history`), sampled by [`Admin::sample`].
+    history: std::sync::Mutex<crate::history::History>,
 }
 
 /// The parts a process runs, as `/status` tells them.
@@ -104,7 +106,40 @@ impl Admin {
             settings,
             config,
             parts,
+            history: Default::default(),
         }
+    }
+
+    /// Adds a point to the dashboard's history: call every [`crate::history::INTERVAL_MS`].
+    pub fn sample(&self) {
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let samples = crate::status::parse_samples(&self.metrics.render(&self.state()));
+        let mut r = crate::status::reading(&samples, at_ms);
+        if let Some(s) = self.store.stats() {
+            let local = (s.decided_by_lease.get() + s.decided_by_block.get()) as f64;
+            r.decisions = (local, local + s.decided_by_redis.get() as f64);
+        }
+        if let Some(p) = &self.proxy {
+            r.targets = p.upstream().targets_up();
+        }
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(r);
+    }
+
+    /// `GET /status/history[?since=MS]`.
+    fn history(&self, req: &Request<Incoming>) -> serde_json::Value {
+        let since = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .find(|(k, _)| k == "since")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .to_json(since)
     }
 
     /// The body and status of `/readyz`.
@@ -155,6 +190,7 @@ impl Admin {
                 DASHBOARD.to_owned(),
             ),
             "/status" => json(StatusCode::OK, self.status()),
+            "/status/history" if self.proxy.is_some() => json(StatusCode::OK, self.history(&req)),
             p if p == self.settings.metrics_path => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -169,7 +205,7 @@ impl Admin {
             _ => text(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "try /, /status, /metrics, /healthz, /readyz or /limits\n".into(),
+                "try /, /status, /status/history, /metrics, /healthz, /readyz or /limits\n".into(),
             ),
         }
     }
@@ -343,6 +379,18 @@ impl Admin {
         if let Some(p) = &self.proxy {
             out["upstream"]["failing"] = p.upstream_failing().into();
             out["upstream"]["targets"] = p.upstream().status();
+            out["top_limited"] = p
+                .most_limited(crate::top::SHOWN)
+                .into_iter()
+                .map(|l| {
+                    serde_json::json!({
+                        "key": crate::telemetry::fingerprint_of(l.key),
+                        "limited": l.limited,
+                        "over_by_at_most": l.over_by_at_most,
+                        "endpoint": l.endpoint,
+                    })
+                })
+                .collect();
         }
         out
     }

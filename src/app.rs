@@ -225,6 +225,9 @@ impl App {
     pub async fn run(&self, listeners: Listeners, token: Token) -> bool {
         let store = self.store.clone();
         tokio::spawn(async move { store.check_at_start().await });
+        if let (Some(admin), Some(_)) = (&self.admin, &self.gateway) {
+            tokio::spawn(sample_history(admin.clone(), token.clone()));
+        }
         if let (Some((l, _)), Some(admin)) = (listeners.admin, &self.admin) {
             let handler = admin.clone();
             tokio::spawn(server::serve(
@@ -283,5 +286,19 @@ impl App {
             drained &= port.await.unwrap_or(false);
         }
         drained
+    }
+}
+
+/// Samples the dashboard's history every [`crate::history::INTERVAL_MS`] until `token` is
+/// cancelled (a start-up reading first, so the first point comes one interval in).
+async fn sample_history(admin: Arc<Admin>, token: Token) {
+    let period = std::time::Duration::from_millis(crate::history::INTERVAL_MS);
+    let mut every = tokio::time::interval(period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = every.tick() => admin.sample(),
+        }
     }
 }

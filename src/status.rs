@@ -80,7 +80,57 @@ pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
 }
 
 /// Decisions whose requests went upstream (the rest were answered by quotagate).
-const FORWARDED: [&str; 3] = ["allowed", "unlimited", "store_open"];
+const FORWARDED: [&str; 4] = ["allowed", "shadow_limited", "unlimited", "store_open"];
+
+/// What requests' decisions come to, as `/status` and the dashboard group them.
+pub const OUTCOMES: [&str; 3] = ["allowed", "limited", "rejected"];
+
+/// The index in [`OUTCOMES`] of a `decision` label.
+pub fn outcome(decision: &str) -> usize {
+    match decision {
+        "limited" => 1,
+        d if FORWARDED.contains(&d) => 0,
+        _ => 2,
+    }
+}
+
+/// The totals the dashboard's history samples, from the metrics' samples (the store's decisions
+/// taken in memory are the caller's to add; here every decision counts as taken in memory, as on
+/// the memory store).
+pub fn reading(samples: &[Sample], at_ms: u64) -> crate::history::Reading {
+    let mut endpoints: std::collections::BTreeMap<&str, [f64; 3]> = Default::default();
+    let mut latency: Vec<(f64, f64)> = Vec::new();
+    let mut decided = 0.0;
+    for s in samples {
+        match s.name.as_str() {
+            "quotagate_requests_total" => {
+                let e = s.label("endpoint");
+                let e = if e.is_empty() { "(no endpoint)" } else { e };
+                endpoints.entry(e).or_default()[outcome(s.label("decision"))] += s.value;
+            }
+            "quotagate_request_duration_seconds_bucket" => {
+                let le = s.label("le").parse().unwrap_or(f64::INFINITY);
+                match latency.iter_mut().find(|(l, _)| *l == le) {
+                    Some(slot) => slot.1 += s.value,
+                    None => latency.push((le, s.value)),
+                }
+            }
+            "quotagate_decision_duration_seconds_count" => decided = s.value,
+            _ => {}
+        }
+    }
+    latency.sort_by(|x, y| x.0.total_cmp(&y.0));
+    crate::history::Reading {
+        at_ms,
+        endpoints: endpoints
+            .into_iter()
+            .map(|(e, c)| (e.to_owned(), c))
+            .collect(),
+        latency,
+        decisions: (decided, decided),
+        targets: (0, 0),
+    }
+}
 
 /// The request, upstream and Divvy parts of `/status`, from the metrics' samples.
 pub fn traffic(samples: &[Sample]) -> Value {
@@ -103,11 +153,7 @@ pub fn traffic(samples: &[Sample]) -> Value {
                 let entry = endpoints.entry(e).or_insert_with(|| {
                     json!({"name": e, "allowed": 0.0, "limited": 0.0, "rejected": 0.0, "decisions": {}})
                 });
-                let group = match d {
-                    "limited" => "limited",
-                    d if FORWARDED.contains(&d) => "allowed",
-                    _ => "rejected",
-                };
+                let group = OUTCOMES[outcome(d)];
                 entry[group] = json!(entry[group].as_f64().unwrap_or(0.0) + s.value);
                 if let Some(m) = entry["decisions"].as_object_mut() {
                     add(m, d, s.value);
@@ -248,5 +294,21 @@ quotagate_wait_duration_seconds_bucket{le="+Inf"} 4
         assert_eq!(t["waits"]["by_outcome"]["admitted"], json!(4.0));
         assert_eq!(t["waits"]["wait_seconds"]["p50"], json!(0.1));
         assert_eq!(t["waits"]["wait_seconds"]["p99"], json!(0.2));
+    }
+
+    #[test]
+    fn a_reading_sums_outcomes_per_endpoint_and_latency_over_all() {
+        let r = reading(&parse_samples(TEXT), 5);
+        assert_eq!(
+            r.endpoints,
+            [
+                ("(no endpoint)".to_owned(), [0.0, 0.0, 1.0]),
+                ("GET /users/{id}".to_owned(), [7.0, 2.0, 0.0]),
+            ]
+        );
+        assert_eq!(
+            r.latency,
+            [(0.001, 6.0), (0.01, 9.0), (f64::INFINITY, 10.0)]
+        );
     }
 }

@@ -24,14 +24,19 @@ pub fn init(cfg: &LogConfig) {
 /// operator can find a key's lines (`printf %s KEY | sha256sum | cut -c1-12`); a hash a log reader
 /// cannot run backwards for keys of any real length, unlike the 32-bit FNV it replaces.
 pub fn fingerprint(key: &[u8]) -> String {
+    fingerprint_of(fingerprint_bits(key))
+}
+
+/// The 48 bits [`fingerprint`] shows, as a number (what `/status` `top_limited` keeps per key).
+pub fn fingerprint_bits(key: &[u8]) -> u64 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(key);
-    let mut out = String::with_capacity(16);
-    out.push_str("key#");
-    for b in &digest[..6] {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    digest[..6].iter().fold(0, |n, b| n << 8 | u64::from(*b))
+}
+
+/// The fingerprint of [`fingerprint_bits`]: `key#` and 12 hex digits.
+pub fn fingerprint_of(bits: u64) -> String {
+    format!("key#{bits:012x}")
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::{free_port, get};
 
@@ -527,6 +527,31 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
         status["requests"]["by_decision"]["allowed"], 4.0,
         "{status}"
     );
+    // The most limited keys: demo-key, by its fingerprint only.
+    let fingerprint = quotagate::telemetry::fingerprint(b"demo-key");
+    assert_eq!(
+        status["top_limited"],
+        serde_json::json!([{"key": fingerprint, "limited": 3, "over_by_at_most": 0,
+            "endpoint": "GET /reports/{id}"}]),
+        "{status}"
+    );
+    // The history has a point with this traffic within two sampling intervals.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let history = loop {
+        let h = get(&format!("http://{admin}/status/history"), &[]).await;
+        let h = h.json();
+        let sent: f64 = h["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["allowed"].as_f64().unwrap() + p["limited"].as_f64().unwrap())
+            .sum();
+        if sent > 0.0 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "no point with traffic: {h}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let out = tokio::task::spawn_blocking(move || {
         Command::new(chromium)
             .args([
@@ -577,6 +602,31 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
         dom.contains(r#"<span id="waiting">0 now</span>"#),
         "the waiting card: {dom}"
     );
+    // The plots: a line per outcome over the last 15 minutes, and the endpoint's own.
+    let requests = dom
+        .split(r#"<svg id="plot-requests""#)
+        .nth(1)
+        .and_then(|p| p.split("</svg>").next())
+        .unwrap_or_else(|| panic!("no requests plot: {dom}"));
+    for outcome in ["allowed", "limited", "rejected"] {
+        assert!(
+            requests.contains(&format!(r#"<path class="line s-{outcome}" d="M"#)),
+            "a line of {outcome} requests: {requests}"
+        );
+    }
+    assert!(
+        row.contains(r#"<path class="line s-limited" d="M"#),
+        "{row}"
+    );
+    let top = dom
+        .split("<tr")
+        .find(|r| r.contains(&format!(r#"data-key="{fingerprint}""#)))
+        .unwrap_or_else(|| panic!("no row for the limited key: {dom}"));
+    assert!(top.contains("<td>3</td>"), "{top}");
+    // No admin page shows the key itself.
+    for page in [dom.to_string(), status.to_string(), history.to_string()] {
+        assert!(!page.contains("demo-key"), "{page}");
+    }
     q.signal("-TERM");
 }
 

@@ -77,7 +77,8 @@ pub struct Proxy {
     upstream: Arc<Upstream>,
     policy: Policy,
     metrics: Arc<Metrics>,
-    /// `quotagate_cost_reports_total`, looked up once.
+    /// The API keys refused most lately (`/status` `top_limited`).
+    top: crate::top::TopLimited,
     /// Settles what `cost_from` responses report.
     settler: Arc<report::Settler>,
     /// Frees the slots of requests that end.
@@ -105,6 +106,7 @@ impl Proxy {
             upstream,
             policy: s.policy.clone(),
             metrics: rt.metrics.clone(),
+            top: Default::default(),
             settler: Arc::new(report::Settler {
                 store: rt.store.clone(),
                 clock: rt.clock.clone(),
@@ -135,6 +137,11 @@ impl Proxy {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The `n` API keys refused most over the last 15 minutes, most first.
+    pub fn most_limited(&self, n: usize) -> Vec<crate::top::Limited> {
+        self.top.top(self.clock.now_ms(), n)
     }
 
     /// The upstream targets.
@@ -211,6 +218,7 @@ impl Proxy {
                 let asked = Instant::now();
                 let now_ms = self.clock.now_ms();
                 let counters = pending.counters();
+                let key = pending.held.anonymous.is_none().then_some(pending.held.key);
                 let verdict = match &pending.waits {
                     // Requests that may wait: in line behind those waiting on their counter.
                     Some(waits) => {
@@ -232,6 +240,10 @@ impl Proxy {
                     .decision_seconds
                     .observe(asked.elapsed().as_secs_f64());
                 let a = pending.conclude(counters, verdict, now_ms);
+                if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
+                    let bits = crate::telemetry::fingerprint_bits(key);
+                    self.top.count(now_ms, bits, &e.name);
+                }
                 if a.decision == Decision::ShadowLimited {
                     tracing::debug!(
                         endpoint = a.endpoint.map(|e| e.name.as_str()),

@@ -222,6 +222,12 @@ impl Upstream {
             .collect()
     }
 
+    /// Targets up now, and all targets.
+    pub fn targets_up(&self) -> (usize, usize) {
+        let up = self.targets.iter().filter(|t| t.health.is_in()).count();
+        (up, self.targets.len())
+    }
+
     /// The request target (origin form) of `path` (and `query`) on the upstream.
     pub fn uri(&self, path: &str, query: Option<&str>) -> Option<Uri> {
         let mut pq = String::with_capacity(
