@@ -7,7 +7,8 @@
 # WINDOWS=3 gives every key three limits (1 s, 60 s, 3600 s) instead of one per-minute limit;
 # LIMITS=day one calendar day quota (UTC) instead; LIMITS=pool one per-minute pool over every
 # endpoint (`"group": "*"`) instead; LIMITS=concurrent one concurrency limit (`"concurrent": 1000`,
-# issue 30) instead; COST_FROM=1 has the endpoint read each response's cost from
+# issue 30) instead; LIMITS=refused one limit of 1 request an hour, so every request but the first
+# is refused (429: the path that counts the most limited keys, issue 31); COST_FROM=1 has the endpoint read each response's cost from
 # its JSON body (`"cost_from": {"json": "body_bytes"}`: the example upstream's echo reports 0,
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
@@ -25,6 +26,7 @@ limits = {
     "day": [{"ep": 0, "rl": many, "period": "day"}],
     "pool": [{"group": "*", "rl": many}],
     "concurrent": [{"ep": 0, "concurrent": 1000}],
+    "refused": [{"ep": 0, "rl": 1, "w": 3600}],
 }[os.environ["LIMITS"]]
 keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
 endpoint = {"p": 0, "m": 0}
@@ -51,16 +53,16 @@ instructions() {
     --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  PAD=${PAD:-0} python3 - "$gw" "$n" <<'PY'
+  PAD=${PAD:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 headers = {"X-Api-Key": "key-0001"}
 if int(os.environ["PAD"]):
     headers["X-Pad"] = "p" * int(os.environ["PAD"])
-for _ in range(int(sys.argv[2])):
+for i in range(int(sys.argv[2])):
     c.request("GET", "/users/42", headers=headers)
     r = c.getresponse(); r.read()
-    assert r.status == 200, r.status
+    assert r.status == (200 if i == 0 else int(os.environ["EXPECT"])), r.status
 PY
   kill "$gpid"; wait "$gpid" 2>/dev/null || true
   kill "$upid" $up2pid; wait "$upid" $up2pid 2>/dev/null || true

@@ -10,11 +10,15 @@
 //! inherited counts ([`Limited::over_by_at_most`]), itself at most the refusals of the window
 //! divided by `CAPACITY`.
 //!
-//! Keys are held as the 48 bits of their log fingerprint ([`crate::telemetry::fingerprint_bits`]),
-//! never as themselves.
+//! Keys are held as a 64-bit hash (their identity here, seeded per process) and the 48 bits of
+//! their log fingerprint ([`crate::telemetry::fingerprint_bits`], taken when a key enters a
+//! minute's sketch, not per refusal), never as themselves.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::Mutex;
+
+type Hasher = foldhash::fast::RandomState;
 
 /// Keys counted per minute before the least counted ones are replaced.
 pub const CAPACITY: usize = 1000;
@@ -28,7 +32,7 @@ const MINUTE_MS: u64 = 60_000;
 /// One key's estimate over the window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limited {
-    /// The key's fingerprint bits.
+    /// The key's fingerprint bits ([`crate::telemetry::fingerprint_of`] shows them).
     pub key: u64,
     /// Refusals counted: never fewer than the true number.
     pub limited: u64,
@@ -43,11 +47,19 @@ pub struct Limited {
 #[derive(Debug, Default)]
 pub struct TopLimited {
     minutes: Mutex<VecDeque<(u64, Sketch)>>,
+    ids: Hasher,
 }
 
 impl TopLimited {
-    /// Counts one refusal of `key` on `endpoint` at `now_ms`.
-    pub fn count(&self, now_ms: u64, key: u64, endpoint: &str) {
+    /// Counts one refusal of `key` (the API key as sent) on `endpoint` at `now_ms`.
+    pub fn count(&self, now_ms: u64, key: &[u8], endpoint: &str) {
+        let id = self.ids.hash_one(key);
+        self.count_id(now_ms, id, endpoint, || {
+            crate::telemetry::fingerprint_bits(key)
+        });
+    }
+
+    fn count_id(&self, now_ms: u64, id: u64, endpoint: &str, fingerprint: impl FnOnce() -> u64) {
         let minute = now_ms / MINUTE_MS;
         let mut minutes = self.minutes.lock().unwrap_or_else(|e| e.into_inner());
         if minutes.back().is_none_or(|(m, _)| *m < minute) {
@@ -58,7 +70,7 @@ impl TopLimited {
         }
         // A clock read before another thread's later one lands in the newest minute.
         if let Some((_, sketch)) = minutes.back_mut() {
-            sketch.count(key, endpoint);
+            sketch.count(id, endpoint, fingerprint);
         }
     }
 
@@ -75,17 +87,17 @@ impl TopLimited {
         // Newest first, so a key's endpoint is that of its latest refusal.
         for s in live.iter().rev() {
             for e in &s.heap {
-                all.entry(e.key).or_insert_with(|| Limited {
-                    key: e.key,
+                all.entry(e.id).or_insert_with(|| Limited {
+                    key: e.fingerprint,
                     limited: 0,
                     over_by_at_most: 0,
                     endpoint: e.endpoint.to_string(),
                 });
             }
         }
-        for l in all.values_mut() {
+        for (id, l) in all.iter_mut() {
             for s in &live {
-                match s.at.get(&l.key) {
+                match s.at.get(id) {
                     Some(&i) => {
                         l.limited += s.heap[i].count;
                         l.over_by_at_most += s.heap[i].inherited;
@@ -107,7 +119,8 @@ impl TopLimited {
 
 #[derive(Debug)]
 struct Entry {
-    key: u64,
+    id: u64,
+    fingerprint: u64,
     count: u64,
     /// The count it took over from the key it replaced (0: counted exactly).
     inherited: u64,
@@ -118,36 +131,38 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Sketch {
     heap: Vec<Entry>,
-    at: HashMap<u64, usize>,
+    at: HashMap<u64, usize, Hasher>,
 }
 
 impl Sketch {
-    fn count(&mut self, key: u64, endpoint: &str) {
-        let i = match self.at.get(&key) {
+    fn count(&mut self, id: u64, endpoint: &str, fingerprint: impl FnOnce() -> u64) {
+        let i = match self.at.get(&id) {
             Some(&i) => {
                 self.heap[i].count += 1;
                 i
             }
             None if self.heap.len() < CAPACITY => {
                 self.heap.push(Entry {
-                    key,
+                    id,
+                    fingerprint: fingerprint(),
                     count: 1,
                     inherited: 0,
                     endpoint: endpoint.into(),
                 });
                 let i = self.heap.len() - 1;
-                self.at.insert(key, i);
+                self.at.insert(id, i);
                 // A count of 1 is the least there is: it stays a leaf below equal counts.
                 self.sift_up(i);
                 return;
             }
             None => {
                 let least = &mut self.heap[0];
-                self.at.remove(&least.key);
-                least.key = key;
+                self.at.remove(&least.id);
+                least.id = id;
+                least.fingerprint = fingerprint();
                 least.inherited = least.count;
                 least.count += 1;
-                self.at.insert(key, 0);
+                self.at.insert(id, 0);
                 0
             }
         };
@@ -196,8 +211,8 @@ impl Sketch {
 
     fn swap(&mut self, a: usize, b: usize) {
         self.heap.swap(a, b);
-        self.at.insert(self.heap[a].key, a);
-        self.at.insert(self.heap[b].key, b);
+        self.at.insert(self.heap[a].id, a);
+        self.at.insert(self.heap[b].id, b);
     }
 }
 
@@ -211,10 +226,10 @@ mod tests {
     fn few_keys_are_counted_exactly_with_their_latest_endpoint() {
         let top = TopLimited::default();
         for _ in 0..3 {
-            top.count(T0, 7, "GET /a");
+            top.count_id(T0, 7, "GET /a", || 7);
         }
-        top.count(T0, 9, "GET /a");
-        top.count(T0 + 1000, 7, "GET /b");
+        top.count_id(T0, 9, "GET /a", || 9);
+        top.count_id(T0 + 1000, 7, "GET /b", || 7);
         let got = top.top(T0 + 1000, SHOWN);
         assert_eq!(
             got,
@@ -236,10 +251,24 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_shown_by_their_fingerprint() {
+        let top = TopLimited::default();
+        top.count(T0, b"demo-key", "GET /a");
+        top.count(T0, b"demo-key", "GET /a");
+        let got = top.top(T0, SHOWN);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            crate::telemetry::fingerprint_of(got[0].key),
+            crate::telemetry::fingerprint(b"demo-key")
+        );
+        assert_eq!(got[0].limited, 2);
+    }
+
+    #[test]
     fn minutes_older_than_the_window_are_forgotten() {
         let top = TopLimited::default();
-        top.count(T0, 1, "e");
-        top.count(T0 + 60_000, 2, "e");
+        top.count_id(T0, 1, "e", || 1);
+        top.count_id(T0 + 60_000, 2, "e", || 2);
         let later = T0 + (MINUTES - 1) * 60_000;
         assert_eq!(
             top.top(later, SHOWN).len(),
@@ -250,7 +279,7 @@ mod tests {
         assert_eq!(gone.iter().map(|l| l.key).collect::<Vec<_>>(), [2]);
         // Counting drops them for good: the memory is that of MINUTES sketches at most.
         for m in 0..3 * MINUTES {
-            top.count(T0 + m * 60_000, m, "e");
+            top.count_id(T0 + m * 60_000, m, "e", || m);
         }
         assert_eq!(top.minutes.lock().unwrap().len(), MINUTES as usize);
     }
@@ -276,7 +305,7 @@ mod tests {
                     let u = rng.f64();
                     let key = ((u * u * u) * keys as f64) as u64;
                     *exact.entry(key).or_default() += 1;
-                    top.count(T0 + m * 60_000 + rng.u64(..60_000), key, "e");
+                    top.count_id(T0 + m * 60_000 + rng.u64(..60_000), key, "e", || key);
                 }
             }
             let now = T0 + (minutes - 1) * 60_000;

@@ -4,7 +4,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use quotagate::config::{Config, HeaderSet, StoreKind, Uncovered};
@@ -449,7 +449,7 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
 async fn upstream_connections_are_reused_and_replaced_when_the_upstream_closes_them() {
     // This upstream closes a keep-alive connection after 300 ms without a request.
     let up = Upstream::start_with(quotagate::server::HttpSettings {
-        header_read_timeout: Duration::from_millis(300),
+        keep_alive_timeout: Duration::from_millis(300),
         ..Default::default()
     })
     .await;
@@ -891,6 +891,73 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
     assert_eq!(n, 0);
     // A client that does talk is served as before.
     assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+}
+
+/// Idle keep-alive has its own time (`server.keep_alive_timeout_ms`), longer than the header
+/// timeout here: a connection that sent a request and then nothing is open past the header timeout
+/// and closed after the keep-alive time; a head sent a byte at a time is cut off after the header
+/// timeout although bytes keep coming.
+#[tokio::test]
+async fn idle_keep_alive_has_its_own_timeout_and_slow_heads_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.server.header_read_timeout_ms = 300;
+    c.server.keep_alive_timeout_ms = 4_000;
+    let gw = gateway(c).await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(b"GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before answering");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let answered = Instant::now();
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    // Read the rest of the body, then wait for the close.
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break answered.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("an idle connection is closed within 10 s"),
+        }
+    };
+    // The server's timer cannot fire early, whatever the machine's load.
+    assert!(
+        closed >= Duration::from_millis(4_000),
+        "closed after {closed:?}"
+    );
+
+    // A head dripped a byte every 100 ms (10 s in all): cut off by the 300 ms header timeout, not
+    // left to the keep-alive time.
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let started = Instant::now();
+    let head = b"GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut cut_off = None;
+    for b in head.iter() {
+        if tcp.write_all(&[*b]).await.is_err() {
+            cut_off = Some(started.elapsed());
+            break;
+        }
+        let mut one = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(100), tcp.read(&mut one)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                cut_off = Some(started.elapsed());
+                break;
+            }
+            Ok(Ok(_)) => panic!("no answer to half a head"),
+            Err(_) => {}
+        }
+    }
+    let cut_off = cut_off.expect("a dripped head is cut off");
+    assert!(
+        cut_off >= Duration::from_millis(300) && cut_off < Duration::from_millis(4_000),
+        "after {cut_off:?}"
+    );
 }
 
 // ---- framing and header rules (issue 9) ----

@@ -186,8 +186,12 @@ pub struct ServerConfig {
     pub listen: String,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish. Default: 10000 ms.
     pub drain_timeout_ms: u64,
-    /// Time a client has to send a request's headers. Default: 10000 ms.
+    /// Time a client has to send its first byte, and an HTTP/1 request's headers from their first
+    /// byte. Default: 10000 ms.
     pub header_read_timeout_ms: u64,
+    /// A client connection with no request in flight that sends nothing for this long is closed.
+    /// Default: 75000 ms.
+    pub keep_alive_timeout_ms: u64,
     /// Largest request header section. Default: 65536 bytes (at least 8192).
     pub max_header_bytes: usize,
     /// Largest request body; larger ones get 413. Default: 10485760 bytes (10 MiB).
@@ -215,6 +219,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".into(),
             drain_timeout_ms: 10_000,
             header_read_timeout_ms: 10_000,
+            keep_alive_timeout_ms: 75_000,
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
             max_connections: 10_000,

@@ -241,8 +241,7 @@ impl Proxy {
                     .observe(asked.elapsed().as_secs_f64());
                 let a = pending.conclude(counters, verdict, now_ms);
                 if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
-                    let bits = crate::telemetry::fingerprint_bits(key);
-                    self.top.count(now_ms, bits, &e.name);
+                    self.top.count(now_ms, key, &e.name);
                 }
                 if a.decision == Decision::ShadowLimited {
                     tracing::debug!(

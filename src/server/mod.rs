@@ -4,6 +4,8 @@
 //! cleartext HTTP/2 on the same port. On shutdown it stops accepting at once, lets in-flight
 //! requests finish (idle keep-alive connections are closed), and gives up after the drain timeout.
 
+pub mod idle;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,8 +27,12 @@ use crate::workers::{self, Workers};
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
-    /// Time a client has to send its first byte, and each request's headers. Default: 10 s.
+    /// Time a client has to send its first byte, and each HTTP/1 request's headers from their
+    /// first byte. Default: 10 s.
     pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight and nothing sent. Default:
+    /// 75 s.
+    pub keep_alive_timeout: Duration,
     /// Largest request header section, in bytes (HTTP/1 read buffer, HTTP/2 header list). Default: 64 KiB.
     pub max_header_bytes: usize,
     /// Open connections at most; more wait in the kernel's accept queue. Default: 10000.
@@ -88,6 +94,10 @@ impl TryFrom<&ServerConfig> for HttpSettings {
             header_read_timeout: positive_ms(
                 "server.header_read_timeout_ms",
                 c.header_read_timeout_ms,
+            )?,
+            keep_alive_timeout: positive_ms(
+                "server.keep_alive_timeout_ms",
+                c.keep_alive_timeout_ms,
             )?,
             max_header_bytes: c.max_header_bytes,
             max_connections: c.max_connections,
@@ -152,9 +162,10 @@ where
 {
     let handler = Arc::new(handler);
     let mut http = auto::Builder::new(TokioExecutor::new());
+    // The header and keep-alive timers are the connection's own (`idle`).
     http.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+        .header_read_timeout(None)
         .max_buf_size(settings.max_header_bytes.max(8192));
     http.http2()
         .timer(TokioTimer::new())
@@ -181,9 +192,16 @@ where
         };
         let _ = tcp.set_nodelay(true);
         let h = handler.clone();
+        let activity = idle::Activity::new();
+        let bounds = idle::Bounds {
+            keep_alive: settings.keep_alive_timeout,
+            header_read: settings.header_read_timeout,
+        };
+        let busy = activity.clone();
         let svc = service_fn(move |req| {
+            let request = busy.begin();
             let fut = h(peer, req);
-            async move { Ok::<_, Infallible>(fut.await) }
+            async move { Ok::<_, Infallible>(request.respond(fut.await)) }
         });
         let (http, watcher, gauge) = (
             http.clone(),
@@ -206,7 +224,7 @@ where
             }
             match tls {
                 None => {
-                    let io = TokioIo::new(Lingering(Some(tcp)));
+                    let io = TokioIo::new(idle::Timed::new(Lingering(Some(tcp)), activity, bounds));
                     let _ = watcher
                         .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                         .await;
@@ -216,7 +234,7 @@ where
                 Some(acceptor) => {
                     let handshake = acceptor.accept(Lingering(Some(tcp)));
                     if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-                        let io = TokioIo::new(stream);
+                        let io = TokioIo::new(idle::Timed::new(stream, activity, bounds));
                         let _ = watcher
                             .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                             .await;
