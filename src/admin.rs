@@ -1,4 +1,5 @@
-//! admin: the operator's listener (loopback by default): `/metrics`, `/healthz`, `/readyz`.
+//! admin: the operator's listener (loopback by default): `/metrics`, `/healthz`, `/readyz`, the
+//! dashboard (`/`), `/status` and `/status/history` (its plots' points).
 //!
 //! - `/healthz`: 200 while the process serves HTTP at all.
 //! - `/readyz`: 200 when a catalog is loaded (the listeners are bound before this one starts), 503
