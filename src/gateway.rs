@@ -54,6 +54,7 @@ impl TryFrom<&Config> for GatewaySettings {
             proxy: ProxySettings {
                 policy: Policy::try_from(c)?,
                 refresh,
+                trace: crate::otel::TraceSettings::from_config(&c.telemetry)?,
             },
             upstream: UpstreamSettings::try_from(c)?,
             catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
@@ -73,6 +74,8 @@ pub struct Gateway {
     announcements: Option<(Arc<Announcer>, String)>,
     /// The listener's TLS, when configured (its watcher runs in the background).
     tls: Option<Arc<crate::tls::Tls>>,
+    /// What the trace exporter needs, until [`Gateway::spawn_background`] starts it.
+    exporter: std::sync::Mutex<Option<crate::otel::Exporter>>,
 }
 
 /// The upstream the gateway forwards to, its metrics registered.
@@ -159,8 +162,24 @@ impl Gateway {
             open_connections: Some(rt.metrics.open_connections.clone()),
             tls: tls.as_ref().map(|t| t.acceptor.clone()),
         };
+        let mut exporter = None;
+        let tracer = s.proxy.trace.as_ref().map(|t| {
+            let counts = crate::otel::SpanCounts::default();
+            let c = counts.0.clone();
+            rt.metrics.register(|r| {
+                r.register(
+                    "quotagate_trace_spans",
+                    "Spans by what became of them: exported, dropped (the export queue was full), failed (the collector refused them or did not answer)",
+                    c,
+                )
+            });
+            let (tracer, spans) = crate::otel::Tracer::new(t, counts.clone());
+            exporter = Some((t.clone(), spans, counts));
+            tracer
+        });
         Ok(Gateway {
-            proxy: Arc::new(Proxy::new(&s.proxy, live, upstream, rt)),
+            proxy: Arc::new(Proxy::new(&s.proxy, live, upstream, rt, tracer)),
+            exporter: std::sync::Mutex::new(exporter),
             http: s.http.clone(),
             executor,
             poller,
@@ -192,6 +211,19 @@ impl Gateway {
     /// Starts the certificate watcher, the upstream health checks, the catalog poller and the
     /// announcement listener, which stop on `shutdown`.
     pub fn spawn_background(&self, shutdown: &CancellationToken) {
+        let exporter = self
+            .exporter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((settings, spans, counts)) = exporter {
+            tokio::spawn(crate::otel::export::run(
+                settings,
+                spans,
+                counts,
+                shutdown.clone(),
+            ));
+        }
         let (upstream, stop) = (self.proxy.upstream().clone(), shutdown.clone());
         tokio::spawn(async move {
             tokio::select! {

@@ -27,6 +27,7 @@ pub mod gateway;
 pub mod glob;
 pub mod history;
 pub mod metrics;
+pub mod otel;
 pub mod problem;
 pub mod proxy;
 pub mod rls;

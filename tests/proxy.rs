@@ -2262,3 +2262,226 @@ async fn a_slot_freed_at_another_instance_admits_a_request_waiting_here() {
         1.0
     );
 }
+
+// ---- OpenTelemetry traces (issue 31) ----
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span as OtlpSpan;
+
+/// A collector that decodes what it receives with the official OTLP definitions.
+struct Collector {
+    url: String,
+    got: Arc<std::sync::Mutex<Vec<ExportTraceServiceRequest>>>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Collector {
+    async fn start() -> Collector {
+        use http_body_util::BodyExt;
+        use prost::Message;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (seen, token) = (got.clone(), tokio_util::sync::CancellationToken::new());
+        tokio::spawn(quotagate::server::serve(
+            listener,
+            Default::default(),
+            Default::default(),
+            move |_, req: http::Request<hyper::body::Incoming>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(
+                        (req.method().as_str(), req.uri().path()),
+                        ("POST", "/v1/traces")
+                    );
+                    assert_eq!(req.headers()["content-type"], "application/x-protobuf");
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    seen.lock()
+                        .unwrap()
+                        .push(ExportTraceServiceRequest::decode(body).unwrap());
+                    http::Response::new(http_body_util::Full::new(Bytes::new()))
+                }
+            },
+            token.clone().cancelled_owned(),
+        ));
+        Collector {
+            url,
+            got,
+            _stop: token.drop_guard(),
+        }
+    }
+
+    fn spans(&self) -> Vec<OtlpSpan> {
+        let got = self.got.lock().unwrap();
+        let mut spans = Vec::new();
+        for request in got.iter() {
+            for rs in &request.resource_spans {
+                let service = rs.resource.as_ref().unwrap().attributes[0].clone();
+                assert_eq!(service.key, "service.name");
+                for ss in &rs.scope_spans {
+                    spans.extend(ss.spans.iter().cloned());
+                }
+            }
+        }
+        spans
+    }
+
+    /// The first span whose trace id is `trace_id`, within 10 s.
+    async fn span_of(&self, trace_id: &[u8]) -> OtlpSpan {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.spans().into_iter().find(|s| s.trace_id == trace_id) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no span of the trace within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn attribute(span: &OtlpSpan, key: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let kv = span.attributes.iter().find(|a| a.key == key)?;
+    Some(match kv.value.as_ref()?.value.as_ref()? {
+        Value::StringValue(s) => s.clone(),
+        Value::IntValue(i) => i.to_string(),
+        Value::DoubleValue(d) => d.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A request with a sampled `traceparent` is traced even at ratio 0: its span continues the
+/// caller's trace (the caller's span is its parent) and the upstream's `traceparent` names the
+/// exported span. An unsampled `traceparent` passes through untraced; without one, ratio 0 traces
+/// nothing and ratio 1 starts a trace. 429s are traced like the rest.
+#[tokio::test]
+async fn requests_are_traced_as_server_spans_that_continue_the_callers_trace() {
+    let up = Upstream::start().await;
+    let collector = Collector::start().await;
+    let mut c = config(&up);
+    c.telemetry.otlp_endpoint = collector.url.clone();
+    c.telemetry.sample_ratio = 0.0;
+    let gw = gateway(c.clone()).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = "00f067aa0ba902b7";
+    let parent = ("traceparent", format!("00-{trace}-{caller}-01"));
+    let r = get(&gw.url("/items/7"), &[KEY, (parent.0, &parent.1)]).await;
+    assert_eq!(r.status, 200);
+    let sent = up.last().headers["traceparent"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let span = collector.span_of(&hex_bytes(trace)).await;
+    assert_eq!(sent, format!("00-{trace}-{}-01", hex(&span.span_id)));
+    assert_ne!(hex(&span.span_id), caller);
+    assert_eq!(hex(&span.parent_span_id), caller);
+    assert_eq!(span.kind, 2, "SPAN_KIND_SERVER");
+    assert_eq!(span.name, "GET /items/{id}");
+    assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
+    for (key, value) in [
+        ("http.request.method", "GET"),
+        ("http.route", "/items/{id}"),
+        ("http.response.status_code", "200"),
+        ("quotagate.decision", "allowed"),
+    ] {
+        assert_eq!(attribute(&span, key).as_deref(), Some(value), "{key}");
+    }
+    let fingerprint = quotagate::telemetry::fingerprint(b"k1");
+    assert_eq!(attribute(&span, "quotagate.key"), Some(fingerprint.clone()));
+    assert!(attribute(&span, "quotagate.store.duration").is_some());
+
+    // A 429, traced too.
+    let trace429 = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let tp = format!("00-{trace429}-{caller}-01");
+    assert_eq!(
+        get(&gw.url("/zero"), &[KEY, ("traceparent", &tp)])
+            .await
+            .status,
+        429
+    );
+    let span = collector.span_of(&hex_bytes(trace429)).await;
+    assert_eq!(
+        attribute(&span, "quotagate.decision").as_deref(),
+        Some("limited")
+    );
+    assert_eq!(
+        attribute(&span, "http.response.status_code").as_deref(),
+        Some("429")
+    );
+
+    // Unsampled: forwarded as sent, untraced. None at ratio 0: nothing.
+    let unsampled = format!("00-{trace}-{caller}-00");
+    get(&gw.url("/items/8"), &[KEY, ("traceparent", &unsampled)]).await;
+    assert_eq!(up.last().headers["traceparent"], unsampled.as_str());
+    get(&gw.url("/items/9"), &[KEY]).await;
+    assert!(up.last().headers.get("traceparent").is_none());
+
+    // Ratio 1: a request without traceparent starts a trace of its own, a root span.
+    c.telemetry.sample_ratio = 1.0;
+    let all = gateway(c).await;
+    get(&all.url("/items/10"), &[KEY]).await;
+    let sent = up.last().headers["traceparent"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let started = &sent[3..35];
+    let span = collector.span_of(&hex_bytes(started)).await;
+    assert!(span.parent_span_id.is_empty(), "a root span");
+    assert_eq!(sent, format!("00-{started}-{}-01", hex(&span.span_id)));
+    // Only spans of sampled requests were exported: 2 + 1.
+    assert_eq!(collector.spans().len(), 3);
+    let m = support::scrape(gw.admin).await;
+    assert_eq!(m[r#"quotagate_trace_spans_total{outcome="exported"}"#], 2.0);
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A collector that accepts and never answers costs requests nothing: spans wait in the bounded
+/// queue while one export hangs, and the rest are dropped and counted.
+#[tokio::test]
+async fn a_hung_collector_costs_requests_nothing() {
+    let up = Upstream::start().await;
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", hung.local_addr().unwrap());
+    let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = hung.accept().await {
+            held.push(tcp);
+            let _ = accepted_tx.send(()).await;
+        }
+    });
+    let mut c = config(&up);
+    c.telemetry.otlp_endpoint = url;
+    c.telemetry.sample_ratio = 1.0;
+    c.telemetry.queue_max = 4;
+    let gw = gateway(c).await;
+    let started = Instant::now();
+    assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    // The export of that one span is now stuck on the collector.
+    tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+        .await
+        .expect("the exporter connects");
+    for _ in 0..49 {
+        assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    }
+    assert!(
+        started.elapsed() < quotagate::otel::export::EXPORT_TIMEOUT,
+        "no request waited for the export"
+    );
+    let m = support::scrape(gw.admin).await;
+    // 4 fit in the queue; the other 45 were dropped.
+    assert_eq!(m[r#"quotagate_trace_spans_total{outcome="dropped"}"#], 45.0);
+}

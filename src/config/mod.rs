@@ -80,6 +80,7 @@ pub struct Config {
     pub rls: RlsConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -583,6 +584,32 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             level: "info".into(),
             access: false,
+        }
+    }
+}
+
+/// `[telemetry]`: OpenTelemetry traces (see `crate::otel`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP collector's base URL; spans go to `{base}/v1/traces`. Default: empty (off).
+    pub otlp_endpoint: String,
+    /// Share of requests without a sampled `traceparent` that are traced, 0 to 1 (a sampled
+    /// incoming `traceparent` is always traced). Default: 0.01.
+    pub sample_ratio: f64,
+    /// `service.name` of the spans. Default: `quotagate`.
+    pub service_name: String,
+    /// Spans waiting for export at most; more are dropped and counted. Default: 2048.
+    pub queue_max: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            sample_ratio: 0.01,
+            service_name: "quotagate".into(),
+            queue_max: 2048,
         }
     }
 }

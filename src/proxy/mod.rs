@@ -48,8 +48,12 @@ struct Record {
     decision: Decision,
     /// The endpoint's name, empty when none matched.
     endpoint: String,
-    /// The API key's fingerprint (access log only).
+    /// The API key's fingerprint (for the access log and traces only).
     key: Option<String>,
+    /// Whether to take `key` (it costs a SHA-256).
+    want_key: bool,
+    /// How long the store's decision took, when it was asked.
+    store_seconds: Option<f64>,
 }
 
 impl Default for Record {
@@ -58,6 +62,8 @@ impl Default for Record {
             decision: Decision::BadRequest,
             endpoint: String::new(),
             key: None,
+            want_key: false,
+            store_seconds: None,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The API keys refused most lately (`/status` `top_limited`).
     top: crate::top::TopLimited,
+    /// Traces requests, when `telemetry.otlp_endpoint` is set.
+    tracer: Option<Arc<crate::otel::Tracer>>,
     /// Settles what `cost_from` responses report.
     settler: Arc<report::Settler>,
     /// Frees the slots of requests that end.
@@ -96,6 +104,7 @@ impl Proxy {
         catalog: Arc<Live>,
         upstream: Arc<Upstream>,
         rt: &Runtime,
+        tracer: Option<Arc<crate::otel::Tracer>>,
     ) -> Proxy {
         let lines = Arc::new(wait::Lines::new(s.policy.wait_queue_max, &rt.metrics));
         Proxy {
@@ -107,6 +116,7 @@ impl Proxy {
             policy: s.policy.clone(),
             metrics: rt.metrics.clone(),
             top: Default::default(),
+            tracer,
             settler: Arc::new(report::Settler {
                 store: rt.store.clone(),
                 clock: rt.clock.clone(),
@@ -163,16 +173,41 @@ impl Proxy {
     pub async fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
     ) -> Response<Body> {
         let started = Instant::now();
         let access = self
             .policy
             .access_log
             .then(|| (req.method().clone(), req.uri().path().to_owned()));
-        let mut record = Record::default();
+        let traced = self.tracer.as_ref().and_then(|t| t.start(req.headers()));
+        let mut record = Record {
+            want_key: self.policy.access_log,
+            ..Record::default()
+        };
+        if let Some(t) = &traced {
+            // Sent on upstream: this request's span is the upstream's parent.
+            if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
+                req.headers_mut().insert("traceparent", v);
+            }
+            record.want_key = true;
+        }
+        let method = traced.as_ref().map(|_| req.method().clone());
         let resp = self.respond(peer, req, &mut record).await;
         let elapsed = started.elapsed();
+        if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
+            let route = record.endpoint.split_once(' ').map_or("", |(_, r)| r);
+            tracer.finish(crate::otel::Span {
+                started,
+                end: std::time::SystemTime::now(),
+                method,
+                route: route.to_owned(),
+                status: resp.status().as_u16(),
+                decision: record.decision.as_str(),
+                key: record.key.clone(),
+                store_seconds: record.store_seconds,
+            });
+        }
         let decision = record.decision;
         self.metrics.count_request(
             &record.endpoint,
@@ -209,7 +244,7 @@ impl Proxy {
         {
             Step::Done(admission) => admission,
             Step::Count(pending) => {
-                if self.policy.access_log {
+                if record.want_key {
                     record.key = Some(match pending.held.anonymous {
                         Some(_) => "anonymous".into(),
                         None => crate::telemetry::fingerprint(pending.held.key),
@@ -236,9 +271,9 @@ impl Proxy {
                             .await
                     }
                 };
-                self.metrics
-                    .decision_seconds
-                    .observe(asked.elapsed().as_secs_f64());
+                let store_seconds = asked.elapsed().as_secs_f64();
+                self.metrics.decision_seconds.observe(store_seconds);
+                record.store_seconds = Some(store_seconds);
                 let a = pending.conclude(counters, verdict, now_ms);
                 if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
                     self.top.count(now_ms, key, &e.name);

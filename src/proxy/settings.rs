@@ -113,4 +113,6 @@ impl TryFrom<&CatalogConfig> for Refresh {
 pub struct ProxySettings {
     pub policy: Policy,
     pub refresh: Refresh,
+    /// OpenTelemetry traces (`[telemetry]`); `None`: off.
+    pub trace: Option<crate::otel::TraceSettings>,
 }
