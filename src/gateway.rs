@@ -164,8 +164,7 @@ impl Gateway {
         };
         let mut exporter = None;
         let tracer = s.proxy.trace.as_ref().map(|t| {
-            let counts = crate::otel::SpanCounts::default();
-            let c = counts.0.clone();
+            let (counts, c) = crate::otel::SpanCounts::new();
             rt.metrics.register(|r| {
                 r.register(
                     "quotagate_trace_spans",
@@ -173,8 +172,8 @@ impl Gateway {
                     c,
                 )
             });
-            let (tracer, spans) = crate::otel::Tracer::new(t, counts.clone());
-            exporter = Some((t.clone(), spans, counts));
+            let (tracer, queue) = crate::otel::Tracer::new(t, counts.clone());
+            exporter = Some((t.clone(), queue, counts));
             tracer
         });
         Ok(Gateway {
@@ -216,10 +215,10 @@ impl Gateway {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some((settings, spans, counts)) = exporter {
+        if let Some((settings, queue, counts)) = exporter {
             tokio::spawn(crate::otel::export::run(
                 settings,
-                spans,
+                queue,
                 counts,
                 shutdown.clone(),
             ));

@@ -27,6 +27,36 @@ pub fn fingerprint(key: &[u8]) -> String {
     fingerprint_of(fingerprint_bits(key))
 }
 
+/// Fingerprints remembered per thread at most; past that the thread starts over.
+const REMEMBERED: usize = 4096;
+
+thread_local! {
+    static REMEMBERED_FINGERPRINTS: std::cell::RefCell<std::collections::HashMap<u64, String>> =
+        Default::default();
+}
+
+/// [`fingerprint`], remembered per thread by a seeded 64-bit hash of the key (a SHA-256 costs
+/// more than the rest of a traced request's bookkeeping; hot keys come back). Holds fingerprints
+/// only, never keys.
+pub fn fingerprint_remembered(key: &[u8]) -> String {
+    use std::hash::BuildHasher;
+    static IDS: std::sync::LazyLock<foldhash::fast::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    let id = IDS.hash_one(key);
+    REMEMBERED_FINGERPRINTS.with(|m| {
+        let mut m = m.borrow_mut();
+        if let Some(f) = m.get(&id) {
+            return f.clone();
+        }
+        if m.len() >= REMEMBERED {
+            m.clear();
+        }
+        let f = fingerprint(key);
+        m.insert(id, f.clone());
+        f
+    })
+}
+
 /// The 48 bits [`fingerprint`] shows, as a number (what `/status` `top_limited` keeps per key).
 pub fn fingerprint_bits(key: &[u8]) -> u64 {
     use sha2::{Digest, Sha256};
@@ -48,5 +78,8 @@ mod tests {
         assert_eq!(super::fingerprint(b"abc"), "key#ba7816bf8f01");
         assert_eq!(super::fingerprint(b"a"), super::fingerprint(b"a"));
         assert_ne!(super::fingerprint(b"a"), super::fingerprint(b"b"));
+        for _ in 0..2 {
+            assert_eq!(super::fingerprint_remembered(b"abc"), "key#ba7816bf8f01");
+        }
     }
 }

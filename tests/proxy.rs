@@ -2368,6 +2368,7 @@ async fn requests_are_traced_as_server_spans_that_continue_the_callers_trace() {
     let mut c = config(&up);
     c.telemetry.otlp_endpoint = collector.url.clone();
     c.telemetry.sample_ratio = 0.0;
+    c.telemetry.export_interval_ms = 50;
     let gw = gateway(c.clone()).await;
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller = "00f067aa0ba902b7";

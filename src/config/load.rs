@@ -91,6 +91,13 @@ fn coerce(option: &str, default: &toml::Value, raw: &str) -> Result<toml::Value,
                 .parse()
                 .map_err(|_| bad(format!("{raw:?} is not a whole number")))?,
         ),
+        toml::Value::Float(_) => toml::Value::Float(
+            raw.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| bad(format!("{raw:?} is not a number")))?,
+        ),
         toml::Value::Boolean(_) => toml::Value::Boolean(
             raw.trim()
                 .parse()
@@ -170,6 +177,13 @@ mod tests {
         assert_eq!(c.store.timeout_ms, 7);
         let c = load(None, &[("QUOTAGATE_LIMITS_ENABLED", "false")], &[]).unwrap();
         assert!(!c.limits.enabled);
+        // Numbers with a fraction, from whole or decimal text.
+        let c = load(None, &[], &["telemetry.sample_ratio=0"]).unwrap();
+        assert_eq!(c.telemetry.sample_ratio, 0.0);
+        let c = load(None, &[("QUOTAGATE_TELEMETRY_SAMPLE_RATIO", "0.5")], &[]).unwrap();
+        assert_eq!(c.telemetry.sample_ratio, 0.5);
+        let e = load(None, &[], &["telemetry.sample_ratio=NaN"]).unwrap_err();
+        assert!(e.to_string().contains("is not a number"), "{e}");
     }
 
     #[test]

@@ -601,6 +601,9 @@ pub struct TelemetryConfig {
     pub service_name: String,
     /// Spans waiting for export at most; more are dropped and counted. Default: 2048.
     pub queue_max: usize,
+    /// Exports start at most this often, unless a full batch waits. Default: 5000 ms (as
+    /// `OTEL_BSP_SCHEDULE_DELAY`).
+    pub export_interval_ms: u64,
 }
 
 impl Default for TelemetryConfig {
@@ -610,6 +613,7 @@ impl Default for TelemetryConfig {
             sample_ratio: 0.01,
             service_name: "quotagate".into(),
             queue_max: 2048,
+            export_interval_ms: 5000,
         }
     }
 }

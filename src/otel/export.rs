@@ -2,10 +2,11 @@
 //! (`ExportTraceServiceRequest`, `Content-Type: application/x-protobuf`), the messages being
 //! `opentelemetry-proto`'s, generated from the official definitions.
 //!
-//! One export at a time: the spans queued while it is in flight make the next batch (at most
-//! [`BATCH_MAX`]), so batches grow with the load and a quiet gateway sends each span soon after
-//! its request. An export that gets no answer within [`EXPORT_TIMEOUT`] fails; its spans are
-//! counted as `failed` and not retried (the queue behind it must not wait).
+//! One export at a time, and at most one per `telemetry.export_interval_ms` unless a full batch
+//! ([`BATCH_MAX`]) waits: a quiet gateway sends a span as soon as it comes (the last export was
+//! long ago), a busy one sends batches of what came in an interval. An export that gets no answer
+//! within [`EXPORT_TIMEOUT`] fails; its spans are counted as `failed` and not retried (the queue
+//! behind it must not wait).
 
 use std::time::{Duration, SystemTime};
 
@@ -13,21 +14,21 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1 as proto;
-use prost::Message;
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 
-use super::{Span, SpanCounts, TraceSettings};
+use super::{Queue, Span, SpanCounts, TraceSettings};
 
 /// Spans per export at most (the OpenTelemetry SDK's default batch size).
 pub const BATCH_MAX: usize = 512;
 /// How long an export may take (the OTLP exporters' default timeout).
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Posts what `spans` receives until `shutdown`, then what is still queued (one last try).
+/// Posts what `queue` holds until `shutdown`, then what is still queued (one last try).
 pub async fn run(
     settings: TraceSettings,
-    mut spans: mpsc::Receiver<Span>,
+    queue: Arc<Queue>,
     counts: SpanCounts,
     shutdown: CancellationToken,
 ) {
@@ -38,46 +39,104 @@ pub async fn run(
             return;
         }
     };
-    let resource = resource(&settings.service_name);
-    let mut batch = Vec::with_capacity(BATCH_MAX);
+    let head = Head::new(&settings.service_name);
+    let mut next = tokio::time::Instant::now();
     loop {
         let stopping = tokio::select! {
-            n = spans.recv_many(&mut batch, BATCH_MAX) => n == 0,
-            () = shutdown.cancelled() => {
-                while batch.len() < BATCH_MAX {
-                    match spans.try_recv() {
-                        Ok(s) => batch.push(s),
-                        Err(_) => break,
+            () = queue.woken() => {
+                // Until the interval since the last export is over, or a full batch waits.
+                while queue.len() < BATCH_MAX {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(next) => break,
+                        () = queue.woken() => {}
+                        () = shutdown.cancelled() => break,
                     }
                 }
-                true
+                shutdown.is_cancelled()
             }
+            () = shutdown.cancelled() => true,
         };
-        if !batch.is_empty() {
-            let body = encode(&resource, &batch).encode_to_vec();
+        let spans = queue.take();
+        if !spans.is_empty() {
+            next = tokio::time::Instant::now() + settings.export_interval;
+        }
+        for batch in spans.chunks(BATCH_MAX) {
             let sent = client
                 .post(settings.url.clone())
                 .header("content-type", "application/x-protobuf")
-                .body(body)
+                .body(head.encode(batch))
                 .send()
                 .await;
+            let n = batch.len() as u64;
             match sent {
-                Ok(r) if r.status().is_success() => counts.add("exported", batch.len()),
+                Ok(r) if r.status().is_success() => {
+                    counts.exported.inc_by(n);
+                }
                 Ok(r) => {
                     tracing::debug!(status = r.status().as_u16(), "the collector refused spans");
-                    counts.add("failed", batch.len());
+                    counts.failed.inc_by(n);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "spans could not be exported");
-                    counts.add("failed", batch.len());
+                    counts.failed.inc_by(n);
                 }
             }
-            batch.clear();
         }
         if stopping {
             return;
         }
     }
+}
+
+/// The parts of an export request that are the same in every one, encoded once.
+struct Head {
+    /// `ResourceSpans.resource` (field 1), tag and length included.
+    resource: Vec<u8>,
+    /// `ScopeSpans.scope` (field 1), tag and length included.
+    scope: Vec<u8>,
+}
+
+impl Head {
+    fn new(service_name: &str) -> Head {
+        let mut resource = Vec::new();
+        let mut scope = Vec::new();
+        prost::encoding::message::encode(1, &self::resource(service_name), &mut resource);
+        let s = InstrumentationScope {
+            name: "quotagate".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        };
+        prost::encoding::message::encode(1, &s, &mut scope);
+        Head { resource, scope }
+    }
+
+    /// The `ExportTraceServiceRequest` of `spans`, encoded: what `encode(..).encode_to_vec()`
+    /// gives, with the wrappers written here so each span is measured once, not once per level
+    /// of nesting (the test decodes it with the official message).
+    fn encode(&self, spans: &[Span]) -> Vec<u8> {
+        use prost::encoding::{WireType, encode_key, encode_varint};
+        let mut spans_part = Vec::with_capacity(spans.len() * 256);
+        for s in spans {
+            prost::encoding::message::encode(2, &span(s), &mut spans_part);
+        }
+        // ScopeSpans = scope + spans; ResourceSpans = resource + scope_spans (field 2);
+        // the request = resource_spans (field 1).
+        let scope_spans = self.scope.len() + spans_part.len();
+        let resource_spans = self.resource.len() + 1 + varint_len(scope_spans) + scope_spans;
+        let mut out = Vec::with_capacity(resource_spans + 16);
+        encode_key(1, WireType::LengthDelimited, &mut out);
+        encode_varint(resource_spans as u64, &mut out);
+        out.extend_from_slice(&self.resource);
+        encode_key(2, WireType::LengthDelimited, &mut out);
+        encode_varint(scope_spans as u64, &mut out);
+        out.extend_from_slice(&self.scope);
+        out.extend_from_slice(&spans_part);
+        out
+    }
+}
+
+fn varint_len(n: usize) -> usize {
+    prost::encoding::encoded_len_varint(n as u64)
 }
 
 fn resource(service_name: &str) -> Resource {
@@ -87,7 +146,7 @@ fn resource(service_name: &str) -> Resource {
     }
 }
 
-/// The export request of `spans`.
+/// The export request of `spans`, as a message ([`Head::encode`] writes the same bytes).
 pub fn encode(resource: &Resource, spans: &[Span]) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![proto::ResourceSpans {
@@ -112,8 +171,9 @@ fn span(s: &Span) -> proto::Span {
         int("http.response.status_code", i64::from(s.status)),
         text("quotagate.decision", s.decision),
     ];
-    if !s.route.is_empty() {
-        attributes.push(text("http.route", &s.route));
+    let route = s.endpoint.split_once(' ').map_or("", |(_, r)| r);
+    if !route.is_empty() {
+        attributes.push(text("http.route", route));
     }
     if let Some(k) = &s.key {
         attributes.push(text("quotagate.key", k));
@@ -127,9 +187,9 @@ fn span(s: &Span) -> proto::Span {
             ..Default::default()
         });
     }
-    let name = match s.route.is_empty() {
+    let name = match s.endpoint.is_empty() {
         true => s.method.as_str().to_owned(),
-        false => format!("{} {}", s.method, s.route),
+        false => s.endpoint.clone(),
     };
     proto::Span {
         trace_id: s.started.trace_id.to_vec(),
@@ -177,4 +237,44 @@ fn int(key: &str, v: i64) -> KeyValue {
 fn nanos(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn the_written_request_is_the_messages_encoding() {
+        let span = |n: u8| Span {
+            started: crate::otel::Started {
+                trace_id: [n; 16],
+                span_id: [n; 8],
+                parent: (n % 2 == 0).then_some([7; 8]),
+                start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            },
+            end: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_001),
+            method: http::Method::GET,
+            endpoint: if n == 3 {
+                String::new()
+            } else {
+                "GET /users/{id}".into()
+            },
+            status: 200 + u16::from(n),
+            decision: "allowed",
+            key: (n != 2).then(|| "key#0123456789ab".into()),
+            store_seconds: (n != 1).then_some(0.00012),
+        };
+        for n in [0, 1, 4, 300] {
+            let spans: Vec<Span> = (0..n).map(|i| span((i % 251) as u8)).collect();
+            let head = Head::new("quotagate");
+            let written = head.encode(&spans);
+            assert_eq!(
+                written,
+                encode(&resource("quotagate"), &spans).encode_to_vec()
+            );
+            let back = ExportTraceServiceRequest::decode(&written[..]).unwrap();
+            assert_eq!(back.resource_spans[0].scope_spans[0].spans.len(), n);
+        }
+    }
 }

@@ -188,26 +188,14 @@ impl Proxy {
         if let Some(t) = &traced {
             // Sent on upstream: this request's span is the upstream's parent.
             if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
-                req.headers_mut().insert("traceparent", v);
+                req.headers_mut()
+                    .insert(crate::otel::TRACEPARENT.clone(), v);
             }
             record.want_key = true;
         }
         let method = traced.as_ref().map(|_| req.method().clone());
         let resp = self.respond(peer, req, &mut record).await;
         let elapsed = started.elapsed();
-        if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
-            let route = record.endpoint.split_once(' ').map_or("", |(_, r)| r);
-            tracer.finish(crate::otel::Span {
-                started,
-                end: std::time::SystemTime::now(),
-                method,
-                route: route.to_owned(),
-                status: resp.status().as_u16(),
-                decision: record.decision.as_str(),
-                key: record.key.clone(),
-                store_seconds: record.store_seconds,
-            });
-        }
         let decision = record.decision;
         self.metrics.count_request(
             &record.endpoint,
@@ -226,6 +214,18 @@ impl Proxy {
                 ms = elapsed.as_secs_f64() * 1000.0,
                 "request"
             );
+        }
+        if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
+            tracer.finish(crate::otel::Span {
+                started,
+                end: std::time::SystemTime::now(),
+                method,
+                endpoint: std::mem::take(&mut record.endpoint),
+                status: resp.status().as_u16(),
+                decision: record.decision.as_str(),
+                key: record.key.take(),
+                store_seconds: record.store_seconds,
+            });
         }
         resp
     }
@@ -247,7 +247,7 @@ impl Proxy {
                 if record.want_key {
                     record.key = Some(match pending.held.anonymous {
                         Some(_) => "anonymous".into(),
-                        None => crate::telemetry::fingerprint(pending.held.key),
+                        None => crate::telemetry::fingerprint_remembered(pending.held.key),
                     });
                 }
                 let asked = Instant::now();
