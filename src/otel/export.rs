@@ -18,10 +18,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Queue, Span, SpanCounts, TraceSettings};
+use super::{BATCH_MAX, Queue, Span, SpanCounts, TraceSettings};
 
-/// Spans per export at most (the OpenTelemetry SDK's default batch size).
-pub const BATCH_MAX: usize = 512;
 /// How long an export may take (the OTLP exporters' default timeout).
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -250,7 +248,7 @@ mod tests {
             started: crate::otel::Started {
                 trace_id: [n; 16],
                 span_id: [n; 8],
-                parent: (n % 2 == 0).then_some([7; 8]),
+                parent: n.is_multiple_of(2).then_some([7; 8]),
                 start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
             },
             end: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_001),

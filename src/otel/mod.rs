@@ -24,6 +24,9 @@ use std::sync::Mutex;
 use crate::config::{ConfigError, TelemetryConfig};
 use crate::metrics::OutcomeLabels;
 
+/// Spans per export at most (the OpenTelemetry SDK's default batch size).
+pub const BATCH_MAX: usize = 512;
+
 /// The W3C Trace Context header.
 pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
@@ -239,7 +242,7 @@ impl Tracer {
         spans.push(span);
         let n = spans.len();
         drop(spans);
-        if n == 1 || n == export::BATCH_MAX {
+        if n == 1 || n == BATCH_MAX {
             self.queue.wake.notify_one();
         }
     }
