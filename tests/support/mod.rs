@@ -263,8 +263,8 @@ impl Upstream {
         Upstream::start_with(Default::default()).await
     }
 
-    /// An upstream with these connection settings (`header_read_timeout` also closes idle
-    /// keep-alive connections).
+    /// An upstream with these connection settings (`keep_alive_timeout` closes idle keep-alive
+    /// connections).
     pub async fn start_with(settings: quotagate::server::HttpSettings) -> Upstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         Upstream::serve(listener, settings, None).await
