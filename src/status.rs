@@ -82,6 +82,27 @@ pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
 /// Decisions whose requests went upstream (the rest were answered by quotagate).
 const FORWARDED: [&str; 4] = ["allowed", "shadow_limited", "unlimited", "store_open"];
 
+/// A sample's `endpoint` label, `(no endpoint)` when none matched.
+fn endpoint_of(s: &Sample) -> &str {
+    match s.label("endpoint") {
+        "" => "(no endpoint)",
+        e => e,
+    }
+}
+
+/// A sample's `le` label as a number (`+Inf` reads as infinity).
+fn bound_of(s: &Sample) -> f64 {
+    s.label("le").parse().unwrap_or(f64::INFINITY)
+}
+
+/// Adds `n` to the bucket of bound `le` in `all` (summing histograms by bound).
+fn add_bucket(all: &mut Vec<(f64, f64)>, le: f64, n: f64) {
+    match all.iter_mut().find(|(l, _)| *l == le) {
+        Some(slot) => slot.1 += n,
+        None => all.push((le, n)),
+    }
+}
+
 /// What requests' decisions come to, as `/status` and the dashboard group them.
 pub const OUTCOMES: [&str; 3] = ["allowed", "limited", "rejected"];
 
@@ -104,16 +125,11 @@ pub fn reading(samples: &[Sample], at_ms: u64) -> crate::history::Reading {
     for s in samples {
         match s.name.as_str() {
             "quotagate_requests_total" => {
-                let e = s.label("endpoint");
-                let e = if e.is_empty() { "(no endpoint)" } else { e };
-                endpoints.entry(e).or_default()[outcome(s.label("decision"))] += s.value;
+                endpoints.entry(endpoint_of(s)).or_default()[outcome(s.label("decision"))] +=
+                    s.value;
             }
             "quotagate_request_duration_seconds_bucket" => {
-                let le = s.label("le").parse().unwrap_or(f64::INFINITY);
-                match latency.iter_mut().find(|(l, _)| *l == le) {
-                    Some(slot) => slot.1 += s.value,
-                    None => latency.push((le, s.value)),
-                }
+                add_bucket(&mut latency, bound_of(s), s.value)
             }
             "quotagate_decision_duration_seconds_count" => decided = s.value,
             _ => {}
@@ -147,8 +163,7 @@ pub fn traffic(samples: &[Sample]) -> Value {
         match s.name.as_str() {
             "quotagate_requests_total" => {
                 let d = s.label("decision");
-                let e = s.label("endpoint");
-                let e = if e.is_empty() { "(no endpoint)" } else { e };
+                let e = endpoint_of(s);
                 add(&mut decisions, d, s.value);
                 let entry = endpoints.entry(e).or_insert_with(|| {
                     json!({"name": e, "allowed": 0.0, "limited": 0.0, "rejected": 0.0, "decisions": {}})
@@ -163,19 +178,11 @@ pub fn traffic(samples: &[Sample]) -> Value {
             "quotagate_requests_waiting" => waiting = s.value,
             "quotagate_waits_total" => add(&mut waits, s.label("outcome"), s.value),
             "quotagate_wait_duration_seconds_bucket" => {
-                let le = s.label("le").parse().unwrap_or(f64::INFINITY);
-                wait_buckets.push((le, s.value));
+                wait_buckets.push((bound_of(s), s.value));
             }
             "quotagate_request_duration_seconds_bucket" => {
-                let le = s.label("le");
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap_or(f64::INFINITY)
-                };
-                let e = s.label("endpoint");
-                let e = if e.is_empty() { "(no endpoint)" } else { e };
-                buckets.entry(e.to_owned()).or_default().push((le, s.value));
+                (buckets.entry(endpoint_of(s).to_owned()).or_default())
+                    .push((bound_of(s), s.value));
             }
             "divvy_hits_total" => {
                 let rule = s.label("rule_label");
@@ -194,10 +201,7 @@ pub fn traffic(samples: &[Sample]) -> Value {
     for (name, b) in &mut buckets {
         b.sort_by(|x, y| x.0.total_cmp(&y.0));
         for &(le, n) in b.iter() {
-            match all.iter_mut().find(|(l, _)| *l == le) {
-                Some(slot) => slot.1 += n,
-                None => all.push((le, n)),
-            }
+            add_bucket(&mut all, le, n);
         }
         if let Some(e) = endpoints.get_mut(name) {
             let q = |p| quantile(b, p).filter(|v| v.is_finite());
