@@ -2066,7 +2066,7 @@ const WAIT_CATALOG: &str = r#"{
   "methods": ["GET"], "paths": ["/hold/{ms}", "/w"],
   "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0}],
   "apilimits": [
-    {"key": "k1", "limits": [{"ep": 1, "rl": 2, "w": 3, "wait_ms": 4000},
+    {"key": "k1", "limits": [{"ep": 1, "rl": 2, "w": 1, "wait_ms": 1500},
                              {"ep": 0, "concurrent": 1, "wait_ms": 2000}]},
     {"key": "k2", "limits": [{"ep": 0, "concurrent": 1, "wait_ms": 300}]}
   ]
@@ -2093,12 +2093,11 @@ fn later(
     })
 }
 
-/// Two per 3 s, waiting up to 4 s, on the system's clock (a wait sleeps in real time): the third
-/// and fourth wait in line for the window to free them, the fifth could not get room within its
-/// wait (6 s away, behind two) and is refused at once with that wait.
+/// Two per second, waiting up to 1.5 s: the third and fourth wait in line for the second that
+/// frees them, the fifth could not get room within its wait and is refused at once. Waits are
+/// timed by the gateway's clock: the test moves it, and nothing else can end a wait.
 async fn waiting_for_a_rate(c: Config) {
-    let gw = TestGateway::start_real_time(c, WAIT_CATALOG).await;
-    let started = std::time::Instant::now();
+    let gw = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
     for _ in 0..2 {
         assert_eq!(get(&gw.url("/w"), &[KEY]).await.status, 200);
     }
@@ -2112,32 +2111,32 @@ async fn waiting_for_a_rate(c: Config) {
         metric(&gw, "quotagate_requests_waiting").await == 2.0
     })
     .await;
-    let sent = std::time::Instant::now();
+    // Answered while the clock stands still: refused without waiting.
     let fifth = get(&gw.url("/w"), &[KEY]).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "set up within 2 s, so that the fifth's room is more than 4 s away"
-    );
     assert_eq!(fifth.status, 429, "room for it comes after its wait");
+    assert_eq!(fifth.header("retry-after"), Some("2"), "behind two in line");
     assert!(
-        sent.elapsed() < Duration::from_millis(500),
-        "refused at once"
+        !third.is_finished() && !fourth.is_finished(),
+        "the two in line wait for the clock"
     );
-    let retry: u64 = fifth.header("retry-after").unwrap().parse().unwrap();
-    assert!((5..=6).contains(&retry), "behind two in line: {retry}");
+    // A second passes (the gateway's clock): room for the two in line.
+    gw.clock.advance_ms(1000);
     for (name, waiting) in [("third", third), ("fourth", fourth)] {
-        let (got, took) = waiting.await.unwrap();
-        assert_eq!(got.status, 200, "{name}");
-        assert!(
-            took >= Duration::from_millis(1000),
-            "{name} waited: {took:?}"
-        );
+        assert_eq!(waiting.await.unwrap().0.status, 200, "{name}");
     }
     assert_eq!(
         metric(&gw, r#"quotagate_waits_total{outcome="admitted"}"#).await,
         2.0
     );
     assert_eq!(metric(&gw, "quotagate_requests_waiting").await, 0.0);
+    // The second is full: the next waits for the one after.
+    let sixth = later(gw.url("/w"), &[KEY]);
+    support::eventually(Duration::from_secs(5), || async {
+        metric(&gw, "quotagate_requests_waiting").await == 1.0
+    })
+    .await;
+    gw.clock.advance_ms(1000);
+    assert_eq!(sixth.await.unwrap().0.status, 200);
 }
 
 #[tokio::test]
@@ -2153,55 +2152,65 @@ async fn waiting_for_a_rate_on_redis() {
     waiting_for_a_rate(redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
 
+/// A request of `key` on `/hold/{ms}` that holds its slot until the returned stream is dropped
+/// (its upstream answers in a minute), once the upstream has it.
+async fn holding(gw: &TestGateway, up: &Upstream, key: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let path = "/hold/60000";
+    let held = || {
+        up.requests()
+            .iter()
+            .filter(|r| r.path_and_query == path)
+            .count()
+    };
+    let before = held();
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: {key}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    support::eventually(Duration::from_secs(5), || async { held() > before }).await;
+    s
+}
+
 /// Waiting for a slot: admitted when the request holding it ends, or refused when the wait runs
-/// out; a client that leaves the line is gone from it at once; the lines are bounded.
-async fn waiting_for_a_slot(mut c: Config) {
+/// out (the gateway's clock, moved by the test); a client that leaves the line is gone from it at
+/// once; the lines are bounded.
+async fn waiting_for_a_slot(up: &Upstream, mut c: Config) {
     c.limits.wait_queue_max = 1;
     let gw = TestGateway::start(c, WAIT_CATALOG, FakeClock::new(T0)).await;
     let k2: &'static [(&str, &str)] = &[("X-Api-Key", "k2")];
-    let holder = later(gw.url("/hold/1500"), k2);
+    let holder = holding(&gw, up, "k2").await;
+    let waiter = later(gw.url("/hold/0"), k2);
     support::eventually(Duration::from_secs(5), || async {
-        get(&gw.url("/hold/0"), &[("X-Api-Key", "k2")]).await.status == 429
+        metric(&gw, "quotagate_requests_waiting").await == 1.0
     })
     .await;
-    let (got, took) = later(gw.url("/hold/0"), k2).await.unwrap();
+    gw.clock.advance_ms(299);
+    assert_eq!(get(&gw.url("/hold/0"), k2).await.status, 429, "line full");
+    assert!(!waiter.is_finished(), "1 ms of its wait left");
+    gw.clock.advance_ms(1);
+    let got = waiter.await.unwrap().0;
     assert_eq!(got.status, 429, "its 300 ms ran out");
-    assert!(
-        took >= Duration::from_millis(290),
-        "after waiting: {took:?}"
-    );
     assert_eq!(got.header("retry-after"), None);
-    assert_eq!(holder.await.unwrap().0.status, 200);
+    drop(holder);
 
-    let holder = later(gw.url("/hold/600"), &[KEY]);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let holder = holding(&gw, up, "k1").await;
     let waiter = later(gw.url("/hold/0"), &[KEY]);
     support::eventually(Duration::from_secs(5), || async {
         metric(&gw, "quotagate_requests_waiting").await == 1.0
     })
     .await;
-    let sent = std::time::Instant::now();
+    // Answered while the clock stands still: refused without waiting.
     let full = get(&gw.url("/hold/0"), &[KEY]).await;
     assert_eq!(full.status, 429, "the lines hold one request");
-    assert!(
-        sent.elapsed() < Duration::from_millis(300),
-        "refused at once"
-    );
-    let (got, took) = waiter.await.unwrap();
+    assert!(!waiter.is_finished(), "still waiting");
+    drop(holder);
+    let got = waiter.await.unwrap().0;
     assert_eq!(got.status, 200, "admitted when the slot was freed");
-    assert!(took < Duration::from_millis(1500), "{took:?}");
-    assert_eq!(holder.await.unwrap().0.status, 200);
 
     // A client that leaves the line.
     use tokio::io::AsyncWriteExt;
-    let holder = later(gw.url("/hold/1000"), &[KEY]);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let addr = gw
-        .url("/")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let holder = holding(&gw, up, "k1").await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     s.write_all(b"GET /hold/0 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
         .await
         .unwrap();
@@ -2215,20 +2224,20 @@ async fn waiting_for_a_slot(mut c: Config) {
     })
     .await;
     assert_eq!(metric(&gw, "quotagate_requests_waiting").await, 0.0);
-    assert_eq!(holder.await.unwrap().0.status, 200);
+    drop(holder);
 }
 
 #[tokio::test]
 async fn waiting_for_a_slot_on_memory() {
     let up = Upstream::start().await;
-    waiting_for_a_slot(config(&up)).await;
+    waiting_for_a_slot(&up, config(&up)).await;
 }
 
 #[tokio::test]
 async fn waiting_for_a_slot_on_redis() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    waiting_for_a_slot(redis_config(&up, &redis, FailurePolicy::Closed)).await;
+    waiting_for_a_slot(&up, redis_config(&up, &redis, FailurePolicy::Closed)).await;
 }
 
 /// On one Redis, a request waiting at one instance gets the slot that a request at another

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -221,8 +222,7 @@ impl Lines {
                 };
             }
         }
-        // Its turn, within the wait; then room, within the wait (by the clock of the decisions,
-        // and never longer than the wait in real time either).
+        // Its turn, within the wait; then room, within the wait (by the clock of the decisions).
         let waited = async {
             let _turn = place.line.turn.lock().await;
             loop {
@@ -243,28 +243,38 @@ impl Lines {
                 if by_rate {
                     match Box::pin(self.room(ask, 1, now_ms)).await {
                         Some(ms) if now_ms + ms <= deadline_ms => {
-                            tokio::time::sleep(Duration::from_millis(ms.max(1))).await;
+                            until(ask.clock, now_ms + ms.max(1)).await;
                         }
                         _ => return (v, Ended::Refused),
                     }
                 } else {
-                    // A slot: woken when one is freed here, or to ask again on a shared store.
-                    let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms).max(1));
-                    let pause = match ask.store.shared() {
-                        Some(_) => left.min(SLOT_POLL),
-                        None => left,
+                    // A slot: woken when one is freed here, when the wait is up, or (on a shared
+                    // store, in real time) to ask again for one freed by another instance.
+                    let poll = async {
+                        match ask.store.shared() {
+                            Some(_) => tokio::time::sleep(SLOT_POLL).await,
+                            None => std::future::pending().await,
+                        }
                     };
-                    let _ = tokio::time::timeout(pause, place.line.freed.notified()).await;
+                    tokio::select! {
+                        _ = place.line.freed.notified() => {}
+                        _ = until(ask.clock, deadline_ms) => {}
+                        _ = poll => {}
+                    }
                 }
             }
         };
-        let real = Duration::from_millis(budget);
-        match tokio::time::timeout(real, waited).await {
-            Ok((v, outcome)) => {
+        // Waiting for its turn is bounded by the wait too.
+        let ended = tokio::select! {
+            ended = waited => Some(ended),
+            _ = until(ask.clock, deadline_ms) => None,
+        };
+        match ended {
+            Some((v, outcome)) => {
                 place.outcome = Some(outcome);
                 v
             }
-            Err(_) => {
+            None => {
                 place.outcome = Some(Ended::Refused);
                 Box::pin(self.refused_behind(ask, None)).await
             }
@@ -293,6 +303,32 @@ impl Lines {
             // The store cannot be read: its failure policy answers, as for a hit.
             Err(_) => ask.store.hit_parts(ask.parts, ask.cost, now_ms).await,
         }
+    }
+}
+
+/// Resolves once `clock` reads `at_ms`: woken by a clock moved by hand (a test's), else after
+/// the time left in real time.
+async fn until(clock: &dyn Clock, at_ms: u64) {
+    let by_hand = std::future::poll_fn(|cx| {
+        if clock.now_ms() >= at_ms {
+            Poll::Ready(true)
+        } else if clock.wake_at(at_ms, cx.waker()) {
+            Poll::Pending
+        } else {
+            Poll::Ready(false)
+        }
+    })
+    .await;
+    if by_hand {
+        return;
+    }
+    // A clock read from the system may be a millisecond behind the timer: sleep what is left.
+    loop {
+        let now_ms = clock.now_ms();
+        if now_ms >= at_ms {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(at_ms - now_ms)).await;
     }
 }
 

@@ -514,27 +514,11 @@ impl TestGateway {
         TestGateway::start_with(config, Some(catalog_json), clock).await
     }
 
-    /// A gateway on the system's clock (`clock` is then unused): for what waits in real time.
-    pub async fn start_real_time(config: Config, catalog_json: &str) -> TestGateway {
-        let clock = Arc::new(quotagate_engine::clock::SystemClock::new());
-        TestGateway::start_on(config, Some(catalog_json), FakeClock::new(0), clock).await
-    }
-
     /// A gateway with a start-up catalog, or none (it then waits for its catalog server).
     pub async fn start_with(
         config: Config,
         catalog_json: Option<&str>,
         clock: FakeClock,
-    ) -> TestGateway {
-        let on = Arc::new(clock.clone());
-        TestGateway::start_on(config, catalog_json, clock, on).await
-    }
-
-    async fn start_on(
-        config: Config,
-        catalog_json: Option<&str>,
-        clock: FakeClock,
-        on: Arc<dyn quotagate_engine::clock::Clock>,
     ) -> TestGateway {
         let catalog =
             catalog_json.map(|j| Snapshot::from_json("test catalog", j.as_bytes()).unwrap());
@@ -547,7 +531,7 @@ impl TestGateway {
         config.admin.enabled = true;
         config.rls.listen = "127.0.0.1:0".into();
         let settings = Settings::new(config, |_| None, quotagate::settings::Serve::all()).unwrap();
-        let app = Arc::new(App::build(&settings, on, catalog).unwrap());
+        let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());
         let listeners = app.bind().await.unwrap();
         let addr = listeners.gateway().unwrap();
         let admin = listeners.admin().unwrap();
