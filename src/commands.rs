@@ -133,7 +133,9 @@ pub async fn catalog_server(
         );
     }
     let clock = Arc::new(SystemClock::new());
-    let server = Arc::new(CatalogServer::new(source.into(), header, secret, clock));
+    let max_bytes = crate::config::max_bytes(catalog.max_bytes)?;
+    let server =
+        Arc::new(CatalogServer::new(source.into(), header, secret, clock).max_bytes(max_bytes));
     let (listener, listen) = bind(addr).await?;
     tracing::info!(%listen, "catalog server listening");
     server::serve(
@@ -256,7 +258,7 @@ fn is_rule_file(path: &Path) -> bool {
 
 /// `quotagate validate [--strict] FILE...`: prints a line per file, and a warning per catalog field
 /// quotagate does not know; true when all are valid (with `strict`, also without such fields).
-pub fn validate(files: &[PathBuf], strict: bool) -> bool {
+pub fn validate(files: &[PathBuf], strict: bool, max_bytes: u64) -> bool {
     let mut ok = true;
     for f in files {
         let name = f.display();
@@ -273,7 +275,7 @@ pub fn validate(files: &[PathBuf], strict: bool) -> bool {
             }
             continue;
         }
-        match crate::catalog::load_file(f) {
+        match crate::catalog::load_file(f, max_bytes) {
             Ok(s) => {
                 let unknown = s.unknown_fields();
                 let refused = strict && !unknown.is_empty();

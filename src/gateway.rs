@@ -33,6 +33,8 @@ pub struct GatewaySettings {
     pub upstream: UpstreamSettings,
     /// Catalog loaded at start-up (`catalog.file`).
     pub catalog_file: Option<PathBuf>,
+    /// The largest catalog accepted (`catalog.max_bytes`).
+    pub catalog_max_bytes: u64,
     /// The catalog server to poll (`catalog.server_url`).
     pub poller: Option<PollerOptions>,
     /// Redis channel of the catalog announcements (used with the Redis store).
@@ -58,6 +60,7 @@ impl TryFrom<&Config> for GatewaySettings {
             },
             upstream: UpstreamSettings::try_from(c)?,
             catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
+            catalog_max_bytes: crate::config::max_bytes(c.catalog.max_bytes)?,
             poller,
             announce_channel: c.catalog.announce_channel.clone(),
         })
@@ -118,7 +121,7 @@ impl Gateway {
         let upstream = Arc::new(edge_upstream(&s.upstream, rt)?);
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
-            (None, Some(file)) => Some(crate::catalog::load_file(file)?),
+            (None, Some(file)) => Some(crate::catalog::load_file(file, s.catalog_max_bytes)?),
             (None, None) if s.poller.is_none() => {
                 return Err(ConfigError::general(
                     "no catalog: set catalog.file, catalog.server_url or both",

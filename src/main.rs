@@ -66,6 +66,9 @@ enum ToolCommand {
         /// Refuse catalogs with fields quotagate does not know.
         #[arg(long)]
         strict: bool,
+        /// The largest catalog accepted, in bytes (as `catalog.max_bytes`; default 64 MiB).
+        #[arg(long, default_value_t = quotagate::catalog::MAX_CATALOG_BYTES)]
+        max_bytes: u64,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -201,7 +204,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
 
 async fn run_tool(tool: ToolCommand) -> Result<ExitCode, StartError> {
     Ok(match tool {
-        ToolCommand::Validate { strict, files } => exit(commands::validate(&files, strict)),
+        ToolCommand::Validate {
+            strict,
+            max_bytes,
+            files,
+        } => exit(commands::validate(&files, strict, max_bytes)),
         ToolCommand::Health { url } => exit(commands::health(&url).await),
         ToolCommand::DivvyLoad {
             addr,

@@ -327,16 +327,21 @@ async fn two_instances_converge_within_a_second(
 #[tokio::test]
 async fn every_failure_keeps_the_last_good_catalog_serving() {
     let up = Upstream::start().await;
-    let good = catalog("2026-01-01T00:00:00Z", &[("k1", 7)]);
+    let good = catalog("2026-01-01T00:00:00Z", &[("k1", 20)]);
     let faulty = FaultyCatalogServer::start(Fault::Body(good.clone())).await;
     let mut c = config(&up, &faulty.url());
     c.catalog.poll_interval_ms = 50;
     c.catalog.backoff_max_ms = 100;
     c.catalog.request_timeout_ms = 300;
+    c.catalog.max_bytes = 4096;
     let gw = ready_gateway(c).await;
     let served = gw.gateway.catalog().snapshot().version.hash.clone();
 
     let older = catalog("2025-01-01T00:00:00Z", &[("k1", 1)]);
+    let keys: Vec<(String, u64)> = (0..200).map(|i| (format!("key{i}"), 5)).collect();
+    let keys: Vec<(&str, u64)> = keys.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    let large = catalog("2026-01-02T00:00:00Z", &keys);
+    assert!(large.len() > 4096);
     let broken =
         r#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 1, "m": 0}]}"#.to_owned();
     for (fault, kind) in [
@@ -347,6 +352,7 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
         (Fault::Body("{not json".into()), "invalid"),
         (Fault::Body(broken), "invalid"),
         (Fault::Body(older), "older"),
+        (Fault::Body(large), "too_large"),
     ] {
         faulty.set(fault.clone());
         let started = Instant::now();
@@ -361,7 +367,7 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
         let r = get(&gw.url("/items/1"), &[("X-Api-Key", "k1")]).await;
         assert_eq!(
             (r.status, r.header("ratelimit-limit")),
-            (200, Some("7")),
+            (200, Some("20")),
             "{fault:?}"
         );
         assert_eq!(

@@ -137,6 +137,13 @@ fn validate_warns_of_unknown_catalog_fields_and_refuses_missing_ones() {
         String::from_utf8_lossy(&out.stdout)
             .starts_with(&format!("{path}: refused (--strict) catalog"))
     );
+    let out = quotagate(&["validate", "--max-bytes", "100", path]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("the largest catalog accepted is 100 bytes (catalog.max_bytes)"),
+        "{out:?}"
+    );
     // A misspelt field that every catalog has is an error, not an empty catalog.
     let typo = dir.path().join("typo.json");
     std::fs::write(

@@ -12,8 +12,8 @@ use std::path::Path;
 
 pub use quotagate_engine::catalog::*;
 
-/// Reads, parses and validates a catalog file (at most [`MAX_CATALOG_BYTES`]).
-pub fn load_file(path: &Path) -> Result<Snapshot, CatalogError> {
+/// Reads, parses and validates a catalog file of at most `max_bytes`.
+pub fn load_file(path: &Path, max_bytes: u64) -> Result<Snapshot, CatalogError> {
     let source = path.display().to_string();
     let one = |reason: String| CatalogError {
         source: source.clone(),
@@ -23,9 +23,9 @@ pub fn load_file(path: &Path) -> Result<Snapshot, CatalogError> {
         }],
     };
     let meta = std::fs::metadata(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
-    if meta.len() > MAX_CATALOG_BYTES {
+    if meta.len() > max_bytes {
         return Err(one(format!(
-            "it is {} bytes; the largest catalog accepted is {MAX_CATALOG_BYTES} bytes",
+            "it is {} bytes; the largest catalog accepted is {max_bytes} bytes (catalog.max_bytes)",
             meta.len()
         )));
     }

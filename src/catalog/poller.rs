@@ -21,7 +21,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
-use super::MAX_CATALOG_BYTES;
 use super::live::Live;
 use super::server::content_hash;
 use super::{CatalogDiff, CatalogDoc, CatalogVersion, Snapshot};
@@ -76,7 +75,7 @@ impl TryFrom<&CatalogConfig> for PollerOptions {
             request_timeout: positive_ms("catalog.request_timeout_ms", c.request_timeout_ms)?,
             backoff_max: positive_ms("catalog.backoff_max_ms", c.backoff_max_ms)?,
             refresh_min_interval: Duration::from_millis(c.refresh_min_interval_ms),
-            max_bytes: MAX_CATALOG_BYTES,
+            max_bytes: crate::config::max_bytes(c.max_bytes)?,
         })
     }
 }

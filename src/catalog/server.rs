@@ -65,6 +65,8 @@ pub struct CatalogServer {
     auth_header: HeaderName,
     /// `None`: no authentication.
     secret: Option<Vec<u8>>,
+    /// The largest file served.
+    max_bytes: u64,
     /// `std::sync::Mutex`: held to check the source and copy an `Arc` out, never across an await.
     state: Mutex<State>,
     pub stats: Stats,
@@ -112,9 +114,16 @@ impl CatalogServer {
             source,
             auth_header,
             secret: secret.filter(|s| !s.is_empty()).map(String::into_bytes),
+            max_bytes: super::MAX_CATALOG_BYTES,
             state: Mutex::default(),
             stats: Stats::default(),
         }
+    }
+
+    /// Serves files of at most `bytes` (larger ones are logged and not served). Default: 64 MiB.
+    pub fn max_bytes(mut self, bytes: u64) -> CatalogServer {
+        self.max_bytes = bytes;
+        self
     }
 
     /// The newest version, after picking up any edit of the source.
@@ -151,8 +160,8 @@ impl CatalogServer {
             return;
         }
         st.seen = Some(stamp);
-        if meta.len() > super::MAX_CATALOG_BYTES {
-            tracing::warn!(file = %file.display(), bytes = meta.len(), "catalog source is larger than 64 MiB; still serving the last good version");
+        if meta.len() > self.max_bytes {
+            tracing::warn!(file = %file.display(), bytes = meta.len(), max_bytes = self.max_bytes, "catalog source is larger than catalog.max_bytes; still serving the last good version");
             return;
         }
         let Ok(bytes) = std::fs::read(&file) else {

@@ -337,6 +337,9 @@ pub struct CatalogConfig {
     /// Redis channel on which instances announce new catalog versions (with `store.kind = "redis"`).
     /// Default: `quotagate:catalog`.
     pub announce_channel: String,
+    /// Largest catalog accepted from a file or a catalog server, and served by `quotagate
+    /// catalog-server`, in bytes. Default: 67108864 (64 MiB).
+    pub max_bytes: u64,
 }
 
 impl Default for CatalogConfig {
@@ -356,6 +359,7 @@ impl Default for CatalogConfig {
             refresh_min_interval_ms: 1_000,
             refresh_wait_ms: 2_000,
             announce_channel: "quotagate:catalog".into(),
+            max_bytes: crate::catalog::MAX_CATALOG_BYTES,
         }
     }
 }
@@ -624,6 +628,14 @@ pub(crate) fn positive_ms(name: &str, v: u64) -> Result<Duration, ConfigError> {
         return Err(ConfigError::option(name, "must be above 0"));
     }
     Ok(Duration::from_millis(v))
+}
+
+/// `catalog.max_bytes`, checked.
+pub(crate) fn max_bytes(v: u64) -> Result<u64, ConfigError> {
+    match v {
+        0 => Err(ConfigError::option("catalog.max_bytes", "must be above 0")),
+        v => Ok(v),
+    }
 }
 
 /// A socket address option (`127.0.0.1:8080`).

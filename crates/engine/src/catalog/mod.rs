@@ -26,5 +26,6 @@ pub use doc::{
 pub use error::{CatalogError, Problem};
 pub use snapshot::{Applied, Endpoint, LimitLookup, MAX_COST, Snapshot};
 
-/// Largest catalog accepted, from a file or from a catalog server. Default: 64 MiB.
+/// Largest catalog accepted, from a file or from a catalog server, unless `catalog.max_bytes`
+/// says otherwise: 64 MiB.
 pub const MAX_CATALOG_BYTES: u64 = 64 * 1024 * 1024;
