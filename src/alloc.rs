@@ -46,3 +46,11 @@ pub fn collect() {
     // SAFETY: mi_collect may be called from any thread at any time.
     unsafe { libmimalloc_sys::mi_collect(false) }
 }
+
+/// Returns to the system at once what the calling thread has freed: after a catalog was parsed
+/// and built (hundreds of megabytes for a million keys, freed on a thread that may then idle and
+/// never collect). Costs a scan of the thread's heap: not for the request path.
+pub fn release() {
+    // SAFETY: as for `collect`.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}

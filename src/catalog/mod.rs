@@ -30,5 +30,8 @@ pub fn load_file(path: &Path, max_bytes: u64) -> Result<Snapshot, CatalogError> 
         )));
     }
     let bytes = std::fs::read(path).map_err(|e| CatalogError::unreadable(&source, &e))?;
-    Snapshot::from_json(&source, &bytes)
+    let snapshot = Snapshot::from_json(&source, &bytes);
+    drop(bytes);
+    crate::alloc::release();
+    snapshot
 }

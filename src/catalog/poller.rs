@@ -31,6 +31,20 @@ use crate::metrics::OutcomeLabels;
 /// share one fetch.
 pub const COALESCE: Duration = Duration::from_millis(20);
 
+/// Runs catalog work (parsing, building, applying a diff: seconds for a million keys) on tokio's
+/// blocking threads, so that the workers keep serving requests meanwhile.
+async fn off_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, PollError> {
+    tokio::task::spawn_blocking(|| {
+        let done = work();
+        crate::alloc::release();
+        done
+    })
+    .await
+    .map_err(|e| PollError::Invalid(format!("building the catalog failed: {e}")))
+}
+
 /// Poller settings (see `[catalog]` in `docs/configuration.md`).
 #[derive(Debug, Clone)]
 pub struct PollerOptions {
@@ -315,7 +329,7 @@ impl<F: Fetch> Poller<F> {
                         });
                     }
                     if !current_hash.is_empty()
-                        && let Some(outcome) = self.try_diff(&current, &current_hash).await?
+                        && let Some(outcome) = self.try_diff(current.clone(), &current_hash).await?
                     {
                         return Ok(outcome);
                     }
@@ -342,14 +356,18 @@ impl<F: Fetch> Poller<F> {
         match status {
             StatusCode::NOT_MODIFIED => Ok(PollOutcome::Unchanged),
             StatusCode::OK => {
-                let (mut doc, unknown) = CatalogDoc::parse_reporting("/indexed_limits", &body)
-                    .map_err(|e| PollError::Invalid(e.to_string()))?;
-                if doc.hash().is_empty() {
-                    // A server without versions: the content identifies the version.
-                    let mut v = doc.version.take().unwrap_or_default();
-                    v.hash = content_hash(&body);
-                    doc.version = Some(v);
-                }
+                let (doc, unknown) = off_workers(move || {
+                    let (mut doc, unknown) = CatalogDoc::parse_reporting("/indexed_limits", &body)?;
+                    if doc.hash().is_empty() {
+                        // A server without versions: the content identifies the version.
+                        let mut v = doc.version.take().unwrap_or_default();
+                        v.hash = content_hash(&body);
+                        doc.version = Some(v);
+                    }
+                    Ok::<_, super::CatalogError>((doc, unknown))
+                })
+                .await?
+                .map_err(|e| PollError::Invalid(e.to_string()))?;
                 *self.etag.lock().unwrap_or_else(|e| e.into_inner()) = etag;
                 if ready && doc.hash() == current_hash {
                     return Ok(PollOutcome::Unchanged);
@@ -361,7 +379,13 @@ impl<F: Fetch> Poller<F> {
                         current: current_hash,
                     });
                 }
-                self.apply(doc, unknown, false)
+                let source = self.opts.url.to_string();
+                let snapshot = off_workers(move || {
+                    Snapshot::build(&source, doc).map(|s| s.with_unknown_fields(unknown))
+                })
+                .await?
+                .map_err(|e| PollError::Invalid(e.to_string()))?;
+                Ok(self.install(snapshot, false))
             }
             other => Err(PollError::Status(other.as_u16())),
         }
@@ -370,7 +394,7 @@ impl<F: Fetch> Poller<F> {
     /// Tries `/catalog_diff`; `None` means "fetch the whole catalog".
     async fn try_diff(
         &self,
-        current: &Snapshot,
+        current: Arc<Snapshot>,
         current_hash: &str,
     ) -> Result<Option<PollOutcome>, PollError> {
         let mut url = self.endpoint("/catalog_diff");
@@ -385,23 +409,18 @@ impl<F: Fetch> Poller<F> {
                     return Ok(None);
                 }
                 // A diff only carries keys: the document's unknown fields stay as they were.
-                let unknown = current.unknown_fields().to_vec();
-                self.apply(current.doc().apply(&diff), unknown, true)
-                    .map(Some)
+                let source = self.opts.url.to_string();
+                let snapshot = off_workers(move || current.apply(&source, &diff))
+                    .await?
+                    .map_err(|e| PollError::Invalid(e.to_string()))?;
+                Ok(Some(self.install(snapshot, true)))
             }
             _ => Ok(None),
         }
     }
 
-    fn apply(
-        &self,
-        doc: CatalogDoc,
-        unknown: Vec<String>,
-        from_diff: bool,
-    ) -> Result<PollOutcome, PollError> {
-        let snapshot = Snapshot::build(self.opts.url.as_str(), doc)
-            .map_err(|e| PollError::Invalid(e.to_string()))?
-            .with_unknown_fields(unknown);
+    /// Serves `snapshot` from now on.
+    fn install(&self, snapshot: Snapshot, from_diff: bool) -> PollOutcome {
         let version = snapshot.version.clone();
         tracing::info!(
             hash = %version.hash,
@@ -415,7 +434,7 @@ impl<F: Fetch> Poller<F> {
         if let Some(a) = &self.announce {
             a.announce(&version.hash);
         }
-        Ok(PollOutcome::Applied { version, from_diff })
+        PollOutcome::Applied { version, from_diff }
     }
 
     /// Polls until `shutdown`: at start, every interval (with jitter), and at once when woken.

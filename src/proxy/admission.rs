@@ -535,7 +535,7 @@ pub fn hold<'s, 'r>(
         endpoint,
         key,
         anonymous: None,
-        waits: catalog.waits(key, route.endpoint, &limits),
+        waits: catalog.waits(route.endpoint, &limits),
         limits,
         path: route.path,
     })

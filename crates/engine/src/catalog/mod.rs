@@ -16,6 +16,7 @@
 
 mod doc;
 mod error;
+mod keys;
 mod snapshot;
 pub mod version;
 

@@ -2,9 +2,11 @@
 //! version), swapped in whole. Building checks everything first and reports every problem.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::CatalogVersion;
-use super::{CatalogDoc, CatalogError, LimitDef, Problem};
+use super::keys::{GROUP, KeyTable, Plan, Plans};
+use super::{ApiLimits, CatalogDiff, CatalogDoc, CatalogError, LimitDef, Problem};
 use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, Period, WINDOW_SECONDS, ZoneId};
 use crate::router::{RouteMatch, RouteTable, Template};
 
@@ -46,8 +48,8 @@ pub enum LimitLookup<'s> {
 #[derive(Debug, Clone, Copy)]
 pub struct Applied<'s> {
     pub own: &'s [Limit],
-    /// The key's entry (for its pools) and the endpoint's pooled groups.
-    entry: Option<&'s KeyEntry>,
+    /// The key's plan (for its pools) and the endpoint's pooled groups.
+    entry: Option<&'s Plan>,
     groups: &'s [u32],
     names: &'s [Box<str>],
 }
@@ -86,56 +88,22 @@ impl PartialEq for Applied<'_> {
 
 impl Eq for Applied<'_> {}
 
-/// One key's limits: `limits[i]` is on endpoint `eps[i]` (or, with [`GROUP`] set, in the pool
-/// of group `eps[i] & !GROUP`), sorted by endpoint then window.
-#[derive(Debug)]
-struct KeyEntry {
-    eps: Box<[u32]>,
-    limits: Box<[Limit]>,
-}
-
 /// The longest a request may wait for room (`wait_ms`), in milliseconds.
 pub const MAX_WAIT_MS: u64 = 60_000;
-
-/// Marks a pool's limits in [`KeyEntry::eps`] (no catalog has 2^31 endpoints).
-const GROUP: u32 = 1 << 31;
-
-impl KeyEntry {
-    /// The limits on `ep` (an endpoint, or `GROUP | g`).
-    fn on(&self, ep: u32) -> &[Limit] {
-        &self.limits[self.range(ep)]
-    }
-
-    /// Where the limits on `ep` are in `limits`.
-    fn range(&self, ep: u32) -> std::ops::Range<usize> {
-        let from = self.eps.partition_point(|&e| e < ep);
-        let to = from + self.eps[from..].partition_point(|&e| e == ep);
-        from..to
-    }
-}
-
-/// API key bytes -> each of its limits' wait in milliseconds, in the order of its
-/// [`KeyEntry::limits`]: only keys with a limit that waits (most catalogs have none).
-type KeyWaits = HashMap<Box<[u8]>, Box<[u16]>, foldhash::fast::RandomState>;
-
-/// API key bytes -> its limits.
-///
-/// foldhash, seeded per process, rather than SipHash: looked up on every request, and only the
-/// catalog inserts into it, so a client cannot grow it or choose colliding keys to slow it down.
-type KeyLimits = HashMap<Box<[u8]>, KeyEntry, foldhash::fast::RandomState>;
 
 /// An immutable, validated catalog version: routes, limits and version, swapped in as one.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub version: CatalogVersion,
-    /// The document this snapshot was built from (diffs apply to it).
-    doc: std::sync::Arc<CatalogDoc>,
-    routes: RouteTable,
+    routes: Arc<RouteTable>,
     endpoints: Vec<Endpoint>,
-    keys: KeyLimits,
-    waits: KeyWaits,
-    /// The groups' names, by number: the catalog's `groups` in order, then `*`.
-    groups: Vec<Box<str>>,
+    keys: KeyTable,
+    /// The catalog's groups, by number: its `groups` in order, then `*`.
+    groups: Arc<Groups>,
+    /// Which groups some key pools, by number.
+    pooled: Vec<bool>,
+    /// The zone of calendar limits that name none (the catalog's `tz`).
+    tz: ZoneId,
     /// Fields of the document quotagate does not know (ignored; logged once when served).
     unknown_fields: Vec<String>,
 }
@@ -164,10 +132,6 @@ impl Snapshot {
             source: source.to_owned(),
             problems,
         })
-    }
-
-    pub fn doc(&self) -> &std::sync::Arc<CatalogDoc> {
-        &self.doc
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {
@@ -201,7 +165,7 @@ impl Snapshot {
             },
             entry: Some(entry),
             groups: &e.pools,
-            names: &self.groups,
+            names: &self.groups.names,
         };
         if applied.own.is_empty() && !applied.has_pools() {
             LimitLookup::NoLimit
@@ -210,20 +174,16 @@ impl Snapshot {
         }
     }
 
-    /// How long a request of `key` on `endpoint` may wait for room, per limit of `applied` (its
+    /// How long a request on `endpoint` may wait for room, per limit of `applied` (its key's
     /// lookup there: its own limits, then each pool's, as [`crate::limiter::Limits::pooled`]
-    /// orders them), in milliseconds; `None` when no limit of the key waits (no lookup at all
-    /// in a catalog without waits).
-    pub fn waits(
-        &self,
-        key: &[u8],
-        endpoint: usize,
-        applied: &Applied<'_>,
-    ) -> Option<[u16; MAX_LIMITS]> {
-        if self.waits.is_empty() {
+    /// orders them), in milliseconds; `None` when no limit of the key waits (the key's plan says
+    /// so: no lookup).
+    pub fn waits(&self, endpoint: usize, applied: &Applied<'_>) -> Option<[u16; MAX_LIMITS]> {
+        let entry = applied.entry?;
+        let waits = &entry.waits;
+        if waits.is_empty() {
             return None;
         }
-        let (waits, entry) = (self.waits.get(key)?, applied.entry?);
         // The endpoint's defaults (when the key has no limit of its own there) never wait.
         let own = entry.range(u32::try_from(endpoint).unwrap_or(u32::MAX));
         let own_waits: &[u16] = if own.is_empty() {
@@ -244,7 +204,55 @@ impl Snapshot {
 
     /// The name of group number `g` (`*` for every endpoint).
     pub fn group_name(&self, g: u32) -> Option<&str> {
-        self.groups.get(usize::try_from(g).ok()?).map(|n| &**n)
+        self.groups
+            .names
+            .get(usize::try_from(g).ok()?)
+            .map(|n| &**n)
+    }
+
+    /// This version with `diff` applied (the caller checks that `diff.from` is this version):
+    /// each key it names checked as in a whole catalog (problems located in the diff, as
+    /// `apilimits[i]...`), in time and memory in proportion to the keys it names: the new version
+    /// shares every part of this one that the diff does not change.
+    pub fn apply(&self, source: &str, diff: &CatalogDiff) -> Result<Snapshot, CatalogError> {
+        let mut problems = Problems::default();
+        let defaults: Vec<usize> = self
+            .endpoints
+            .iter()
+            .map(|e| e.default_limits.len())
+            .collect();
+        let ctx = KeyContext {
+            endpoints: self.endpoints.len(),
+            tz: self.tz,
+            groups: &self.groups,
+            defaults: &defaults,
+        };
+        let mut keys = self.keys.clone();
+        let mut pooled = self.pooled.clone();
+        for k in &diff.removed_keys {
+            keys.remove(k.as_bytes());
+        }
+        add_keys(&diff.apilimits, &ctx, &mut keys, &mut pooled, &mut problems);
+        if !problems.0.is_empty() {
+            return Err(CatalogError {
+                source: source.to_owned(),
+                problems: problems.0,
+            });
+        }
+        let mut endpoints = self.endpoints.clone();
+        if pooled != self.pooled {
+            set_pools(&mut endpoints, &self.groups, &pooled);
+        }
+        Ok(Snapshot {
+            version: diff.version.clone(),
+            routes: self.routes.clone(),
+            endpoints,
+            keys,
+            groups: self.groups.clone(),
+            pooled,
+            tz: self.tz,
+            unknown_fields: self.unknown_fields.clone(),
+        })
     }
 }
 
@@ -573,13 +581,15 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         true => endpoints.iter().map(|e| e.default_limits.len()).collect(),
         false => vec![0; raw.endpoints.len()],
     };
-    let (keys, waits, pooled) = key_limits(&raw, tz, &groups, &defaults, &mut problems);
+    let ctx = KeyContext {
+        endpoints: raw.endpoints.len(),
+        tz,
+        groups: &groups,
+        defaults: &defaults,
+    };
+    let (keys, pooled) = key_limits(&raw, &ctx, &mut problems);
     if endpoints.len() == raw.endpoints.len() {
-        for (e, endpoint) in endpoints.iter_mut().enumerate() {
-            endpoint.pools = (0..groups.names.len() as u32)
-                .filter(|&g| pooled[g as usize] && groups.covers(g, e as u32))
-                .collect();
-        }
+        set_pools(&mut endpoints, &groups, &pooled);
     }
     // Route conflicts are only meaningful once every endpoint parsed.
     let routes = match templates.len() == raw.endpoints.len() {
@@ -590,18 +600,38 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         return Err(problems.0);
     }
     Ok(Snapshot {
-        version: raw.version.clone().unwrap_or_default(),
-        doc: std::sync::Arc::new(raw),
-        routes,
+        version: raw.version.unwrap_or_default(),
+        routes: Arc::new(routes),
         endpoints,
         keys,
-        waits,
-        groups: groups.names,
+        groups: Arc::new(groups),
+        pooled,
+        tz,
         unknown_fields: Vec::new(),
     })
 }
 
+/// Each endpoint's pools: the groups that cover it and that some key pools.
+fn set_pools(endpoints: &mut [Endpoint], groups: &Groups, pooled: &[bool]) {
+    for (e, endpoint) in endpoints.iter_mut().enumerate() {
+        endpoint.pools = (0..groups.names.len() as u32)
+            .filter(|&g| pooled[g as usize] && groups.covers(g, e as u32))
+            .collect();
+    }
+}
+
+/// What checking one key's limits needs to know of its catalog.
+struct KeyContext<'a> {
+    /// How many endpoints the catalog has.
+    endpoints: usize,
+    tz: ZoneId,
+    groups: &'a Groups,
+    /// `defaults[e]`: how many default limits endpoint `e` has.
+    defaults: &'a [usize],
+}
+
 /// The catalog's groups, checked, by number: its `groups` in order, then `*`.
+#[derive(Debug, Default)]
 struct Groups {
     names: Vec<Box<str>>,
     /// Each group's endpoints, ascending (`*`: empty, standing for all).
@@ -774,20 +804,29 @@ fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Ve
 }
 
 /// Every API key's limits, by endpoint and pool; and which groups some key pools, by number.
-/// `defaults[e]`: how many default limits endpoint `e` has.
 fn key_limits(
     raw: &CatalogDoc,
-    tz: ZoneId,
-    groups: &Groups,
-    defaults: &[usize],
+    ctx: &KeyContext,
     problems: &mut Problems,
-) -> (KeyLimits, KeyWaits, Vec<bool>) {
-    let mut pooled = vec![false; groups.names.len()];
-    let mut keys: KeyLimits =
-        HashMap::with_capacity_and_hasher(raw.apilimits.len(), Default::default());
-    let mut waits = KeyWaits::default();
-    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(raw.apilimits.len());
-    for (k, entry) in raw.apilimits.iter().enumerate() {
+) -> (KeyTable, Vec<bool>) {
+    let mut pooled = vec![false; ctx.groups.names.len()];
+    let mut keys = KeyTable::with_capacity(raw.apilimits.len());
+    add_keys(&raw.apilimits, ctx, &mut keys, &mut pooled, problems);
+    (keys, pooled)
+}
+
+/// Checks `entries` (a catalog's `apilimits`, or a diff's) and sets each key's plan in `keys`,
+/// marking the groups they pool in `pooled`.
+fn add_keys(
+    entries: &[ApiLimits],
+    ctx: &KeyContext,
+    keys: &mut KeyTable,
+    pooled: &mut [bool],
+    problems: &mut Problems,
+) {
+    let mut plans = Plans::default();
+    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
+    for (k, entry) in entries.iter().enumerate() {
         if entry.key.is_empty() {
             problems.add(format!("apilimits[{k}].key"), "the API key is empty".into());
             continue;
@@ -799,86 +838,99 @@ fn key_limits(
             );
             continue;
         }
-        let mut per_ep: Vec<(u32, LimitList)> = Vec::new();
-        for (j, l) in entry.limits.iter().enumerate() {
-            let at = format!("apilimits[{k}].limits[{j}]");
-            let ep = match (l.ep, l.group.as_deref()) {
-                (Some(_), Some(_)) => {
+        if let Some(plan) = key_plan(k, entry, ctx, pooled, problems) {
+            keys.insert(entry.key.as_bytes(), plans.share(plan));
+        }
+    }
+}
+
+/// `apilimits[k]`'s plan, or `None` with its problems added; marks the groups it pools.
+fn key_plan(
+    k: usize,
+    entry: &ApiLimits,
+    ctx: &KeyContext,
+    pooled: &mut [bool],
+    problems: &mut Problems,
+) -> Option<Plan> {
+    let before = problems.0.len();
+    let mut per_ep: Vec<(u32, LimitList)> = Vec::new();
+    for (j, l) in entry.limits.iter().enumerate() {
+        let at = format!("apilimits[{k}].limits[{j}]");
+        let ep = match (l.ep, l.group.as_deref()) {
+            (Some(_), Some(_)) => {
+                problems.add(
+                    format!("{at}.group"),
+                    "a limit names an endpoint (\"ep\") or a group (\"group\"), not both".into(),
+                );
+                continue;
+            }
+            (None, None) => {
+                problems.add(
+                    at,
+                    "a limit names an endpoint (\"ep\") or a group (\"group\")".into(),
+                );
+                continue;
+            }
+            (Some(ep), None) => match index(ep, ctx.endpoints, "endpoints") {
+                Ok(ep) => ep as u32,
+                Err(r) => {
+                    problems.add(format!("{at}.ep"), r.0);
+                    continue;
+                }
+            },
+            (None, Some(name)) => match ctx.groups.number(name) {
+                Some(g) => GROUP | g,
+                None => {
                     problems.add(
                         format!("{at}.group"),
-                        "a limit names an endpoint (\"ep\") or a group (\"group\"), not both"
-                            .into(),
+                        format!("unknown group {name:?} (not in \"groups\", nor \"*\")"),
                     );
                     continue;
                 }
-                (None, None) => {
-                    problems.add(
-                        at,
-                        "a limit names an endpoint (\"ep\") or a group (\"group\")".into(),
-                    );
-                    continue;
-                }
-                (Some(ep), None) => match index(ep, raw.endpoints.len(), "endpoints") {
-                    Ok(ep) => ep as u32,
-                    Err(r) => {
-                        problems.add(format!("{at}.ep"), r.0);
-                        continue;
-                    }
-                },
-                (None, Some(name)) => match groups.number(name) {
-                    Some(g) => GROUP | g,
-                    None => {
-                        problems.add(
-                            format!("{at}.group"),
-                            format!("unknown group {name:?} (not in \"groups\", nor \"*\")"),
-                        );
-                        continue;
-                    }
-                },
-            };
-            let list = match per_ep.iter().position(|(e, _)| *e == ep) {
-                Some(i) => &mut per_ep[i].1,
-                None => {
-                    per_ep.push((ep, LimitList::new(tz)));
-                    &mut per_ep.last_mut().expect("just pushed").1
-                }
-            };
-            let what = match ep & GROUP {
-                0 => format!("endpoint {ep}"),
-                _ => format!("the pool of group {:?}", l.group.as_deref().unwrap_or("")),
-            };
-            if let Err((field, r)) = list.add(Spec::of(l), &what) {
-                problems.add(format!("{at}.{field}"), r);
-            }
-        }
-        per_ep.sort_unstable_by_key(|(ep, _)| *ep);
-        check_pooled_totals(k, &per_ep, groups, defaults, problems);
-        for (ep, list) in &per_ep {
-            if ep & GROUP != 0 && !list.limits.is_empty() {
-                pooled[(ep & !GROUP) as usize] = true;
-            }
-        }
-        let mut eps = Vec::with_capacity(entry.limits.len());
-        let mut limits = Vec::with_capacity(entry.limits.len());
-        let mut key_waits = Vec::new();
-        for (ep, list) in per_ep {
-            let (list, list_waits) = list.sorted_with_waits();
-            eps.extend(std::iter::repeat_n(ep, list.len()));
-            limits.extend(list);
-            key_waits.extend(list_waits);
-        }
-        if key_waits.iter().any(|w| *w > 0) {
-            waits.insert(entry.key.as_bytes().into(), key_waits.into());
-        }
-        keys.insert(
-            entry.key.as_bytes().into(),
-            KeyEntry {
-                eps: eps.into(),
-                limits: limits.into(),
             },
-        );
+        };
+        let list = match per_ep.iter().position(|(e, _)| *e == ep) {
+            Some(i) => &mut per_ep[i].1,
+            None => {
+                per_ep.push((ep, LimitList::new(ctx.tz)));
+                &mut per_ep.last_mut().expect("just pushed").1
+            }
+        };
+        let what = match ep & GROUP {
+            0 => format!("endpoint {ep}"),
+            _ => format!("the pool of group {:?}", l.group.as_deref().unwrap_or("")),
+        };
+        if let Err((field, r)) = list.add(Spec::of(l), &what) {
+            problems.add(format!("{at}.{field}"), r);
+        }
     }
-    (keys, waits, pooled)
+    per_ep.sort_unstable_by_key(|(ep, _)| *ep);
+    check_pooled_totals(k, &per_ep, ctx.groups, ctx.defaults, problems);
+    if problems.0.len() > before {
+        return None;
+    }
+    for (ep, list) in &per_ep {
+        if ep & GROUP != 0 && !list.limits.is_empty() {
+            pooled[(ep & !GROUP) as usize] = true;
+        }
+    }
+    let mut eps = Vec::with_capacity(entry.limits.len());
+    let mut limits = Vec::with_capacity(entry.limits.len());
+    let mut waits = Vec::new();
+    for (ep, list) in per_ep {
+        let (list, list_waits) = list.sorted_with_waits();
+        eps.extend(std::iter::repeat_n(ep, list.len()));
+        limits.extend(list);
+        waits.extend(list_waits);
+    }
+    if waits.iter().all(|w| *w == 0) {
+        waits.clear();
+    }
+    Some(Plan {
+        eps: eps.into(),
+        limits: limits.into(),
+        waits: waits.into(),
+    })
 }
 
 /// Every endpoint a key's pools cover is held to at most [`MAX_LIMITS`] limits in all: its own
@@ -1292,7 +1344,7 @@ mod tests {
             let LimitLookup::Limits(a) = s.limit(key, ep) else {
                 panic!("limited")
             };
-            s.waits(key, ep, &a)
+            s.waits(ep, &a)
         };
         assert_eq!(
             waits(b"k", 0),
@@ -1309,7 +1361,7 @@ mod tests {
         let LimitLookup::Limits(a) = none.limit(b"k1", 0) else {
             panic!("limited")
         };
-        assert_eq!(none.waits(b"k1", 0, &a), None);
+        assert_eq!(none.waits(0, &a), None);
 
         let got = problems(
             r#"{"methods":["GET"],"paths":["/a"],"endpoints":[{"p":0,"m":0}],
@@ -1402,6 +1454,76 @@ mod tests {
             "{got:?}"
         );
         assert_eq!(got[1], "apilimits[0].limit: unknown field (a misspelling?)");
+    }
+
+    #[test]
+    fn a_diff_applied_to_a_snapshot_answers_as_the_newer_catalog_built_whole() {
+        let old = r#"{"version": {"hash": "a"}, "methods": ["GET"], "paths": ["/a", "/b", "/c"],
+            "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0, "default_rl": 3}, {"p": 2, "m": 0}],
+            "groups": {"ab": [0, 1]},
+            "apilimits": [
+                {"key": "k1", "limits": [{"ep": 0, "rl": 5, "wait_ms": 100}, {"ep": 1, "rl": 6}]},
+                {"key": "k2", "limits": [{"ep": 0, "rl": 7}]},
+                {"key": "k3", "limits": [{"ep": 2, "rl": 8}]}]}"#;
+        let new = r#"{"version": {"hash": "b"}, "methods": ["GET"], "paths": ["/a", "/b", "/c"],
+            "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 0, "default_rl": 3}, {"p": 2, "m": 0}],
+            "groups": {"ab": [0, 1]},
+            "apilimits": [
+                {"key": "k1", "limits": [{"ep": 0, "rl": 9}, {"ep": 1, "rl": 6}]},
+                {"key": "k3", "limits": [{"ep": 2, "rl": 8}]},
+                {"key": "k4", "limits": [{"group": "ab", "rl": 50}, {"ep": 1, "rl": 2}]},
+                {"key": "k5", "limits": [{"ep": 2, "rl": 1, "wait_ms": 250}]}]}"#;
+        let (old_doc, new_doc) = (
+            CatalogDoc::parse("old", old.as_bytes()).unwrap(),
+            CatalogDoc::parse("new", new.as_bytes()).unwrap(),
+        );
+        let diff = old_doc.diff_to(&new_doc).unwrap();
+        let before = Snapshot::build("old", old_doc).unwrap();
+        let applied = before.apply("diff", &diff).unwrap();
+        let whole = Snapshot::build("new", new_doc).unwrap();
+        assert_eq!(applied.version.hash, "b");
+        assert_eq!(applied.key_count(), 4);
+        assert_eq!(
+            applied.endpoints(),
+            whole.endpoints(),
+            "the pool of ab now covers 0 and 1"
+        );
+        for key in ["k1", "k2", "k3", "k4", "k5", "nobody"] {
+            for ep in 0..4 {
+                let (got, want) = (
+                    applied.limit(key.as_bytes(), ep),
+                    whole.limit(key.as_bytes(), ep),
+                );
+                assert_eq!(got, want, "{key} on {ep}");
+                if let (LimitLookup::Limits(g), LimitLookup::Limits(w)) = (got, want) {
+                    assert_eq!(applied.waits(ep, &g), whole.waits(ep, &w), "{key} on {ep}");
+                }
+            }
+        }
+        assert_ne!(
+            before.limit(b"k2", 0),
+            LimitLookup::UnknownKey,
+            "the old version unchanged"
+        );
+        assert_eq!(before.limit(b"k4", 0), LimitLookup::UnknownKey);
+
+        // A diff is checked as a whole catalog is, its problems located in the diff.
+        let mut bad = diff.clone();
+        bad.apilimits[0].limits[0].ep = Some(9);
+        bad.apilimits.push(bad.apilimits[1].clone());
+        let err = before.apply("diff", &bad).unwrap_err();
+        let got: Vec<String> = err
+            .problems
+            .iter()
+            .map(|p| format!("{}: {}", p.at, p.reason))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "apilimits[0].limits[0].ep: index 9 is out of range (endpoints has 3 entries)",
+                "apilimits[3].key: duplicate API key (also apilimits[1])",
+            ]
+        );
     }
 
     #[test]

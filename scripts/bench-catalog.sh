@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# What a large catalog costs (issue 32: a million keys).
+#
+#   scripts/bench-catalog.sh [KEYS...]        (default: 100000 1000000)
+#
+# Per size, a generated catalog of KEYS API keys with 3 limits each (16-character keys, compact
+# JSON: about 91 bytes per key) and, one at a time:
+# - `quotagate validate`: its peak resident memory (ru_maxrss);
+# - a gateway started from the file: seconds until it serves a key, its resident memory once ready
+#   (VmRSS) beside a gateway with a one-key catalog, per key, and its peak during start-up (VmHWM);
+# - `quotagate catalog-server`: seconds until it serves the file; a gateway started from it:
+#   seconds until it serves a key; then the server gets a new file with one more key (seconds
+#   until it serves it), a request carrying the refresh header is sent, and the new key is asked
+#   for every 10 ms without the header: seconds from the refresh request until the new key is
+#   served, and the gateway's peak memory during the change over its steady memory; the server's
+#   peak memory.
+# Goals (issue 32): <= 250 bytes per key; validate <= 2x the gateway's peak; the change seen
+# <= 1 s after the refresh request with peak <= 1.5x steady; start-up <= 6 s. QUOTAGATE_BIN=...
+# measures another build. Appends nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+
+SIZES=("$@")
+[ "${#SIZES[@]}" -gt 0 ] || SIZES=(100000 1000000)
+if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
+BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+bench_workdir
+
+echo "machine: $(machine_line)"
+echo "build: $("$BIN" --version 2>/dev/null || echo "$BIN")"
+python3 - "$BIN" "$WORK" "${SIZES[@]}" <<'PY'
+import json, os, resource, socket, subprocess, sys, time, urllib.request
+
+BIN, WORK, SIZES = sys.argv[1], sys.argv[2], [int(n) for n in sys.argv[3:]]
+MAX_BYTES = 256 << 20
+SECRET = "refresh-secret"
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+def key(i):
+    return "%016x" % ((i * 0x9E3779B97F4A7C15) & ((1 << 64) - 1))
+
+def write_catalog(path, n, extra=None):
+    with open(path, "w") as f:
+        f.write('{"version":{"semver":"v1","released":"2026-01-01T00:00:00Z"},'
+                '"methods":["GET"],"paths":["/a/{id}","/b"],'
+                '"endpoints":[{"p":0,"m":0},{"p":1,"m":0}],"apilimits":[')
+        for i in range(n):
+            if i:
+                f.write(",")
+            f.write('{"key":"%s","limits":[{"ep":0,"rl":%d,"w":1},{"ep":0,"rl":5000},'
+                    '{"ep":1,"rl":1000,"w":3600}]}' % (key(i), 100 + i % 50))
+        if extra:
+            f.write(',{"key":"%s","limits":[{"ep":0,"rl":7}]}' % extra)
+        f.write("]}")
+
+def status_field(pid, name):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(name):
+            return int(line.split()[1]) * 1024
+    return 0
+
+def ask(port, k, headers=None, timeout=10):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/a/1", headers={"X-Api-Key": k, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+def latest(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/latest", timeout=5) as r:
+            return json.load(r).get("hash")
+    except OSError:
+        return None
+
+def until_server_serves(port, not_hash=None, deadline_s=120):
+    """Seconds until the catalog server serves a version (other than not_hash)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        h = latest(port)
+        if h and h != not_hash:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise SystemExit("the catalog server never served the catalog")
+
+def until_served(port, k, deadline_s=120):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if ask(port, k, timeout=2) == 200:
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise SystemExit(f"key never served on {port}")
+
+# An upstream that answers 200 to everything.
+up_port = free_port()
+upstream = subprocess.Popen([BIN, "example-upstream", "--listen", f"127.0.0.1:{up_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(0.5)
+
+def gateway(*args):
+    port = free_port()
+    p = subprocess.Popen([BIN, "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{up_port}",
+                          "--set", "log.level=warn", "--set", "admin.enabled=false",
+                          "--set", f"catalog.max_bytes={MAX_BYTES}", *args],
+                         stdout=subprocess.DEVNULL, stderr=open(f"{WORK}/gw.log", "a"))
+    return p, port
+
+def stop(p):
+    p.terminate(); p.wait()
+
+def mb(b):
+    return f"{b / 1e6:.0f} MB"
+
+# Baseline: a gateway with a one-key catalog.
+write_catalog(f"{WORK}/one.json", 1)
+p, port = gateway("--catalog", f"{WORK}/one.json")
+until_served(port, key(0))
+time.sleep(0.3)
+base_rss = status_field(p.pid, "VmRSS")
+stop(p)
+
+rows = []
+for n in SIZES:
+    d = f"{WORK}/cat{n}"; os.makedirs(d)
+    path = f"{d}/v1.json"
+    write_catalog(path, n)
+    size = os.path.getsize(path)
+    # validate, in a child of its own so that ru_maxrss is its own.
+    peak_validate = int(subprocess.check_output([sys.executable, "-c",
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+        BIN, "validate", "--max-bytes", str(MAX_BYTES), path])) * 1024
+    # From the file.
+    t0 = time.monotonic()
+    p, port = gateway("--catalog", path)
+    until_served(port, key(n - 1))
+    start_file = time.monotonic() - t0
+    time.sleep(0.5)
+    rss = status_field(p.pid, "VmRSS")
+    peak_start = status_field(p.pid, "VmHWM")
+    stop(p)
+    # From a catalog server, then one key more.
+    cport = free_port()
+    server = subprocess.Popen([BIN, "catalog-server", "--catalog", d, "--listen", f"127.0.0.1:{cport}",
+                               "--set", f"catalog.max_bytes={MAX_BYTES}", "--set", "log.level=warn"],
+                              stdout=subprocess.DEVNULL, stderr=open(f"{WORK}/server.log", "a"))
+    server_load = until_server_serves(cport)
+    t0 = time.monotonic()
+    p, port = gateway("--set", f"catalog.server_url=http://127.0.0.1:{cport}",
+                      "--set", "catalog.poll_interval_ms=3600000",
+                      "--set", f"catalog.refresh_secret={SECRET}",
+                      "--set", "catalog.request_timeout_ms=60000")
+    until_served(port, key(n - 1))
+    start_server = time.monotonic() - t0
+    time.sleep(1.5)  # past catalog.refresh_min_interval_ms since the first fetch
+    steady = status_field(p.pid, "VmRSS")
+    with open(f"/proc/{p.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    v1 = latest(cport)
+    write_catalog(f"{d}/v2.json", n, extra="newkey-000000001")
+    server_change = until_server_serves(cport, not_hash=v1)
+    import threading
+    told = {}
+    def refresh():
+        t = time.monotonic()
+        told["status"] = ask(port, "newkey-000000001", {"X-Quotagate-Refresh": SECRET}, timeout=30)
+        told["took"] = time.monotonic() - t
+    t0 = time.monotonic()
+    th = threading.Thread(target=refresh); th.start()
+    seen = None
+    while time.monotonic() - t0 < 60:
+        if ask(port, "newkey-000000001", timeout=5) == 200:
+            seen = time.monotonic() - t0
+            break
+        time.sleep(0.01)
+    th.join()
+    time.sleep(0.5)
+    peak_change = status_field(p.pid, "VmHWM")
+    stop(p)
+    server_rss = status_field(server.pid, "VmHWM")
+    stop(server)
+    rows.append((n, size, peak_validate, start_file, rss, peak_start, start_server, seen, told, steady, peak_change,
+                 server_load, server_change, server_rss))
+    os.remove(path); os.remove(f"{d}/v2.json")
+
+stop(upstream)
+print(f"baseline gateway (one key): {mb(base_rss)} resident")
+print("| keys | catalog | validate peak | start-up (file) | resident | per key | start-up peak | start-up (server) | one key changed: seen after | refresh request answered | peak during change / steady | catalog-server: loads / a change / peak |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for (n, size, pv, sf, rss, ps, ss, seen, told, steady, pc, sl, sc, srss) in rows:
+    per_key = (rss - base_rss) / n
+    seen_s = f"{seen:.2f} s" if seen is not None else "never"
+    print(f"| {n:,} | {mb(size)} | {mb(pv)} ({pv / max(ps, 1):.2f}x gateway peak) | {sf:.2f} s | {mb(rss)} | {per_key:.0f} B | {mb(ps)} | {ss:.2f} s "
+          f"| {seen_s} | {told.get('status')} in {told.get('took', 0):.2f} s | {mb(pc)} / {mb(steady)} = {pc / max(steady, 1):.2f}x "
+          f"| {sl:.2f} s / {sc:.2f} s / {mb(srss)} |")
+PY
