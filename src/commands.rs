@@ -138,6 +138,7 @@ pub async fn catalog_server(
         Arc::new(CatalogServer::new(source.into(), header, secret, clock).max_bytes(max_bytes));
     let (listener, listen) = bind(addr).await?;
     tracing::info!(%listen, "catalog server listening");
+    tokio::spawn(server.clone().watch(token.clone().cancelled_owned()));
     server::serve(
         listener,
         Default::default(),
@@ -248,10 +249,19 @@ pub async fn health(url: &str) -> bool {
 fn is_rule_file(path: &Path) -> bool {
     match path.extension().and_then(|e| e.to_str()) {
         Some("ini") => true,
-        Some("json") => std::fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v.get("overrides").is_some() || v.get("default").is_some()),
+        Some("json") => {
+            // Only the top-level names are looked at: a catalog of a million keys read as a
+            // `serde_json::Value` took 2 GB.
+            #[derive(serde::Deserialize)]
+            struct Top {
+                overrides: Option<serde::de::IgnoredAny>,
+                default: Option<serde::de::IgnoredAny>,
+            }
+            std::fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Top>(&b).ok())
+                .is_some_and(|t| t.overrides.is_some() || t.default.is_some())
+        }
         _ => false,
     }
 }

@@ -1,18 +1,23 @@
 //! catalog server: serves versioned catalogs to gateways, implementing `docs/catalog-protocol.md`.
 //!
 //! The source is a catalog file, or a directory whose alphabetically last `*.json` file is served
-//! (drop `v0042.json` next to `v0041.json` to publish). Edits are picked up without a restart: the
-//! source is checked at most every [`RECHECK`] when a request comes in. A version's hash is a hash of
-//! the file's content, so it changes exactly when the content does. An invalid file is logged and
-//! the last good version stays served. The last [`HISTORY`] versions are kept so that gateways can
-//! ask for a diff.
+//! (drop `v0042.json` next to `v0041.json` to publish). Edits are picked up without a restart: a
+//! task checks the source every [`RECHECK`] and loads a change on a blocking thread, so answers
+//! never wait for a load (a million keys take seconds). A version's hash is a hash of the file's
+//! content, so it changes exactly when the content does. An invalid file is logged and the last
+//! good version stays served.
+//!
+//! Diffs are computed when a version is loaded, not per request: for each of the last
+//! [`HISTORY`] versions, what changed from it to the current one is kept (composed step by step,
+//! so no old catalog is held) and its answer serialized once. Only the current version's keys
+//! are held, each with a hash of its limits, to find the next step's changes.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
@@ -32,21 +37,130 @@ pub const RECHECK: Duration = Duration::from_millis(200);
 /// Versions kept for diffs.
 pub const HISTORY: usize = 32;
 
-/// One served version.
+/// The version served, with every answer about it ready.
 #[derive(Debug)]
 struct Served {
-    doc: CatalogDoc,
-    body: Bytes,
     version: CatalogVersion,
+    /// `/latest`'s answer.
+    latest: Bytes,
+    /// `/indexed_limits`' answer.
+    body: Bytes,
+    /// `/catalog_diff?from=<hash>`'s answer by hash: a diff, or `None` when the endpoints changed
+    /// since (409). A hash not here is unknown (404).
+    diffs: HashMap<String, Option<Bytes>>,
+}
+
+/// What changed from an earlier version to the current one, key by key (`None`: its endpoints
+/// changed, no diff can say it).
+type Changes = Option<KeyChanges>;
+
+#[derive(Debug, Default, Clone)]
+struct KeyChanges {
+    /// Keys new or changed since, with their limits now.
+    changed: HashMap<String, super::ApiLimits>,
+    removed: HashSet<String>,
+}
+
+impl KeyChanges {
+    /// These changes followed by `next`'s.
+    fn then(&mut self, next: &KeyChanges) {
+        for k in &next.removed {
+            self.changed.remove(k);
+            self.removed.insert(k.clone());
+        }
+        for (k, limits) in &next.changed {
+            self.removed.remove(k);
+            self.changed.insert(k.clone(), limits.clone());
+        }
+    }
+
+    /// The diff's answer, keys in order (so that an answer does not depend on hashing).
+    fn answer(&self, from: &str, version: &CatalogVersion) -> Bytes {
+        let mut apilimits: Vec<super::ApiLimits> = self.changed.values().cloned().collect();
+        apilimits.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let mut removed_keys: Vec<String> = self.removed.iter().cloned().collect();
+        removed_keys.sort_unstable();
+        let diff = super::CatalogDiff {
+            from: from.to_owned(),
+            version: version.clone(),
+            apilimits,
+            removed_keys,
+        };
+        Bytes::from(serde_json::to_vec(&diff).unwrap_or_default())
+    }
+}
+
+/// The current version's content, as far as the next diff needs it.
+#[derive(Debug, Default)]
+struct Index {
+    /// Methods, paths, endpoints, anonymous limits, zone and groups: a diff needs them equal.
+    shape: Vec<u8>,
+    /// Each key and a hash of its limits as written.
+    keys: HashMap<Box<str>, u64, foldhash::fast::FixedState>,
+}
+
+impl Index {
+    fn of(doc: &CatalogDoc) -> Index {
+        let shape = serde_json::to_vec(&(
+            &doc.methods,
+            &doc.paths,
+            &doc.endpoints,
+            &doc.anonymous,
+            &doc.tz,
+            &doc.groups,
+        ))
+        .unwrap_or_default();
+        let mut keys = HashMap::with_capacity_and_hasher(doc.apilimits.len(), Default::default());
+        for a in &doc.apilimits {
+            keys.insert(a.key.as_str().into(), limits_hash(&a.limits));
+        }
+        Index { shape, keys }
+    }
+
+    /// What changed from this version to `newer` (whose index is `next`).
+    fn changes_to(&self, newer: &CatalogDoc, next: &Index) -> Changes {
+        if self.shape != next.shape {
+            return None;
+        }
+        let changed = newer
+            .apilimits
+            .iter()
+            .filter(|a| self.keys.get(a.key.as_str()) != next.keys.get(a.key.as_str()))
+            .map(|a| (a.key.clone(), a.clone()))
+            .collect();
+        let removed = self
+            .keys
+            .keys()
+            .filter(|k| !next.keys.contains_key(&**k))
+            .map(|k| k.to_string())
+            .collect();
+        Some(KeyChanges { changed, removed })
+    }
+}
+
+/// A hash of a key's limits as serialized: a change of any field changes it (64 bits: two
+/// different lists of a million keys collide with a chance of about 1 in 10^13).
+fn limits_hash(limits: &[super::LimitDef]) -> u64 {
+    use std::hash::BuildHasher;
+    let bytes = serde_json::to_vec(limits).unwrap_or_default();
+    foldhash::quality::FixedState::with_seed(0x5157_4f54_4147_4154).hash_one(bytes)
+}
+
+/// A version loaded, to be swapped in.
+struct Loaded {
+    served: Arc<Served>,
+    index: Index,
+    earlier: VecDeque<(String, Changes)>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Newest first.
-    history: VecDeque<Arc<Served>>,
+    current: Option<Arc<Served>>,
+    index: Index,
+    /// Earlier versions, newest first: each one's hash and its changes to the current.
+    earlier: VecDeque<(String, Changes)>,
     /// What was last read from the source: (file, modified, length), to notice edits cheaply.
     seen: Option<(PathBuf, SystemTime, u64)>,
-    checked: Option<Instant>,
 }
 
 /// Requests served, by endpoint (for tests and logs).
@@ -67,8 +181,11 @@ pub struct CatalogServer {
     secret: Option<Vec<u8>>,
     /// The largest file served.
     max_bytes: u64,
-    /// `std::sync::Mutex`: held to check the source and copy an `Arc` out, never across an await.
+    /// `std::sync::Mutex`: held to copy an `Arc` out or to swap a loaded version in, never
+    /// across an await or a load.
     state: Mutex<State>,
+    /// Held while a change of the source is loaded (one load at a time).
+    loading: Mutex<()>,
     pub stats: Stats,
 }
 
@@ -116,6 +233,7 @@ impl CatalogServer {
             secret: secret.filter(|s| !s.is_empty()).map(String::into_bytes),
             max_bytes: super::MAX_CATALOG_BYTES,
             state: Mutex::default(),
+            loading: Mutex::default(),
             stats: Stats::default(),
         }
     }
@@ -126,25 +244,38 @@ impl CatalogServer {
         self
     }
 
-    /// The newest version, after picking up any edit of the source.
-    fn current(&self) -> (Option<Arc<Served>>, Vec<Arc<Served>>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.checked.is_none_or(|t| t.elapsed() >= RECHECK) {
-            st.checked = Some(Instant::now());
-            self.reload(&mut st);
+    /// The version served now.
+    fn current(&self) -> Option<Arc<Served>> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.current.clone()
+    }
+
+    /// Checks the source every [`RECHECK`] until `shutdown`, loading each change on a blocking
+    /// thread; the first check at once.
+    pub async fn watch(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let server = self.clone();
+            // A load that fails is logged by `reload`; a panic in it would end the watch.
+            if tokio::task::spawn_blocking(move || server.reload())
+                .await
+                .is_err()
+            {
+                tracing::error!("loading the catalog source failed; no longer watching it");
+                return;
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(RECHECK) => {}
+            }
         }
-        (
-            st.history.front().cloned(),
-            st.history.iter().cloned().collect(),
-        )
     }
 
-    /// Forces the next request to look at the source again (tests edit files faster than RECHECK).
-    pub fn recheck(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).checked = None;
-    }
-
-    fn reload(&self, st: &mut State) {
+    /// Looks at the source now and, if it changed, loads it: reads, parses and checks it,
+    /// computes the diffs to it and swaps it in. Blocks for as long as that takes (seconds for a
+    /// million keys): call it off the runtime's workers ([`CatalogServer::watch`] does).
+    pub fn reload(&self) {
+        let _one = self.loading.lock().unwrap_or_else(|e| e.into_inner());
         let Some(file) = newest_file(&self.source) else {
             return;
         };
@@ -156,10 +287,13 @@ impl CatalogServer {
             meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
             meta.len(),
         );
-        if st.seen.as_ref() == Some(&stamp) {
-            return;
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.seen.as_ref() == Some(&stamp) {
+                return;
+            }
+            st.seen = Some(stamp);
         }
-        st.seen = Some(stamp);
         if meta.len() > self.max_bytes {
             tracing::warn!(file = %file.display(), bytes = meta.len(), max_bytes = self.max_bytes, "catalog source is larger than catalog.max_bytes; still serving the last good version");
             return;
@@ -168,34 +302,91 @@ impl CatalogServer {
             return;
         };
         let hash = content_hash(&bytes);
-        if st.history.front().is_some_and(|s| s.version.hash == hash) {
+        if self.current().is_some_and(|s| s.version.hash == hash) {
             return;
         }
         let name = file.display().to_string();
-        let mut doc = match CatalogDoc::parse(&name, &bytes) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %e, "catalog source is invalid; still serving the last good version");
-                return;
-            }
+        let loaded = self.load(&name, &bytes, hash);
+        drop(bytes);
+        crate::alloc::release();
+        let Some(loaded) = loaded else {
+            return;
         };
+        let v = &loaded.served.version;
+        tracing::info!(file = %name, hash = %v.hash, semver = %v.semver, "serving catalog version");
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.current = Some(loaded.served);
+        st.index = loaded.index;
+        st.earlier = loaded.earlier;
+    }
+
+    /// The version in `bytes`, checked, with its answers ready; `None` (logged) when it is not
+    /// a valid catalog.
+    fn load(&self, name: &str, bytes: &[u8], hash: String) -> Option<Loaded> {
+        let invalid = |e: &dyn std::fmt::Display| {
+            tracing::warn!(error = %e, "catalog source is invalid; still serving the last good version");
+        };
+        let mut doc = CatalogDoc::parse(name, bytes)
+            .map_err(|e| invalid(&e))
+            .ok()?;
         let now = i64::try_from(self.clock.now()).unwrap_or(i64::MAX);
         let given = doc.version.take().unwrap_or_default();
-        doc.version = Some(CatalogVersion {
+        let version = CatalogVersion {
             semver: given.semver,
             hash,
             released: Some(given.released.unwrap_or_else(|| format_rfc3339(now))),
-        });
-        if let Err(e) = Snapshot::build(&name, doc.clone()) {
-            tracing::warn!(error = %e, "catalog source is invalid; still serving the last good version");
-            return;
-        }
+        };
+        doc.version = Some(version.clone());
         let body = Bytes::from(serde_json::to_vec(&doc).unwrap_or_default());
-        let version = doc.version.clone().unwrap_or_default();
-        tracing::info!(file = %name, hash = %version.hash, semver = %version.semver, "serving catalog version");
-        st.history
-            .push_front(Arc::new(Served { doc, body, version }));
-        st.history.truncate(HISTORY);
+        let index = Index::of(&doc);
+        // The earlier versions and their changes up to this one, from the state as it is: loads
+        // are one at a time, so nothing else changes it meanwhile.
+        let (previous, mut earlier) = {
+            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let step = st
+                .current
+                .as_ref()
+                .map(|c| (c.version.hash.clone(), st.index.changes_to(&doc, &index)));
+            (step, st.earlier.clone())
+        };
+        // Checked last: building takes the document.
+        Snapshot::build(name, doc).map_err(|e| invalid(&e)).ok()?;
+        if let Some((from, step)) = previous {
+            for (_, changes) in earlier.iter_mut() {
+                match (changes.as_mut(), &step) {
+                    (Some(c), Some(s)) => c.then(s),
+                    _ => *changes = None,
+                }
+            }
+            earlier.push_front((from, step));
+        }
+        // The diffs kept hold at most as many key changes as the catalog has keys (or 4096),
+        // newest first: older versions fetch the whole catalog, no dearer than their diff.
+        let budget = index.keys.len().max(4096);
+        let mut held = 0;
+        let kept = earlier
+            .iter()
+            .take_while(|(_, c)| {
+                held += c.as_ref().map_or(0, |c| c.changed.len() + c.removed.len());
+                held <= budget
+            })
+            .count();
+        earlier.truncate(kept.min(HISTORY - 1));
+        let diffs = earlier
+            .iter()
+            .map(|(from, c)| (from.clone(), c.as_ref().map(|c| c.answer(from, &version))))
+            .collect();
+        let served = Served {
+            latest: Bytes::from(serde_json::to_vec(&version).unwrap_or_default()),
+            version,
+            body,
+            diffs,
+        };
+        Some(Loaded {
+            served: Arc::new(served),
+            index,
+            earlier,
+        })
     }
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
@@ -231,8 +422,7 @@ impl CatalogServer {
                 None,
             );
         }
-        let (current, history) = self.current();
-        let Some(current) = current else {
+        let Some(current) = self.current() else {
             return problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 None,
@@ -252,12 +442,7 @@ impl CatalogServer {
                 if not_modified {
                     return empty(StatusCode::NOT_MODIFIED, &etag);
                 }
-                json(
-                    serde_json::to_vec(&current.version)
-                        .unwrap_or_default()
-                        .into(),
-                    &etag,
-                )
+                json(current.latest.clone(), &etag)
             }
             "/indexed_limits" => {
                 self.stats.indexed_limits.fetch_add(1, Ordering::Relaxed);
@@ -276,17 +461,15 @@ impl CatalogServer {
                 if from == current.version.hash {
                     return empty(StatusCode::NOT_MODIFIED, &etag);
                 }
-                let Some(old) = history.iter().find(|s| s.version.hash == from) else {
-                    return problem(
+                match current.diffs.get(from) {
+                    None => problem(
                         StatusCode::NOT_FOUND,
                         None,
                         "unknown version: fetch /indexed_limits",
                         None,
-                    );
-                };
-                match old.doc.diff_to(&current.doc) {
-                    Some(diff) => json(serde_json::to_vec(&diff).unwrap_or_default().into(), &etag),
-                    None => problem(
+                    ),
+                    Some(Some(diff)) => json(diff.clone(), &etag),
+                    Some(None) => problem(
                         StatusCode::CONFLICT,
                         None,
                         "endpoints changed: fetch /indexed_limits",
@@ -316,4 +499,91 @@ fn empty(status: StatusCode, etag: &str) -> Response<Full<Bytes>> {
         r.headers_mut().insert(ETAG, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotagate_engine::clock::FakeClock;
+
+    fn catalog(keys: &[(&str, u64)], path: &str) -> String {
+        let apilimits: Vec<String> = keys
+            .iter()
+            .map(|(k, rl)| format!(r#"{{"key": "{k}", "limits": [{{"ep": 0, "rl": {rl}}}]}}"#))
+            .collect();
+        format!(
+            r#"{{"methods": ["GET"], "paths": ["{path}"], "endpoints": [{{"p": 0, "m": 0}}],
+                "apilimits": [{}]}}"#,
+            apilimits.join(",")
+        )
+    }
+
+    /// The keys and limits of a document, in key order.
+    fn keys(doc: &CatalogDoc) -> Vec<(String, Option<i64>)> {
+        let mut k: Vec<_> = (doc.apilimits.iter())
+            .map(|a| (a.key.clone(), a.limits[0].rl))
+            .collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn diffs_from_every_earlier_version_are_composed_when_a_version_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("catalog.json");
+        let server = CatalogServer::new(
+            dir.path().to_owned(),
+            HeaderName::from_static("x-api-key"),
+            None,
+            Arc::new(FakeClock::new(1_700_000_000)),
+        );
+        let versions = [
+            catalog(&[("a", 1), ("b", 2), ("c", 3)], "/x"),
+            catalog(&[("a", 1), ("b", 20), ("d", 4)], "/x"), // b changed, c gone, d new
+            catalog(&[("a", 1), ("c", 30), ("d", 4)], "/x"), // b gone, c back
+            catalog(&[("a", 1), ("c", 30), ("d", 5)], "/x"),
+        ];
+        let mut docs = Vec::new();
+        for (i, json) in versions.iter().enumerate() {
+            std::fs::write(&file, json).unwrap();
+            let stamp = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000 + i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&file)
+                .unwrap()
+                .set_modified(stamp)
+                .unwrap();
+            server.reload();
+            let current = server.current().unwrap();
+            docs.push(CatalogDoc::parse("v", &current.body).unwrap());
+            // Every earlier version's diff, applied to it, gives this one.
+            assert_eq!(current.diffs.len(), i);
+            for old in &docs[..i] {
+                let answer = current.diffs[old.hash()].as_ref().unwrap();
+                let diff: crate::catalog::CatalogDiff = serde_json::from_slice(answer).unwrap();
+                assert_eq!(diff.from, old.hash());
+                assert_eq!(
+                    keys(&old.apply(&diff)),
+                    keys(&docs[i]),
+                    "from {}",
+                    old.hash()
+                );
+            }
+        }
+        let last = server.current().unwrap();
+        let one_step: crate::catalog::CatalogDiff =
+            serde_json::from_slice(last.diffs[docs[2].hash()].as_ref().unwrap()).unwrap();
+        assert_eq!(
+            (one_step.apilimits.len(), one_step.removed_keys.len()),
+            (1, 0),
+            "only d changed in the last step"
+        );
+
+        // New endpoints: no earlier version can be diffed to it.
+        std::fs::write(&file, catalog(&[("a", 1)], "/y")).unwrap();
+        server.reload();
+        let current = server.current().unwrap();
+        assert_eq!(current.diffs.len(), 4);
+        assert!(current.diffs.values().all(Option::is_none));
+    }
 }

@@ -652,6 +652,7 @@ impl CatalogFixture {
             Some(CATALOG_SECRET.into()),
             Arc::new(quotagate_engine::clock::SystemClock::new()),
         ));
+        server.reload();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let token = CancellationToken::new();
@@ -677,7 +678,8 @@ impl CatalogFixture {
         format!("http://{}", self.addr)
     }
 
-    /// Replaces the served catalog; the server sees it on its next request.
+    /// Replaces the served catalog; served from the return on (the server loads it here, as
+    /// its watch would within `RECHECK`).
     pub fn publish(&self, catalog_json: &str) {
         std::fs::write(&self.file, catalog_json).unwrap();
         // A distinct modification time per edit, whatever the file system's timestamp granularity.
@@ -689,7 +691,7 @@ impl CatalogFixture {
             .unwrap()
             .set_modified(when)
             .unwrap();
-        self.server.recheck();
+        self.server.reload();
     }
 
     pub fn count(&self, which: &str) -> u64 {
