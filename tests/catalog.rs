@@ -130,6 +130,39 @@ async fn a_new_key_is_served_on_the_request_that_carries_the_refresh_header() {
     );
 }
 
+/// A large catalog changes by diffs: one key changed and one added in a catalog of 50,000 keys
+/// is applied from `/catalog_diff` (the whole catalog is fetched once, at start), every other key
+/// served as before.
+#[tokio::test]
+async fn a_large_catalog_changes_by_diffs() {
+    let up = Upstream::start().await;
+    let names: Vec<String> = (0..50_000).map(|i| format!("key{i:05}")).collect();
+    let mut keys: Vec<(&str, u64)> = names.iter().map(|k| (k.as_str(), 5)).collect();
+    let server = CatalogFixture::start(&catalog("2026-01-01T00:00:00Z", &keys)).await;
+    let gw = ready_gateway(config(&up, &server.url())).await;
+    assert_eq!(gw.gateway.catalog().snapshot().key_count(), 50_000);
+    keys[31_337].1 = 9;
+    keys.push(("fresh", 3));
+    server.publish(&catalog("2026-01-01T00:01:00Z", &keys));
+    let r = get(
+        &gw.url("/items/1"),
+        &[("X-Api-Key", "fresh"), (REFRESH, REFRESH_SECRET)],
+    )
+    .await;
+    assert_eq!((r.status, r.header("ratelimit-limit")), (200, Some("3")));
+    for (key, limit) in [("key31337", "9"), ("key31338", "5"), ("key00000", "5")] {
+        let r = get(&gw.url("/items/1"), &[("X-Api-Key", key)]).await;
+        assert_eq!(r.header("ratelimit-limit"), Some(limit), "{key}");
+    }
+    assert_eq!(gw.gateway.catalog().snapshot().key_count(), 50_001);
+    assert_eq!(
+        server.count("indexed_limits"),
+        1,
+        "only the first fetch was whole"
+    );
+    assert_eq!(server.count("catalog_diff"), 1);
+}
+
 #[tokio::test]
 async fn concurrent_forced_refreshes_share_one_fetch() {
     let up = Upstream::start().await;
