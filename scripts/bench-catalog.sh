@@ -30,7 +30,7 @@ bench_workdir
 echo "machine: $(machine_line)"
 echo "build: $("$BIN" --version 2>/dev/null || echo "$BIN")"
 python3 - "$BIN" "$WORK" "${SIZES[@]}" <<'PY'
-import json, os, resource, socket, subprocess, sys, time, urllib.request
+import json, os, resource, socket, subprocess, sys, threading, time, urllib.request
 
 BIN, WORK, SIZES = sys.argv[1], sys.argv[2], [int(n) for n in sys.argv[3:]]
 MAX_BYTES = 256 << 20
@@ -42,7 +42,7 @@ def free_port():
 def key(i):
     return "%016x" % ((i * 0x9E3779B97F4A7C15) & ((1 << 64) - 1))
 
-def write_catalog(path, n, extra=None):
+def write_catalog(path, n, extra=None, bump=0):
     with open(path, "w") as f:
         f.write('{"version":{"semver":"v1","released":"2026-01-01T00:00:00Z"},'
                 '"methods":["GET"],"paths":["/a/{id}","/b"],'
@@ -51,7 +51,7 @@ def write_catalog(path, n, extra=None):
             if i:
                 f.write(",")
             f.write('{"key":"%s","limits":[{"ep":0,"rl":%d,"w":1},{"ep":0,"rl":5000},'
-                    '{"ep":1,"rl":1000,"w":3600}]}' % (key(i), 100 + i % 50))
+                    '{"ep":1,"rl":1000,"w":3600}]}' % (key(i), 100 + i % 50 + bump))
         if extra:
             f.write(',{"key":"%s","limits":[{"ep":0,"rl":7}]}' % extra)
         f.write("]}")
@@ -88,6 +88,53 @@ def until_server_serves(port, not_hash=None, deadline_s=120):
             return time.monotonic() - t0
         time.sleep(0.02)
     raise SystemExit("the catalog server never served the catalog")
+
+def limit_of(port, k):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/a/1", headers={"X-Api-Key": k})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.headers.get("ratelimit-limit")
+    except urllib.error.HTTPError as e:
+        return e.headers.get("ratelimit-limit")
+    except OSError:
+        return None
+
+class Sampler:
+    """Requests of one key, one after another, each one's latency kept with its start."""
+    def __init__(self, port):
+        self.port, self.samples, self.running = port, [], True
+        self.thread = threading.Thread(target=self.run); self.thread.start()
+    def run(self):
+        while self.running:
+            t = time.monotonic(); ask(self.port, key(1), timeout=10)
+            self.samples.append((t, time.monotonic() - t))
+    def stop(self):
+        self.running = False; self.thread.join()
+    def p99_max(self, start, end):
+        lat = sorted(l for t, l in self.samples if start <= t < end)
+        if not lat:
+            return "-"
+        return f"{lat[int(0.99 * (len(lat) - 1))] * 1e3:.1f} / {lat[-1] * 1e3:.0f} ms"
+
+def change(port, cport, ready):
+    """Triggers a fetch with the refresh header; seconds until ready() holds; p99/max before
+    (the second before the trigger) and during (trigger to 0.5 s after ready)."""
+    sampler = Sampler(port)
+    time.sleep(1.0)
+    with open(f"/proc/{p.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    t0 = time.monotonic()
+    threading.Thread(target=ask, args=(port, key(2), {"X-Quotagate-Refresh": SECRET}, 30)).start()
+    seen = None
+    while time.monotonic() - t0 < 60:
+        if ready():
+            seen = time.monotonic() - t0
+            break
+        time.sleep(0.01)
+    time.sleep(0.5)
+    sampler.stop()
+    end = t0 + (seen or 60) + 0.5
+    return seen, sampler.p99_max(t0 - 1.0, t0), sampler.p99_max(t0, end), status_field(p.pid, "VmHWM")
 
 def until_served(port, k, deadline_s=120):
     t0 = time.monotonic()
@@ -160,43 +207,37 @@ for n in SIZES:
     start_server = time.monotonic() - t0
     time.sleep(1.5)  # past catalog.refresh_min_interval_ms since the first fetch
     steady = status_field(p.pid, "VmRSS")
-    with open(f"/proc/{p.pid}/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
     v1 = latest(cport)
     write_catalog(f"{d}/v2.json", n, extra="newkey-000000001")
     server_change = until_server_serves(cport, not_hash=v1)
-    import threading
-    told = {}
-    def refresh():
-        t = time.monotonic()
-        told["status"] = ask(port, "newkey-000000001", {"X-Quotagate-Refresh": SECRET}, timeout=30)
-        told["took"] = time.monotonic() - t
-    t0 = time.monotonic()
-    th = threading.Thread(target=refresh); th.start()
-    seen = None
-    while time.monotonic() - t0 < 60:
-        if ask(port, "newkey-000000001", timeout=5) == 200:
-            seen = time.monotonic() - t0
-            break
-        time.sleep(0.01)
-    th.join()
-    time.sleep(0.5)
-    peak_change = status_field(p.pid, "VmHWM")
+    one = change(port, cport, lambda: ask(port, "newkey-000000001", timeout=5) == 200)
+    # Every key changed.
+    v2 = latest(cport)
+    write_catalog(f"{d}/v3.json", n, extra="newkey-000000001", bump=1000)
+    until_server_serves(cport, not_hash=v2)
+    time.sleep(1.0)  # past catalog.refresh_min_interval_ms
+    every = change(port, cport, lambda: limit_of(port, key(0)) not in (None, "100"))
     stop(p)
     server_rss = status_field(server.pid, "VmHWM")
     stop(server)
-    rows.append((n, size, peak_validate, start_file, rss, peak_start, start_server, seen, told, steady, peak_change,
+    rows.append((n, size, peak_validate, start_file, rss, peak_start, start_server, one, every, steady,
                  server_load, server_change, server_rss))
-    os.remove(path); os.remove(f"{d}/v2.json")
+    for f in os.listdir(d):
+        os.remove(f"{d}/{f}")
 
 stop(upstream)
 print(f"baseline gateway (one key): {mb(base_rss)} resident")
-print("| keys | catalog | validate peak | start-up (file) | resident | per key | start-up peak | start-up (server) | one key changed: seen after | refresh request answered | peak during change / steady | catalog-server: loads / a change / peak |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for (n, size, pv, sf, rss, ps, ss, seen, told, steady, pc, sl, sc, srss) in rows:
-    per_key = (rss - base_rss) / n
-    seen_s = f"{seen:.2f} s" if seen is not None else "never"
-    print(f"| {n:,} | {mb(size)} | {mb(pv)} ({pv / max(ps, 1):.2f}x gateway peak) | {sf:.2f} s | {mb(rss)} | {per_key:.0f} B | {mb(ps)} | {ss:.2f} s "
-          f"| {seen_s} | {told.get('status')} in {told.get('took', 0):.2f} s | {mb(pc)} / {mb(steady)} = {pc / max(steady, 1):.2f}x "
-          f"| {sl:.2f} s / {sc:.2f} s / {mb(srss)} |")
+print("| keys | catalog | validate peak | start-up (file) | resident | per key | start-up peak | start-up (server) | catalog-server: loads / a change / peak |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for (n, size, pv, sf, rss, ps, ss, one, every, steady, sl, sc, srss) in rows:
+    print(f"| {n:,} | {mb(size)} | {mb(pv)} ({pv / max(ps, 1):.2f}x gateway peak) | {sf:.2f} s | {mb(rss)} "
+          f"| {(rss - base_rss) / n:.0f} B | {mb(ps)} | {ss:.2f} s | {sl:.2f} s / {sc:.2f} s / {mb(srss)} |")
+print()
+print("Changes through the catalog server, after the refresh request (p99 / slowest of one client's requests, one after another):")
+print("| keys | change | seen after | p99 / max before | p99 / max during | peak during / steady |")
+print("|---:|---|---:|---:|---:|---:|")
+for (n, size, pv, sf, rss, ps, ss, one, every, steady, sl, sc, srss) in rows:
+    for name, (seen, before, during, peak) in (("one key added", one), ("every key changed", every)):
+        seen_s = f"{seen:.2f} s" if seen is not None else "never"
+        print(f"| {n:,} | {name} | {seen_s} | {before} | {during} | {mb(peak)} / {mb(steady)} = {peak / max(steady, 1):.2f}x |")
 PY

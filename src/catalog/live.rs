@@ -73,7 +73,7 @@ impl Live {
     /// Swaps in a new catalog.
     pub fn store(&self, snapshot: Snapshot) {
         warn_unknown_fields(&snapshot);
-        self.current.store(Arc::new(snapshot));
+        retire(self.current.swap(Arc::new(snapshot)));
         self.ready.store(true, Ordering::Release);
         self.status
             .lock()
@@ -124,4 +124,25 @@ fn warn_unknown_fields(snapshot: &Snapshot) {
             "the catalog has fields quotagate does not know; they are ignored"
         );
     }
+}
+
+/// How long a catalog swapped out is kept before it is freed: requests take the catalog once and
+/// keep it for their life, so by then the last of them is usually done with it.
+const RETIRE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Frees a catalog swapped out on a blocking thread, after [`RETIRE_AFTER`]: freeing a million
+/// keys takes tens of milliseconds, a stall for the requests of the worker that would do it.
+/// (Outside a runtime it is freed here.)
+fn retire(old: Arc<Snapshot>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::time::sleep(RETIRE_AFTER).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(old);
+            crate::alloc::release();
+        })
+        .await;
+    });
 }
