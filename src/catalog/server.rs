@@ -2,8 +2,9 @@
 //!
 //! The source is a catalog file, or a directory whose alphabetically last `*.json` file is served
 //! (drop `v0042.json` next to `v0041.json` to publish). Edits are picked up without a restart: a
-//! task checks the source every [`RECHECK`] and loads a change on a blocking thread, so answers
-//! never wait for a load (a million keys take seconds). A version's hash is a hash of the file's
+//! task checks the source every [`RECHECK`], and every answer first, and a change is loaded on a
+//! blocking thread; an answer waits for it at most [`LOAD_WAIT`] (a small catalog is served from
+//! the next answer on; a million keys take seconds, and answers do not wait for them). A version's hash is a hash of the file's
 //! content, so it changes exactly when the content does. An invalid file is logged and the last
 //! good version stays served.
 //!
@@ -32,6 +33,11 @@ use super::{CatalogDoc, CatalogVersion, Snapshot};
 use crate::problem::problem;
 use quotagate_engine::clock::Clock;
 
+/// How long a request that finds the source changed waits for its load before it is answered
+/// with the version served until then: a small catalog loads well within it, so a file edited
+/// and then asked for is served at once; a million keys take seconds, and answers do not wait
+/// for them.
+pub const LOAD_WAIT: Duration = Duration::from_millis(250);
 /// How often the source is checked for changes, at most.
 pub const RECHECK: Duration = Duration::from_millis(200);
 /// Versions kept for diffs.
@@ -159,8 +165,8 @@ struct State {
     index: Index,
     /// Earlier versions, newest first: each one's hash and its changes to the current.
     earlier: VecDeque<(String, Changes)>,
-    /// What was last read from the source: (file, modified, length), to notice edits cheaply.
-    seen: Option<(PathBuf, SystemTime, u64)>,
+    /// What was last read from the source, to notice edits cheaply.
+    seen: Option<Stamp>,
 }
 
 /// Requests served, by endpoint (for tests and logs).
@@ -186,6 +192,10 @@ pub struct CatalogServer {
     state: Mutex<State>,
     /// Held while a change of the source is loaded (one load at a time).
     loading: Mutex<()>,
+    /// A load runs on a blocking thread.
+    busy: std::sync::atomic::AtomicBool,
+    /// Counts the loads ended (to wait for one).
+    loads: tokio::sync::watch::Sender<u64>,
     pub stats: Stats,
 }
 
@@ -193,6 +203,16 @@ pub struct CatalogServer {
 pub fn content_hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What identifies the source's content cheaply: its newest file, modified, length.
+type Stamp = (PathBuf, SystemTime, u64);
+
+fn stamp_of(source: &Path) -> Option<Stamp> {
+    let file = newest_file(source)?;
+    let meta = std::fs::metadata(&file).ok()?;
+    let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    Some((file, modified, meta.len()))
 }
 
 fn newest_file(source: &Path) -> Option<PathBuf> {
@@ -234,6 +254,8 @@ impl CatalogServer {
             max_bytes: super::MAX_CATALOG_BYTES,
             state: Mutex::default(),
             loading: Mutex::default(),
+            busy: Default::default(),
+            loads: tokio::sync::watch::Sender::new(0),
             stats: Stats::default(),
         }
     }
@@ -255,15 +277,7 @@ impl CatalogServer {
     pub async fn watch(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            let server = self.clone();
-            // A load that fails is logged by `reload`; a panic in it would end the watch.
-            if tokio::task::spawn_blocking(move || server.reload())
-                .await
-                .is_err()
-            {
-                tracing::error!("loading the catalog source failed; no longer watching it");
-                return;
-            }
+            self.catch_up(Duration::ZERO).await;
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(RECHECK) => {}
@@ -271,22 +285,47 @@ impl CatalogServer {
         }
     }
 
+    /// Starts loading the source if it changed (or waits for the load running), and waits for
+    /// that load at most `wait`.
+    async fn catch_up(self: &Arc<Self>, wait: Duration) {
+        let mut loads = self.loads.subscribe();
+        if !self.busy.load(Ordering::Acquire) && !self.changed() {
+            return;
+        }
+        if !self.busy.swap(true, Ordering::AcqRel) {
+            let server = self.clone();
+            tokio::task::spawn_blocking(move || {
+                // A panic in a load must not leave it marked as running.
+                let loaded =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.reload()));
+                if loaded.is_err() {
+                    tracing::error!("loading the catalog source failed");
+                }
+                server.busy.store(false, Ordering::Release);
+                server.loads.send_modify(|n| *n += 1);
+            });
+        }
+        if !wait.is_zero() {
+            let _ = tokio::time::timeout(wait, loads.changed()).await;
+        }
+    }
+
+    /// Whether the source is not what was last loaded (a `stat`, or a directory listing).
+    fn changed(&self) -> bool {
+        let stamp = stamp_of(&self.source);
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        stamp.is_some() && st.seen != stamp
+    }
+
     /// Looks at the source now and, if it changed, loads it: reads, parses and checks it,
     /// computes the diffs to it and swaps it in. Blocks for as long as that takes (seconds for a
     /// million keys): call it off the runtime's workers ([`CatalogServer::watch`] does).
     pub fn reload(&self) {
         let _one = self.loading.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(file) = newest_file(&self.source) else {
+        let Some(stamp) = stamp_of(&self.source) else {
             return;
         };
-        let Ok(meta) = std::fs::metadata(&file) else {
-            return;
-        };
-        let stamp = (
-            file.clone(),
-            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            meta.len(),
-        );
+        let (file, len) = (stamp.0.clone(), stamp.2);
         {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if st.seen.as_ref() == Some(&stamp) {
@@ -294,8 +333,8 @@ impl CatalogServer {
             }
             st.seen = Some(stamp);
         }
-        if meta.len() > self.max_bytes {
-            tracing::warn!(file = %file.display(), bytes = meta.len(), max_bytes = self.max_bytes, "catalog source is larger than catalog.max_bytes; still serving the last good version");
+        if len > self.max_bytes {
+            tracing::warn!(file = %file.display(), bytes = len, max_bytes = self.max_bytes, "catalog source is larger than catalog.max_bytes; still serving the last good version");
             return;
         }
         let Ok(bytes) = std::fs::read(&file) else {
@@ -422,6 +461,8 @@ impl CatalogServer {
                 None,
             );
         }
+        // An edit of the source is served from the next answer on when it loads quickly.
+        self.catch_up(LOAD_WAIT).await;
         let Some(current) = self.current() else {
             return problem(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -579,11 +620,23 @@ mod tests {
             "only d changed in the last step"
         );
 
+        // A request finds an edit and waits for its load (the wait is long here: the test is of
+        // the waiting, not of how long a load takes).
+        let server = Arc::new(server);
+        std::fs::write(&file, catalog(&[("a", 1), ("c", 30), ("d", 6)], "/x")).unwrap();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(server.catch_up(Duration::from_secs(30)));
+        let current = server.current().unwrap();
+        let doc = CatalogDoc::parse("v", &current.body).unwrap();
+        assert_eq!(keys(&doc)[2], ("d".to_owned(), Some(6)));
+        assert!(!server.busy.load(Ordering::Acquire));
+
         // New endpoints: no earlier version can be diffed to it.
         std::fs::write(&file, catalog(&[("a", 1)], "/y")).unwrap();
         server.reload();
         let current = server.current().unwrap();
-        assert_eq!(current.diffs.len(), 4);
+        assert_eq!(current.diffs.len(), 5);
         assert!(current.diffs.values().all(Option::is_none));
     }
 }
