@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::live::Live;
 use super::server::content_hash;
-use super::{CatalogDiff, CatalogDoc, CatalogVersion, Snapshot};
+use super::{CatalogDiff, CatalogDoc, CatalogVersion, Counted, Snapshot, UnknownFields};
 use crate::config::{CatalogConfig, ConfigError, header_name, positive_ms};
 use crate::metrics::OutcomeLabels;
 
@@ -356,12 +356,15 @@ impl<F: Fetch> Poller<F> {
         match status {
             StatusCode::NOT_MODIFIED => Ok(PollOutcome::Unchanged),
             StatusCode::OK => {
+                // The keys are read in a second pass, once the version is known to be new.
+                let read = body.clone();
                 let (doc, unknown) = off_workers(move || {
-                    let (mut doc, unknown) = CatalogDoc::parse_reporting("/indexed_limits", &body)?;
+                    let mut unknown = UnknownFields::default();
+                    let mut doc = CatalogDoc::parse_head("/indexed_limits", &read, &mut unknown)?;
                     if doc.hash().is_empty() {
                         // A server without versions: the content identifies the version.
                         let mut v = doc.version.take().unwrap_or_default();
-                        v.hash = content_hash(&body);
+                        v.hash = content_hash(&read);
                         doc.version = Some(v);
                     }
                     Ok::<_, super::CatalogError>((doc, unknown))
@@ -380,11 +383,10 @@ impl<F: Fetch> Poller<F> {
                     });
                 }
                 let source = self.opts.url.to_string();
-                let snapshot = off_workers(move || {
-                    Snapshot::build(&source, doc).map(|s| s.with_unknown_fields(unknown))
-                })
-                .await?
-                .map_err(|e| PollError::Invalid(e.to_string()))?;
+                let snapshot =
+                    off_workers(move || Snapshot::from_head(&source, doc, unknown, &body))
+                        .await?
+                        .map_err(|e| PollError::Invalid(e.to_string()))?;
                 Ok(self.install(snapshot, false))
             }
             other => Err(PollError::Status(other.as_u16())),
@@ -403,14 +405,14 @@ impl<F: Fetch> Poller<F> {
         match status {
             StatusCode::NOT_MODIFIED => Ok(Some(PollOutcome::Unchanged)),
             StatusCode::OK => {
-                let diff: CatalogDiff = serde_json::from_slice(&body)
+                let diff: CatalogDiff<Counted> = serde_json::from_slice(&body)
                     .map_err(|e| PollError::Invalid(format!("/catalog_diff: {e}")))?;
                 if diff.from != current_hash {
                     return Ok(None);
                 }
                 // A diff only carries keys: the document's unknown fields stay as they were.
                 let source = self.opts.url.to_string();
-                let snapshot = off_workers(move || current.apply(&source, &diff))
+                let snapshot = off_workers(move || current.apply_json(&source, &diff, &body))
                     .await?
                     .map_err(|e| PollError::Invalid(e.to_string()))?;
                 Ok(Some(self.install(snapshot, true)))

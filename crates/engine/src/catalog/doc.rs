@@ -23,14 +23,17 @@ pub struct CatalogVersion {
 /// The fields every DynLimits catalog has are required, so a misspelt one (`apilimit`) is an error
 /// rather than an empty catalog. Unknown fields are reported ([`CatalogDoc::parse_reporting`]) and
 /// otherwise ignored, so catalogs from newer servers still load.
+///
+/// `K` is what `apilimits` is read as: the keys themselves, or (a first pass over a large
+/// catalog, whose keys are then read straight into its key table) only how many there are.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogDoc {
+pub struct CatalogDoc<K = Vec<ApiLimits>> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<CatalogVersion>,
     pub methods: Vec<String>,
     pub paths: Vec<String>,
     pub endpoints: Vec<EndpointDef>,
-    pub apilimits: Vec<ApiLimits>,
+    pub apilimits: K,
     /// Limits per client address for requests without an API key (`limits.anonymous =
     /// "by_address"`). Our extension.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -133,15 +136,17 @@ pub struct LimitDef {
 
 /// What changed in the API keys' limits between two catalog versions whose methods, paths and
 /// endpoints are the same (`GET /catalog_diff`, see `docs/catalog-protocol.md`).
+///
+/// `K` is what `apilimits` is read as, as in [`CatalogDoc`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogDiff {
+pub struct CatalogDiff<K = Vec<ApiLimits>> {
     /// The version hash the diff starts from.
     pub from: String,
     /// The version the diff leads to.
     pub version: CatalogVersion,
     /// Keys that are new or whose limits changed, with all their limits.
     #[serde(default)]
-    pub apilimits: Vec<ApiLimits>,
+    pub apilimits: K,
     /// Keys that are gone.
     #[serde(default)]
     pub removed_keys: Vec<String>,
@@ -165,54 +170,88 @@ impl CatalogDoc {
         source: &str,
         json: &[u8],
     ) -> Result<(CatalogDoc, Vec<String>), CatalogError> {
-        let (mut unknown, mut more) = (Vec::new(), 0usize);
-        let mut track = serde_path_to_error::Track::new();
-        let mut de = serde_json::Deserializer::from_slice(json);
-        let parsed = serde_ignored::deserialize(
-            serde_path_to_error::Deserializer::new(&mut de, &mut track),
-            |path| {
-                if unknown.len() < MAX_UNKNOWN_REPORTED {
-                    unknown.push(json_path(&path));
-                } else {
-                    more += 1;
-                }
-            },
-        )
-        .and_then(|doc| de.end().map(|()| doc));
-        let doc = match parsed {
-            Ok(doc) => doc,
-            Err(e) => {
-                // `?` stands for a segment the parser could not name (a syntax error in a key).
-                let at = track.path().to_string();
-                let at = at.trim_end_matches(".?").trim_end_matches('?');
-                let mut problems = vec![Problem {
-                    at: if at == "." {
-                        String::new()
-                    } else {
-                        at.to_owned()
-                    },
-                    reason: format!("not a valid catalog document: {e}"),
-                }];
-                problems.extend(unknown.into_iter().map(|at| Problem {
-                    at,
-                    reason: "unknown field (a misspelling?)".to_owned(),
-                }));
-                return Err(CatalogError {
-                    source: source.to_owned(),
-                    problems,
-                });
-            }
-        };
-        if more > 0 {
-            unknown.push(format!("and {more} more"));
+        let mut unknown = UnknownFields::default();
+        let doc = parse_doc(source, json, &mut unknown, |_| true)?;
+        Ok((doc, unknown.into_list()))
+    }
+}
+
+/// The fields of a document that quotagate does not know, by path: the first
+/// [`MAX_UNKNOWN_REPORTED`], then how many more. Read in two passes, a catalog lists those
+/// outside `apilimits` first.
+#[derive(Debug, Default)]
+pub struct UnknownFields {
+    listed: Vec<String>,
+    more: usize,
+}
+
+impl UnknownFields {
+    pub(super) fn note(&mut self, path: &serde_ignored::Path) {
+        if self.listed.len() < MAX_UNKNOWN_REPORTED {
+            self.listed.push(json_path(path));
+        } else {
+            self.more += 1;
         }
-        Ok((doc, unknown))
     }
 
+    /// The paths, then `and N more` if there were more.
+    pub fn into_list(mut self) -> Vec<String> {
+        if self.more > 0 {
+            self.listed.push(format!("and {} more", self.more));
+        }
+        self.listed
+    }
+}
+
+/// Parses a document, noting in `unknown` the fields it does not know that `report` accepts.
+pub(super) fn parse_doc<T: serde::de::DeserializeOwned>(
+    source: &str,
+    json: &[u8],
+    unknown: &mut UnknownFields,
+    report: impl Fn(&serde_ignored::Path) -> bool,
+) -> Result<T, CatalogError> {
+    let mut track = serde_path_to_error::Track::new();
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let parsed = serde_ignored::deserialize(
+        serde_path_to_error::Deserializer::new(&mut de, &mut track),
+        |path| {
+            if report(&path) {
+                unknown.note(&path);
+            }
+        },
+    )
+    .and_then(|doc| de.end().map(|()| doc));
+    parsed.map_err(|e| {
+        // `?` stands for a segment the parser could not name (a syntax error in a key).
+        let at = track.path().to_string();
+        let at = at.trim_end_matches(".?").trim_end_matches('?');
+        let mut problems = vec![Problem {
+            at: if at == "." {
+                String::new()
+            } else {
+                at.to_owned()
+            },
+            reason: format!("not a valid catalog document: {e}"),
+        }];
+        let met = std::mem::take(&mut unknown.listed);
+        problems.extend(met.into_iter().map(|at| Problem {
+            at,
+            reason: "unknown field (a misspelling?)".to_owned(),
+        }));
+        CatalogError {
+            source: source.to_owned(),
+            problems,
+        }
+    })
+}
+
+impl<K> CatalogDoc<K> {
     pub fn hash(&self) -> &str {
         self.version.as_ref().map_or("", |v| v.hash.as_str())
     }
+}
 
+impl CatalogDoc {
     /// The diff from `self` to `newer`, or `None` when their endpoints, anonymous limits, default
     /// zone or groups differ (a client then needs the whole catalog).
     pub fn diff_to(&self, newer: &CatalogDoc) -> Option<CatalogDiff> {
@@ -253,7 +292,9 @@ impl CatalogDoc {
                 .collect(),
         })
     }
+}
 
+impl CatalogDoc {
     /// This document with `diff` applied. The caller checks that `diff.from` is this version.
     pub fn apply(&self, diff: &CatalogDiff) -> CatalogDoc {
         let changed: HashMap<&str, &ApiLimits> =

@@ -17,14 +17,16 @@
 mod doc;
 mod error;
 mod keys;
+mod read;
 mod snapshot;
 pub mod version;
 
 pub use doc::{
     ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, CostFromDef, DefaultLimitDef, EndpointDef,
-    LimitDef,
+    LimitDef, UnknownFields,
 };
 pub use error::{CatalogError, Problem};
+pub use read::{Counted, each_key};
 pub use snapshot::{Applied, Endpoint, LimitLookup, MAX_COST, Snapshot};
 
 /// Largest catalog accepted, from a file or from a catalog server, unless `catalog.max_bytes`

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::CatalogVersion;
 use super::keys::{GROUP, KeyTable, Plan, Plans};
-use super::{ApiLimits, CatalogDiff, CatalogDoc, CatalogError, LimitDef, Problem};
+use super::read::{self, Counted};
+use super::{ApiLimits, CatalogDiff, CatalogDoc, CatalogError, LimitDef, Problem, UnknownFields};
 use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, Period, WINDOW_SECONDS, ZoneId};
 use crate::router::{RouteMatch, RouteTable, Template};
 
@@ -111,8 +112,47 @@ pub struct Snapshot {
 impl Snapshot {
     /// Parses and validates a DynLimits catalog. `source` names it in errors.
     pub fn from_json(source: &str, json: &[u8]) -> Result<Snapshot, CatalogError> {
-        let (doc, unknown) = CatalogDoc::parse_reporting(source, json)?;
-        Ok(Snapshot::build(source, doc)?.with_unknown_fields(unknown))
+        let mut unknown = UnknownFields::default();
+        let head = CatalogDoc::parse_head(source, json, &mut unknown)?;
+        Snapshot::from_head(source, head, unknown, json)
+    }
+
+    /// Validates the catalog `json` and builds its snapshot, given its first pass: `head` (whose
+    /// version the caller may have set) and the unknown fields that pass met. The keys are read
+    /// from `json` one at a time into the key table, in memory in proportion to the table. A
+    /// catalog with a problem in its keys is read again whole, so that every problem is reported
+    /// as [`Snapshot::build`] reports it.
+    pub fn from_head(
+        source: &str,
+        head: CatalogDoc<Counted>,
+        mut unknown: UnknownFields,
+        json: &[u8],
+    ) -> Result<Snapshot, CatalogError> {
+        let version = head.version.clone();
+        let mut streamed = true;
+        let built = build(head, |ctx, count, problems| {
+            let mut keys = KeyTable::with_capacity(count.0);
+            let mut pooled = vec![false; ctx.groups.names.len()];
+            let mut plans = Plans::default();
+            streamed = read::each_key(json, Some(&mut unknown), |k, entry| {
+                !entry.key.is_empty()
+                    && keys.get(entry.key.as_bytes()).is_none()
+                    && add_key(k, &entry, ctx, &mut keys, &mut pooled, &mut plans, problems)
+            });
+            (keys, pooled)
+        });
+        match built {
+            Ok(s) if streamed => Ok(s.with_unknown_fields(unknown.into_list())),
+            Err(problems) if streamed => Err(CatalogError {
+                source: source.to_owned(),
+                problems,
+            }),
+            _ => {
+                let (mut doc, unknown) = CatalogDoc::parse_reporting(source, json)?;
+                doc.version = version;
+                Ok(Snapshot::build(source, doc)?.with_unknown_fields(unknown))
+            }
+        }
     }
 
     /// Records the fields of the document that quotagate does not know.
@@ -128,7 +168,10 @@ impl Snapshot {
 
     /// Validates a document and builds its snapshot. `source` names it in errors.
     pub fn build(source: &str, doc: CatalogDoc) -> Result<Snapshot, CatalogError> {
-        build(doc).map_err(|problems| CatalogError {
+        build(doc, |ctx, entries, problems| {
+            key_limits(ctx, entries, problems)
+        })
+        .map_err(|problems| CatalogError {
             source: source.to_owned(),
             problems,
         })
@@ -215,6 +258,62 @@ impl Snapshot {
     /// `apilimits[i]...`), in time and memory in proportion to the keys it names: the new version
     /// shares every part of this one that the diff does not change.
     pub fn apply(&self, source: &str, diff: &CatalogDiff) -> Result<Snapshot, CatalogError> {
+        self.apply_with(source, diff, |ctx, keys, pooled, problems| {
+            add_keys(&diff.apilimits, ctx, keys, pooled, problems);
+        })
+    }
+
+    /// [`Snapshot::apply`] for the diff `json`, given its first pass `head`: the keys are read
+    /// from `json` one at a time (a diff of every key of a large catalog would otherwise be held
+    /// whole). A diff with a problem in its keys is read again whole, so that every problem is
+    /// reported as [`Snapshot::apply`] reports it.
+    pub fn apply_json(
+        &self,
+        source: &str,
+        head: &CatalogDiff<Counted>,
+        json: &[u8],
+    ) -> Result<Snapshot, CatalogError> {
+        use std::hash::BuildHasher;
+        // Keys met in this diff, by hash: a key already in the table may only be met once. A
+        // collision of two keys' hashes only sends the diff to the whole read.
+        let hasher = foldhash::fast::FixedState::default();
+        let mut met =
+            hashbrown::HashSet::<u64, foldhash::fast::FixedState>::with_capacity_and_hasher(
+                head.apilimits.0,
+                foldhash::fast::FixedState::default(),
+            );
+        let mut streamed = true;
+        let applied = self.apply_with(source, head, |ctx, keys, pooled, problems| {
+            let mut plans = Plans::default();
+            streamed = read::each_key(json, None, |k, entry| {
+                !entry.key.is_empty()
+                    && met.insert(hasher.hash_one(entry.key.as_bytes()))
+                    && add_key(k, &entry, ctx, keys, pooled, &mut plans, problems)
+            });
+        });
+        match streamed {
+            true => applied,
+            false => {
+                let diff: CatalogDiff = serde_json::from_slice(json).map_err(|e| CatalogError {
+                    source: source.to_owned(),
+                    problems: vec![Problem {
+                        at: String::new(),
+                        reason: format!("not a valid catalog diff: {e}"),
+                    }],
+                })?;
+                self.apply(source, &diff)
+            }
+        }
+    }
+
+    /// This version with `diff`'s removed keys taken out and its keys set by `add`; see
+    /// [`Snapshot::apply`].
+    fn apply_with<K>(
+        &self,
+        source: &str,
+        diff: &CatalogDiff<K>,
+        add: impl FnOnce(&KeyContext, &mut KeyTable, &mut [bool], &mut Problems),
+    ) -> Result<Snapshot, CatalogError> {
         let mut problems = Problems::default();
         let defaults: Vec<usize> = self
             .endpoints
@@ -232,7 +331,7 @@ impl Snapshot {
         for k in &diff.removed_keys {
             keys.remove(k.as_bytes());
         }
-        add_keys(&diff.apilimits, &ctx, &mut keys, &mut pooled, &mut problems);
+        add(&ctx, &mut keys, &mut pooled, &mut problems);
         if !problems.0.is_empty() {
             return Err(CatalogError {
                 source: source.to_owned(),
@@ -556,8 +655,12 @@ impl Problems {
     }
 }
 
-/// Checks every part of `raw` (all problems, not the first) and builds the snapshot from it.
-fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
+/// Checks every part of `raw` (all problems, not the first) and builds the snapshot from it;
+/// `keys` checks and builds its keys' table.
+fn build<K>(
+    raw: CatalogDoc<K>,
+    keys: impl FnOnce(&KeyContext, &K, &mut Problems) -> (KeyTable, Vec<bool>),
+) -> Result<Snapshot, Vec<Problem>> {
     let mut problems = Problems::default();
     let tz = match raw.tz.as_deref().map(zone_value) {
         None => ZoneId::UTC,
@@ -587,7 +690,7 @@ fn build(raw: CatalogDoc) -> Result<Snapshot, Vec<Problem>> {
         groups: &groups,
         defaults: &defaults,
     };
-    let (keys, pooled) = key_limits(&raw, &ctx, &mut problems);
+    let (keys, pooled) = keys(&ctx, &raw.apilimits, &mut problems);
     if endpoints.len() == raw.endpoints.len() {
         set_pools(&mut endpoints, &groups, &pooled);
     }
@@ -663,7 +766,7 @@ fn group_name_ok(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-fn build_groups(raw: &CatalogDoc, problems: &mut Problems) -> Groups {
+fn build_groups<K>(raw: &CatalogDoc<K>, problems: &mut Problems) -> Groups {
     let mut groups = Groups {
         names: Vec::with_capacity(raw.groups.len() + 1),
         members: Vec::with_capacity(raw.groups.len() + 1),
@@ -700,8 +803,8 @@ fn build_groups(raw: &CatalogDoc, problems: &mut Problems) -> Groups {
 }
 
 /// The endpoints that check out, and their templates with their index in the catalog.
-fn build_endpoints(
-    raw: &CatalogDoc,
+fn build_endpoints<K>(
+    raw: &CatalogDoc<K>,
     tz: ZoneId,
     problems: &mut Problems,
 ) -> (Vec<Endpoint>, Vec<(usize, Template)>) {
@@ -766,7 +869,7 @@ fn build_endpoints(
 }
 
 /// The anonymous limits of each endpoint, by the catalog's endpoint index.
-fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Vec<LimitList> {
+fn anonymous_limits<K>(raw: &CatalogDoc<K>, tz: ZoneId, problems: &mut Problems) -> Vec<LimitList> {
     let mut anonymous: Vec<LimitList> = (0..raw.endpoints.len())
         .map(|_| LimitList::new(tz))
         .collect();
@@ -805,13 +908,13 @@ fn anonymous_limits(raw: &CatalogDoc, tz: ZoneId, problems: &mut Problems) -> Ve
 
 /// Every API key's limits, by endpoint and pool; and which groups some key pools, by number.
 fn key_limits(
-    raw: &CatalogDoc,
     ctx: &KeyContext,
+    entries: &[ApiLimits],
     problems: &mut Problems,
 ) -> (KeyTable, Vec<bool>) {
     let mut pooled = vec![false; ctx.groups.names.len()];
-    let mut keys = KeyTable::with_capacity(raw.apilimits.len());
-    add_keys(&raw.apilimits, ctx, &mut keys, &mut pooled, problems);
+    let mut keys = KeyTable::with_capacity(entries.len());
+    add_keys(entries, ctx, &mut keys, &mut pooled, problems);
     (keys, pooled)
 }
 
@@ -838,9 +941,27 @@ fn add_keys(
             );
             continue;
         }
-        if let Some(plan) = key_plan(k, entry, ctx, pooled, problems) {
+        add_key(k, entry, ctx, keys, pooled, &mut plans, problems);
+    }
+}
+
+/// Checks `entry` (`apilimits[k]`, its key not empty and met once in its document) and sets its plan in `keys`;
+/// `false`, with its problems added, if it cannot be used.
+fn add_key(
+    k: usize,
+    entry: &ApiLimits,
+    ctx: &KeyContext,
+    keys: &mut KeyTable,
+    pooled: &mut [bool],
+    plans: &mut Plans,
+    problems: &mut Problems,
+) -> bool {
+    match key_plan(k, entry, ctx, pooled, problems) {
+        Some(plan) => {
             keys.insert(entry.key.as_bytes(), plans.share(plan));
+            true
         }
+        None => false,
     }
 }
 
@@ -1479,8 +1600,55 @@ mod tests {
         );
         let diff = old_doc.diff_to(&new_doc).unwrap();
         let before = Snapshot::build("old", old_doc).unwrap();
-        let applied = before.apply("diff", &diff).unwrap();
-        let whole = Snapshot::build("new", new_doc).unwrap();
+        // A diff as received: its keys read one at a time.
+        let apply_json = |diff: &CatalogDiff| {
+            let json = serde_json::to_vec(diff).unwrap();
+            let head: CatalogDiff<Counted> = serde_json::from_slice(&json).unwrap();
+            assert_eq!(head.apilimits, Counted(diff.apilimits.len()));
+            before.apply_json("diff", &head, &json)
+        };
+        let whole = Snapshot::from_json("new", new.as_bytes()).unwrap();
+        assert_eq!(
+            whole.endpoints(),
+            Snapshot::build("new", new_doc).unwrap().endpoints()
+        );
+        for applied in [before.apply("diff", &diff), apply_json(&diff)] {
+            check_applied(&before, &applied.unwrap(), &whole);
+        }
+
+        // A diff is checked as a whole catalog is, its problems located in the diff.
+        let mut bad = diff.clone();
+        bad.apilimits[0].limits[0].ep = Some(9);
+        bad.apilimits.push(bad.apilimits[1].clone());
+        let mut twice = diff.clone();
+        twice.apilimits.push(twice.apilimits[0].clone());
+        let problems = |r: Result<Snapshot, CatalogError>| -> Vec<String> {
+            let err = r.unwrap_err();
+            err.problems
+                .iter()
+                .map(|p| format!("{}: {}", p.at, p.reason))
+                .collect()
+        };
+        for got in [
+            problems(before.apply("diff", &bad)),
+            problems(apply_json(&bad)),
+        ] {
+            assert_eq!(
+                got,
+                [
+                    "apilimits[0].limits[0].ep: index 9 is out of range (endpoints has 3 entries)",
+                    "apilimits[3].key: duplicate API key (also apilimits[1])",
+                ]
+            );
+        }
+        assert_eq!(
+            problems(apply_json(&twice)),
+            ["apilimits[3].key: duplicate API key (also apilimits[0])"]
+        );
+    }
+
+    /// `applied` (`before` and a diff) answers as `whole`, and `before` is as it was.
+    fn check_applied(before: &Snapshot, applied: &Snapshot, whole: &Snapshot) {
         assert_eq!(applied.version.hash, "b");
         assert_eq!(applied.key_count(), 4);
         assert_eq!(
@@ -1506,24 +1674,6 @@ mod tests {
             "the old version unchanged"
         );
         assert_eq!(before.limit(b"k4", 0), LimitLookup::UnknownKey);
-
-        // A diff is checked as a whole catalog is, its problems located in the diff.
-        let mut bad = diff.clone();
-        bad.apilimits[0].limits[0].ep = Some(9);
-        bad.apilimits.push(bad.apilimits[1].clone());
-        let err = before.apply("diff", &bad).unwrap_err();
-        let got: Vec<String> = err
-            .problems
-            .iter()
-            .map(|p| format!("{}: {}", p.at, p.reason))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                "apilimits[0].limits[0].ep: index 9 is out of range (endpoints has 3 entries)",
-                "apilimits[3].key: duplicate API key (also apilimits[1])",
-            ]
-        );
     }
 
     #[test]
@@ -1599,9 +1749,10 @@ mod tests {
         let extra = br#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 0, "m": 0, "defualt_rl": 3}],
             "apilimits": [{"key": "k", "limits": [], "note": "x"}], "owner": "team"}"#;
         let s = Snapshot::from_json("t", extra).unwrap();
+        // The keys are read in a second pass: their unknown fields come after the others.
         assert_eq!(
             s.unknown_fields(),
-            ["endpoints[0].defualt_rl", "apilimits[0].note", "owner"]
+            ["endpoints[0].defualt_rl", "owner", "apilimits[0].note"]
         );
     }
 
