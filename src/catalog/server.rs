@@ -4,14 +4,16 @@
 //! (drop `v0042.json` next to `v0041.json` to publish). Edits are picked up without a restart: a
 //! task checks the source every [`RECHECK`], and every answer first, and a change is loaded on a
 //! blocking thread; an answer waits for it at most [`LOAD_WAIT`] (a small catalog is served from
-//! the next answer on; a million keys take seconds, and answers do not wait for them). A version's hash is a hash of the file's
-//! content, so it changes exactly when the content does. An invalid file is logged and the last
-//! good version stays served.
+//! the next answer on; a million keys take seconds, and answers do not wait for them). A
+//! version's hash is a hash of the file's content, so it changes exactly when the content does.
+//! An invalid file is logged and the last good version stays served.
 //!
 //! Diffs are computed when a version is loaded, not per request: for each of the last
 //! [`HISTORY`] versions, what changed from it to the current one is kept (composed step by step,
 //! so no old catalog is held) and its answer serialized once. Only the current version's keys
-//! are held, each with a hash of its limits, to find the next step's changes.
+//! are held, each with a hash of its limits, to find the next step's changes. A load reads the
+//! keys one at a time (`quotagate_engine::catalog::each_key`), never the whole document as
+//! values: a million keys parsed whole took 2 GB.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -32,6 +34,7 @@ use super::version::format_rfc3339;
 use super::{CatalogDoc, CatalogVersion, Snapshot};
 use crate::problem::problem;
 use quotagate_engine::clock::Clock;
+use serde_json::value::RawValue;
 
 /// How long a request that finds the source changed waits for its load before it is answered
 /// with the version served until then: a small catalog loads well within it, so a file edited
@@ -62,8 +65,9 @@ type Changes = Option<KeyChanges>;
 
 #[derive(Debug, Default, Clone)]
 struct KeyChanges {
-    /// Keys new or changed since, with their limits now.
-    changed: HashMap<String, super::ApiLimits>,
+    /// Keys new or changed since, with their entry now (`{"key": .., "limits": ..}`, as JSON:
+    /// a tenth of its size parsed).
+    changed: HashMap<String, Box<RawValue>>,
     removed: HashSet<String>,
 }
 
@@ -82,8 +86,10 @@ impl KeyChanges {
 
     /// The diff's answer, keys in order (so that an answer does not depend on hashing).
     fn answer(&self, from: &str, version: &CatalogVersion) -> Bytes {
-        let mut apilimits: Vec<super::ApiLimits> = self.changed.values().cloned().collect();
-        apilimits.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let mut apilimits: Vec<(&String, &RawValue)> =
+            self.changed.iter().map(|(k, e)| (k, &**e)).collect();
+        apilimits.sort_unstable_by_key(|(k, _)| *k);
+        let apilimits: Vec<&RawValue> = apilimits.into_iter().map(|(_, e)| e).collect();
         let mut removed_keys: Vec<String> = self.removed.iter().cloned().collect();
         removed_keys.sort_unstable();
         let diff = super::CatalogDiff {
@@ -106,7 +112,8 @@ struct Index {
 }
 
 impl Index {
-    fn of(doc: &CatalogDoc) -> Index {
+    /// `doc`'s shape, with no keys yet.
+    fn shape_of<K>(doc: &CatalogDoc<K>) -> Index {
         let shape = serde_json::to_vec(&(
             &doc.methods,
             &doc.paths,
@@ -116,31 +123,37 @@ impl Index {
             &doc.groups,
         ))
         .unwrap_or_default();
-        let mut keys = HashMap::with_capacity_and_hasher(doc.apilimits.len(), Default::default());
-        for a in &doc.apilimits {
-            keys.insert(a.key.as_str().into(), limits_hash(&a.limits));
+        Index {
+            shape,
+            keys: HashMap::default(),
         }
-        Index { shape, keys }
     }
 
-    /// What changed from this version to `newer` (whose index is `next`).
-    fn changes_to(&self, newer: &CatalogDoc, next: &Index) -> Changes {
-        if self.shape != next.shape {
-            return None;
+    /// Reads the keys of `json` (a valid catalog of this shape) into this index, and what changed
+    /// since `earlier` (`None`: its shape differs).
+    fn read_keys(&mut self, json: &[u8], keys: usize, earlier: Option<&Index>) -> Changes {
+        let mut changes = earlier
+            .filter(|e| e.shape == self.shape)
+            .map(|_| KeyChanges::default());
+        self.keys.reserve(keys);
+        quotagate_engine::catalog::each_key(json, None, |_, entry| {
+            let hash = limits_hash(&entry.limits);
+            if let (Some(c), Some(e)) = (changes.as_mut(), earlier)
+                && e.keys.get(entry.key.as_str()) != Some(&hash)
+            {
+                let raw = serde_json::value::to_raw_value(&entry);
+                c.changed.insert(entry.key.clone(), raw.unwrap_or_default());
+            }
+            self.keys.insert(entry.key.into_boxed_str(), hash);
+            true
+        });
+        if let (Some(c), Some(e)) = (changes.as_mut(), earlier) {
+            c.removed = (e.keys.keys())
+                .filter(|k| !self.keys.contains_key(&**k))
+                .map(|k| k.to_string())
+                .collect();
         }
-        let changed = newer
-            .apilimits
-            .iter()
-            .filter(|a| self.keys.get(a.key.as_str()) != next.keys.get(a.key.as_str()))
-            .map(|a| (a.key.clone(), a.clone()))
-            .collect();
-        let removed = self
-            .keys
-            .keys()
-            .filter(|k| !next.keys.contains_key(&**k))
-            .map(|k| k.to_string())
-            .collect();
-        Some(KeyChanges { changed, removed })
+        changes
     }
 }
 
@@ -365,7 +378,13 @@ impl CatalogServer {
         let invalid = |e: &dyn std::fmt::Display| {
             tracing::warn!(error = %e, "catalog source is invalid; still serving the last good version");
         };
-        let mut doc = CatalogDoc::parse(name, bytes)
+        // Checked first, as a gateway reads it (its keys one at a time).
+        let keys = Snapshot::from_json(name, bytes)
+            .map_err(|e| invalid(&e))
+            .ok()?
+            .key_count();
+        // Served as read, but for the version: `apilimits` copied as written.
+        let mut doc: CatalogDoc<&RawValue> = serde_json::from_slice(bytes)
             .map_err(|e| invalid(&e))
             .ok()?;
         let now = i64::try_from(self.clock.now()).unwrap_or(i64::MAX);
@@ -377,40 +396,45 @@ impl CatalogServer {
         };
         doc.version = Some(version.clone());
         let body = Bytes::from(serde_json::to_vec(&doc).unwrap_or_default());
-        let index = Index::of(&doc);
-        // The earlier versions and their changes up to this one, from the state as it is: loads
-        // are one at a time, so nothing else changes it meanwhile.
-        let (previous, mut earlier) = {
-            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let step = st
-                .current
-                .as_ref()
-                .map(|c| (c.version.hash.clone(), st.index.changes_to(&doc, &index)));
-            (step, st.earlier.clone())
+        let mut index = Index::shape_of(&doc);
+        // The earlier versions and their changes up to this one, taken from the state: loads are
+        // one at a time and nothing else reads them (answers are ready in `current`).
+        let (from, old, mut earlier) = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                st.current.as_ref().map(|c| c.version.hash.clone()),
+                std::mem::take(&mut st.index),
+                std::mem::take(&mut st.earlier),
+            )
         };
-        // Checked last: building takes the document.
-        Snapshot::build(name, doc).map_err(|e| invalid(&e)).ok()?;
-        if let Some((from, step)) = previous {
-            for (_, changes) in earlier.iter_mut() {
+        let step = index.read_keys(bytes, keys, from.as_ref().map(|_| &old));
+        drop(old);
+        if let Some(from) = from {
+            // The diffs kept hold at most as many key changes as the catalog has keys (or 4096),
+            // newest first: older versions fetch the whole catalog, no dearer than their diff,
+            // and are not composed.
+            let budget = index.keys.len().max(4096);
+            let size = |c: &Changes| c.as_ref().map_or(0, |c| c.changed.len() + c.removed.len());
+            let mut held = size(&step);
+            let mut kept = 0;
+            for (i, (_, changes)) in earlier.iter_mut().enumerate().take(HISTORY - 2) {
+                if held > budget {
+                    break;
+                }
                 match (changes.as_mut(), &step) {
                     (Some(c), Some(s)) => c.then(s),
                     _ => *changes = None,
                 }
+                held += size(changes);
+                if held <= budget {
+                    kept = i + 1;
+                }
             }
-            earlier.push_front((from, step));
+            earlier.truncate(kept);
+            if size(&step) <= budget {
+                earlier.push_front((from, step));
+            }
         }
-        // The diffs kept hold at most as many key changes as the catalog has keys (or 4096),
-        // newest first: older versions fetch the whole catalog, no dearer than their diff.
-        let budget = index.keys.len().max(4096);
-        let mut held = 0;
-        let kept = earlier
-            .iter()
-            .take_while(|(_, c)| {
-                held += c.as_ref().map_or(0, |c| c.changed.len() + c.removed.len());
-                held <= budget
-            })
-            .count();
-        earlier.truncate(kept.min(HISTORY - 1));
         let diffs = earlier
             .iter()
             .map(|(from, c)| (from.clone(), c.as_ref().map(|c| c.answer(from, &version))))
