@@ -377,6 +377,16 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
     assert!(large.len() > 4096);
     let broken =
         r#"{"methods": ["GET"], "paths": ["/a"], "endpoints": [{"p": 1, "m": 0}]}"#.to_owned();
+    // A diff from the version served, read as it arrives: each fault is the poll's.
+    let diff = |fault| Fault::Diff(Box::new(fault));
+    let bad_key = format!(
+        r#"{{"from": "{served}", "version": {{"hash": "d"}},
+            "apilimits": [{{"key": "k1", "limits": [{{"ep": 7, "rl": 1}}]}}]}}"#
+    );
+    let large_diff = format!(
+        r#"{{"from": "{served}", "version": {{"hash": "d"}}, "removed_keys": ["{}"]}}"#,
+        "x".repeat(5000)
+    );
     for (fault, kind) in [
         (Fault::Status(500), "status"),
         (Fault::Status(503), "status"),
@@ -386,6 +396,10 @@ async fn every_failure_keeps_the_last_good_catalog_serving() {
         (Fault::Body(broken), "invalid"),
         (Fault::Body(older), "older"),
         (Fault::Body(large), "too_large"),
+        (diff(Fault::Truncated), "truncated"),
+        (diff(Fault::Body("{not json".into())), "invalid"),
+        (diff(Fault::Body(bad_key)), "invalid"),
+        (diff(Fault::Body(large_diff)), "too_large"),
     ] {
         faulty.set(fault.clone());
         let started = Instant::now();

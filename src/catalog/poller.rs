@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::live::Live;
 use super::server::content_hash;
-use super::{CatalogDiff, CatalogDoc, CatalogVersion, Counted, Snapshot, UnknownFields};
+use super::{CatalogDoc, CatalogVersion, Snapshot, UnknownFields};
 use crate::config::{CatalogConfig, ConfigError, header_name, positive_ms};
 use crate::metrics::OutcomeLabels;
 
@@ -155,6 +155,25 @@ pub trait Fetch: Send + Sync + 'static {
         url: reqwest::Url,
         if_none_match: Option<&str>,
     ) -> impl Future<Output = Result<Fetched, PollError>> + Send;
+
+    /// `GET url` whose `200` answer's body `read` consumes, on a blocking thread, as it arrives
+    /// (up to the size limit); another status is returned with nothing read. A body cut short
+    /// or over the limit is that error, whatever `read` made of the part it got. By default the
+    /// body is read whole first.
+    fn get_read<T: Send + 'static>(
+        &self,
+        url: reqwest::Url,
+        read: impl FnOnce(&mut dyn std::io::Read) -> T + Send + 'static,
+    ) -> impl Future<Output = Result<(StatusCode, Option<T>), PollError>> + Send {
+        async move {
+            let (status, _, body) = self.get(url, None).await?;
+            if status != StatusCode::OK {
+                return Ok((status, None));
+            }
+            let read = off_workers(move || read(&mut &body[..])).await?;
+            Ok((status, Some(read)))
+        }
+    }
 }
 
 /// The catalog server over HTTP (reqwest), with the shared secret and the size limit.
@@ -179,12 +198,13 @@ impl Http {
     }
 }
 
-impl Fetch for Http {
-    async fn get(
+impl Http {
+    /// Sends `GET url` and checks the answer's announced length.
+    async fn send(
         &self,
         url: reqwest::Url,
         if_none_match: Option<&str>,
-    ) -> Result<Fetched, PollError> {
+    ) -> Result<reqwest::Response, PollError> {
         let mut req = self.client.get(url);
         if let Some(secret) = &self.secret {
             req = req.header(&self.auth_header, secret.as_str());
@@ -199,31 +219,115 @@ impl Fetch for Http {
                 PollError::Unreachable(e.to_string())
             }
         };
-        let mut resp = req.send().await.map_err(classify)?;
+        let resp = req.send().await.map_err(classify)?;
+        if resp.content_length().is_some_and(|n| n > self.max_bytes) {
+            return Err(PollError::TooLarge(self.max_bytes));
+        }
+        Ok(resp)
+    }
+
+    /// The next piece of `resp`'s body, `received` bytes so far counted with it.
+    async fn chunk(
+        &self,
+        resp: &mut reqwest::Response,
+        received: &mut u64,
+    ) -> Result<Option<Bytes>, PollError> {
+        let chunk = resp.chunk().await.map_err(|e| {
+            if e.is_timeout() {
+                PollError::Timeout
+            } else {
+                PollError::Truncated(e.to_string())
+            }
+        })?;
+        *received += chunk.as_ref().map_or(0, |c| c.len() as u64);
+        if *received > self.max_bytes {
+            return Err(PollError::TooLarge(self.max_bytes));
+        }
+        Ok(chunk)
+    }
+}
+
+impl Fetch for Http {
+    async fn get(
+        &self,
+        url: reqwest::Url,
+        if_none_match: Option<&str>,
+    ) -> Result<Fetched, PollError> {
+        let mut resp = self.send(url, if_none_match).await?;
         let status = resp.status();
         let etag = resp
             .headers()
             .get(ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        if resp.content_length().is_some_and(|n| n > self.max_bytes) {
-            return Err(PollError::TooLarge(self.max_bytes));
-        }
-        let mut body = BytesMut::new();
-        let cut = |e: reqwest::Error| {
-            if e.is_timeout() {
-                PollError::Timeout
-            } else {
-                PollError::Truncated(e.to_string())
-            }
-        };
-        while let Some(chunk) = resp.chunk().await.map_err(cut)? {
-            if (body.len() + chunk.len()) as u64 > self.max_bytes {
-                return Err(PollError::TooLarge(self.max_bytes));
-            }
+        // Sized once when the length is announced: growing by doubling would hold up to three
+        // times a large catalog's bytes for a moment.
+        let announced = resp.content_length().unwrap_or(0);
+        let mut body = BytesMut::with_capacity(usize::try_from(announced).unwrap_or(0));
+        let mut received = 0;
+        while let Some(chunk) = self.chunk(&mut resp, &mut received).await? {
             body.extend_from_slice(&chunk);
         }
         Ok((status, etag, body.freeze()))
+    }
+
+    async fn get_read<T: Send + 'static>(
+        &self,
+        url: reqwest::Url,
+        read: impl FnOnce(&mut dyn std::io::Read) -> T + Send + 'static,
+    ) -> Result<(StatusCode, Option<T>), PollError> {
+        let mut resp = self.send(url, None).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            return Ok((status, None));
+        }
+        // A few pieces in flight: the reader keeps up with the network, and what is held is
+        // bounded whatever the body's size.
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let reading = off_workers(move || read(&mut Pieces::new(rx)));
+        let mut received = 0;
+        // Moves `tx` in: its end, dropped, is the body's end for the reader.
+        let fed = async move {
+            while let Some(chunk) = self.chunk(&mut resp, &mut received).await? {
+                if tx.send(chunk).await.is_err() {
+                    break; // the reader stopped: its answer says why
+                }
+            }
+            Ok::<(), PollError>(())
+        };
+        let (fed, read) = tokio::join!(fed, reading);
+        fed?;
+        Ok((status, Some(read?)))
+    }
+}
+
+/// The pieces of a body as they arrive, read on a blocking thread; the end when the sender is
+/// gone.
+struct Pieces {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    piece: Bytes,
+}
+
+impl Pieces {
+    fn new(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Pieces {
+        Pieces {
+            rx,
+            piece: Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for Pieces {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.piece.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(piece) => self.piece = piece,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.piece.len());
+        buf[..n].copy_from_slice(&self.piece.split_to(n));
+        Ok(n)
     }
 }
 
@@ -401,21 +505,20 @@ impl<F: Fetch> Poller<F> {
     ) -> Result<Option<PollOutcome>, PollError> {
         let mut url = self.endpoint("/catalog_diff");
         url.query_pairs_mut().append_pair("from", current_hash);
-        let (status, _, body) = self.fetch.get(url, None).await?;
-        match status {
-            StatusCode::NOT_MODIFIED => Ok(Some(PollOutcome::Unchanged)),
-            StatusCode::OK => {
-                let diff: CatalogDiff<Counted> = serde_json::from_slice(&body)
-                    .map_err(|e| PollError::Invalid(format!("/catalog_diff: {e}")))?;
-                if diff.from != current_hash {
-                    return Ok(None);
+        // Read and applied as it arrives (a diff of every key is as large as the catalog). A
+        // diff only carries keys: the document's unknown fields stay as they were.
+        let source = self.opts.url.to_string();
+        let (status, applied) = self
+            .fetch
+            .get_read(url, move |body| current.apply_read(&source, body))
+            .await?;
+        match (status, applied) {
+            (StatusCode::NOT_MODIFIED, _) => Ok(Some(PollOutcome::Unchanged)),
+            (StatusCode::OK, Some(applied)) => {
+                match applied.map_err(|e| PollError::Invalid(e.to_string()))? {
+                    Some(snapshot) => Ok(Some(self.install(snapshot, true))),
+                    None => Ok(None), // not from our version: fetch it whole
                 }
-                // A diff only carries keys: the document's unknown fields stay as they were.
-                let source = self.opts.url.to_string();
-                let snapshot = off_workers(move || current.apply_json(&source, &diff, &body))
-                    .await?
-                    .map_err(|e| PollError::Invalid(e.to_string()))?;
-                Ok(Some(self.install(snapshot, true)))
             }
             _ => Ok(None),
         }

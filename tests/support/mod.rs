@@ -726,6 +726,9 @@ pub enum Fault {
     Truncated,
     /// Serves this text as the catalog (`/latest` says a new version).
     Body(String),
+    /// `/latest` says a new version and `/catalog_diff` answers with this fault (anything else:
+    /// 404).
+    Diff(Box<Fault>),
 }
 
 /// A catalog server whose behaviour a test switches at will.
@@ -824,6 +827,12 @@ async fn fault_answer(
             format!(r#"{{"hash": "{:x}"}}"#, b.len() as u64 * 7919 + 1),
         ),
         Fault::Body(b) => reply(200, b),
+        Fault::Diff(f) if path == "/catalog_diff" => match *f {
+            Fault::Body(b) => reply(200, b),
+            f => Box::pin(fault_answer(f, path)).await,
+        },
+        Fault::Diff(_) if path == "/latest" => reply(200, r#"{"hash": "diff-fault"}"#.into()),
+        Fault::Diff(_) => reply(404, String::new()),
     }
 }
 

@@ -137,7 +137,7 @@ pub struct LimitDef {
 /// What changed in the API keys' limits between two catalog versions whose methods, paths and
 /// endpoints are the same (`GET /catalog_diff`, see `docs/catalog-protocol.md`).
 ///
-/// `K` is what `apilimits` is read as, as in [`CatalogDoc`].
+/// `K` is what `apilimits` holds: the keys' limits as values, or (a server's answer) as JSON.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatalogDiff<K = Vec<ApiLimits>> {
     /// The version hash the diff starts from.

@@ -145,6 +145,13 @@ impl Plans {
         self.0.insert(plan.clone(), ());
         plan
     }
+
+    /// Whether `plan` is one of these (the very one, not an equal one).
+    pub fn made(&self, plan: &Plan) -> bool {
+        self.0
+            .get_key_value(plan)
+            .is_some_and(|(ours, _)| std::ptr::eq(&**ours, plan))
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! for 0.1 GB kept. So a catalog (or a diff) is read twice: first everything but `apilimits`,
 //! which is only counted ([`Counted`]), then `apilimits` alone ([`each_key`]), each entry handed
 //! over as soon as it is read and dropped after. Each pass reports the unknown fields of its own
-//! part.
+//! part. A diff is read in one pass as it arrives ([`read_diff`]), so that not even its bytes are
+//! held whole.
 
 use std::fmt;
 
@@ -13,7 +14,7 @@ use serde::de::{Deserialize, Visitor};
 use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess};
 
 use super::doc::{UnknownFields, parse_doc};
-use super::{ApiLimits, CatalogDoc, CatalogError};
+use super::{ApiLimits, CatalogDoc, CatalogError, CatalogVersion, Problem};
 
 /// `apilimits` in the first pass: how many entries it has, each skipped unread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -151,6 +152,104 @@ impl<'de, F: FnMut(usize, ApiLimits) -> bool> Visitor<'de> for Entries<'_, F> {
                 return Err(A::Error::custom("stopped"));
             }
             k += 1;
+        }
+        Ok(())
+    }
+}
+
+/// What a diff read by [`read_diff`] does with its keys, as they are read.
+pub(super) trait DiffSink {
+    /// `apilimits[k]`.
+    fn set(&mut self, k: usize, entry: ApiLimits);
+    /// One of `removed_keys`.
+    fn remove(&mut self, key: &str);
+}
+
+/// Reads the diff `json` (the answer's body as it arrives) in one pass, handing its keys to
+/// `sink` in the order they are written, and returns its `from` and `version`. A diff that does
+/// not parse is one problem, located at the JSON path of the value at fault.
+pub(super) fn read_diff(
+    json: impl std::io::Read,
+    sink: &mut impl DiffSink,
+) -> Result<(String, CatalogVersion), Problem> {
+    let mut de =
+        serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(64 << 10, json));
+    let mut track = serde_path_to_error::Track::new();
+    let read = Diff { sink }
+        .deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
+        .and_then(|head| de.end().map(|()| head));
+    read.map_err(|e| {
+        let at = track.path().to_string();
+        let at = at.trim_end_matches(".?").trim_end_matches('?');
+        Problem {
+            at: if at == "." {
+                String::new()
+            } else {
+                at.to_owned()
+            },
+            reason: format!("not a valid catalog diff: {e}"),
+        }
+    })
+}
+
+/// A diff, its keys handed to a sink.
+struct Diff<'a, S> {
+    sink: &'a mut S,
+}
+
+impl<'de, S: DiffSink> DeserializeSeed<'de> for Diff<'_, S> {
+    type Value = (String, CatalogVersion);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, S: DiffSink> Visitor<'de> for Diff<'_, S> {
+    type Value = (String, CatalogVersion);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a catalog diff")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut from, mut version) = (None, None);
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "from" => from = Some(map.next_value::<String>()?),
+                "version" => version = Some(map.next_value::<CatalogVersion>()?),
+                "apilimits" => map.next_value_seed(Entries(&mut |k, entry| {
+                    self.sink.set(k, entry);
+                    true
+                }))?,
+                "removed_keys" => map.next_value_seed(Removed(&mut *self.sink))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((
+            from.ok_or_else(|| A::Error::missing_field("from"))?,
+            version.ok_or_else(|| A::Error::missing_field("version"))?,
+        ))
+    }
+}
+
+/// `removed_keys`, each handed over as it is read.
+struct Removed<'a, S>(&'a mut S);
+
+impl<'de, S: DiffSink> DeserializeSeed<'de> for Removed<'_, S> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, S: DiffSink> Visitor<'de> for Removed<'_, S> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of API keys")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(key) = seq.next_element::<std::borrow::Cow<'de, str>>()? {
+            self.0.remove(&key);
         }
         Ok(())
     }

@@ -258,62 +258,55 @@ impl Snapshot {
     /// `apilimits[i]...`), in time and memory in proportion to the keys it names: the new version
     /// shares every part of this one that the diff does not change.
     pub fn apply(&self, source: &str, diff: &CatalogDiff) -> Result<Snapshot, CatalogError> {
-        self.apply_with(source, diff, |ctx, keys, pooled, problems| {
+        let ((), applied) = self.apply_with(source, |ctx, keys, pooled, problems| {
+            for k in &diff.removed_keys {
+                keys.remove(k.as_bytes());
+            }
             add_keys(&diff.apilimits, ctx, keys, pooled, problems);
+        });
+        applied.map(|s| Snapshot {
+            version: diff.version.clone(),
+            ..s
         })
     }
 
-    /// [`Snapshot::apply`] for the diff `json`, given its first pass `head`: the keys are read
-    /// from `json` one at a time (a diff of every key of a large catalog would otherwise be held
-    /// whole). A diff with a problem in its keys is read again whole, so that every problem is
-    /// reported as [`Snapshot::apply`] reports it.
-    pub fn apply_json(
+    /// [`Snapshot::apply`] for a diff as it arrives (`json`: the answer's body), read in one
+    /// pass, each key checked and applied as soon as it is read: neither the diff nor its bytes
+    /// are held whole (a diff of every key of a million would take more than the catalog). Its
+    /// removed keys may come before or after its keys: a key it both removes and sets is set, as
+    /// in [`Snapshot::apply`]. `Ok(None)`: the diff is not from this version.
+    pub fn apply_read(
         &self,
         source: &str,
-        head: &CatalogDiff<Counted>,
-        json: &[u8],
-    ) -> Result<Snapshot, CatalogError> {
-        use std::hash::BuildHasher;
-        // Keys met in this diff, by hash: a key already in the table may only be met once. A
-        // collision of two keys' hashes only sends the diff to the whole read.
-        let hasher = foldhash::fast::FixedState::default();
-        let mut met =
-            hashbrown::HashSet::<u64, foldhash::fast::FixedState>::with_capacity_and_hasher(
-                head.apilimits.0,
-                foldhash::fast::FixedState::default(),
-            );
-        let mut streamed = true;
-        let applied = self.apply_with(source, head, |ctx, keys, pooled, problems| {
-            let mut plans = Plans::default();
-            streamed = read::each_key(json, None, |k, entry| {
-                !entry.key.is_empty()
-                    && met.insert(hasher.hash_one(entry.key.as_bytes()))
-                    && add_key(k, &entry, ctx, keys, pooled, &mut plans, problems)
-            });
+        json: impl std::io::Read,
+    ) -> Result<Option<Snapshot>, CatalogError> {
+        let (read, applied) = self.apply_with(source, |ctx, keys, pooled, problems| {
+            let mut sink = Applying {
+                ctx,
+                keys,
+                pooled,
+                plans: Plans::default(),
+                problems,
+            };
+            read::read_diff(json, &mut sink)
         });
-        match streamed {
-            true => applied,
-            false => {
-                let diff: CatalogDiff = serde_json::from_slice(json).map_err(|e| CatalogError {
-                    source: source.to_owned(),
-                    problems: vec![Problem {
-                        at: String::new(),
-                        reason: format!("not a valid catalog diff: {e}"),
-                    }],
-                })?;
-                self.apply(source, &diff)
-            }
+        match read {
+            Ok((from, _)) if from != self.version.hash => Ok(None),
+            Ok((_, version)) => applied.map(|s| Some(Snapshot { version, ..s })),
+            Err(problem) => Err(CatalogError {
+                source: source.to_owned(),
+                problems: vec![problem],
+            }),
         }
     }
 
-    /// This version with `diff`'s removed keys taken out and its keys set by `add`; see
-    /// [`Snapshot::apply`].
-    fn apply_with<K>(
+    /// This version with its keys changed by `change` (and its pools as they then are); see
+    /// [`Snapshot::apply`]. The version is this one's: the caller sets the diff's.
+    fn apply_with<T>(
         &self,
         source: &str,
-        diff: &CatalogDiff<K>,
-        add: impl FnOnce(&KeyContext, &mut KeyTable, &mut [bool], &mut Problems),
-    ) -> Result<Snapshot, CatalogError> {
+        change: impl FnOnce(&KeyContext, &mut KeyTable, &mut [bool], &mut Problems) -> T,
+    ) -> (T, Result<Snapshot, CatalogError>) {
         let mut problems = Problems::default();
         let defaults: Vec<usize> = self
             .endpoints
@@ -328,22 +321,20 @@ impl Snapshot {
         };
         let mut keys = self.keys.clone();
         let mut pooled = self.pooled.clone();
-        for k in &diff.removed_keys {
-            keys.remove(k.as_bytes());
-        }
-        add(&ctx, &mut keys, &mut pooled, &mut problems);
+        let done = change(&ctx, &mut keys, &mut pooled, &mut problems);
         if !problems.0.is_empty() {
-            return Err(CatalogError {
+            let e = CatalogError {
                 source: source.to_owned(),
                 problems: problems.0,
-            });
+            };
+            return (done, Err(e));
         }
         let mut endpoints = self.endpoints.clone();
         if pooled != self.pooled {
             set_pools(&mut endpoints, &self.groups, &pooled);
         }
-        Ok(Snapshot {
-            version: diff.version.clone(),
+        let applied = Snapshot {
+            version: self.version.clone(),
             routes: self.routes.clone(),
             endpoints,
             keys,
@@ -351,7 +342,55 @@ impl Snapshot {
             pooled,
             tz: self.tz,
             unknown_fields: self.unknown_fields.clone(),
-        })
+        };
+        (done, Ok(applied))
+    }
+}
+
+/// A diff's keys applied to a copy of the key table as they are read.
+struct Applying<'a> {
+    ctx: &'a KeyContext<'a>,
+    keys: &'a mut KeyTable,
+    pooled: &'a mut [bool],
+    /// The plans of the keys this diff set (so a key set by it is told from one it did not).
+    plans: Plans,
+    problems: &'a mut Problems,
+}
+
+impl Applying<'_> {
+    /// Whether this diff set `key` already.
+    fn set_here(&self, key: &[u8]) -> bool {
+        self.keys.get(key).is_some_and(|p| self.plans.made(p))
+    }
+}
+
+impl read::DiffSink for Applying<'_> {
+    fn set(&mut self, k: usize, entry: ApiLimits) {
+        let at = || format!("apilimits[{k}].key");
+        if entry.key.is_empty() {
+            self.problems.add(at(), EMPTY_KEY.into());
+        } else if self.set_here(entry.key.as_bytes()) {
+            self.problems.add(at(), duplicate_key(None));
+        } else {
+            let (ctx, plans) = (self.ctx, &mut self.plans);
+            add_key(k, &entry, ctx, self.keys, self.pooled, plans, self.problems);
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if !self.set_here(key.as_bytes()) {
+            self.keys.remove(key.as_bytes());
+        }
+    }
+}
+
+const EMPTY_KEY: &str = "the API key is empty";
+
+/// Why a key met twice cannot be used; `first`: where it was met first, when known.
+fn duplicate_key(first: Option<usize>) -> String {
+    match first {
+        Some(first) => format!("duplicate API key (also apilimits[{first}])"),
+        None => "duplicate API key (also earlier in apilimits)".to_owned(),
     }
 }
 
@@ -931,14 +970,11 @@ fn add_keys(
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
     for (k, entry) in entries.iter().enumerate() {
         if entry.key.is_empty() {
-            problems.add(format!("apilimits[{k}].key"), "the API key is empty".into());
+            problems.add(format!("apilimits[{k}].key"), EMPTY_KEY.into());
             continue;
         }
         if let Some(first) = first_seen.insert(&entry.key, k) {
-            problems.add(
-                format!("apilimits[{k}].key"),
-                format!("duplicate API key (also apilimits[{first}])"),
-            );
+            problems.add(format!("apilimits[{k}].key"), duplicate_key(Some(first)));
             continue;
         }
         add_key(k, entry, ctx, keys, pooled, &mut plans, problems);
@@ -1600,19 +1636,17 @@ mod tests {
         );
         let diff = old_doc.diff_to(&new_doc).unwrap();
         let before = Snapshot::build("old", old_doc).unwrap();
-        // A diff as received: its keys read one at a time.
-        let apply_json = |diff: &CatalogDiff| {
+        // A diff as received: read as it arrives, its keys applied one at a time.
+        let apply_read = |diff: &CatalogDiff| {
             let json = serde_json::to_vec(diff).unwrap();
-            let head: CatalogDiff<Counted> = serde_json::from_slice(&json).unwrap();
-            assert_eq!(head.apilimits, Counted(diff.apilimits.len()));
-            before.apply_json("diff", &head, &json)
+            before.apply_read("diff", &json[..]).map(Option::unwrap)
         };
         let whole = Snapshot::from_json("new", new.as_bytes()).unwrap();
         assert_eq!(
             whole.endpoints(),
             Snapshot::build("new", new_doc).unwrap().endpoints()
         );
-        for applied in [before.apply("diff", &diff), apply_json(&diff)] {
+        for applied in [before.apply("diff", &diff), apply_read(&diff)] {
             check_applied(&before, &applied.unwrap(), &whole);
         }
 
@@ -1629,21 +1663,61 @@ mod tests {
                 .map(|p| format!("{}: {}", p.at, p.reason))
                 .collect()
         };
-        for got in [
-            problems(before.apply("diff", &bad)),
-            problems(apply_json(&bad)),
-        ] {
-            assert_eq!(
-                got,
-                [
-                    "apilimits[0].limits[0].ep: index 9 is out of range (endpoints has 3 entries)",
-                    "apilimits[3].key: duplicate API key (also apilimits[1])",
-                ]
-            );
-        }
+        let out_of_range =
+            "apilimits[0].limits[0].ep: index 9 is out of range (endpoints has 3 entries)";
         assert_eq!(
-            problems(apply_json(&twice)),
-            ["apilimits[3].key: duplicate API key (also apilimits[0])"]
+            problems(before.apply("diff", &bad)),
+            [
+                out_of_range,
+                "apilimits[3].key: duplicate API key (also apilimits[1])"
+            ]
+        );
+        // Read as it arrives, a diff does not keep where each key was.
+        assert_eq!(
+            problems(apply_read(&bad)),
+            [
+                out_of_range,
+                "apilimits[3].key: duplicate API key (also earlier in apilimits)"
+            ]
+        );
+        assert_eq!(
+            problems(apply_read(&twice)),
+            ["apilimits[3].key: duplicate API key (also earlier in apilimits)"]
+        );
+
+        // Removed keys before or after the keys set: a key both removed and set is set.
+        for json in [
+            r#"{"from": "a", "version": {"hash": "c"}, "removed_keys": ["k1", "k2"],
+                "apilimits": [{"key": "k1", "limits": [{"ep": 2, "rl": 4}]}]}"#,
+            r#"{"apilimits": [{"key": "k1", "limits": [{"ep": 2, "rl": 4}]}],
+                "removed_keys": ["k1", "k2"], "version": {"hash": "c"}, "from": "a"}"#,
+        ] {
+            let s = before.apply_read("diff", json.as_bytes()).unwrap().unwrap();
+            assert_eq!(s.version.hash, "c");
+            assert_eq!(
+                s.limit(b"k1", 2),
+                LimitLookup::Limits(Applied::own(&[Limit::per_minute(4)]))
+            );
+            assert_eq!(s.limit(b"k2", 0), LimitLookup::UnknownKey);
+            assert_eq!(s.key_count(), 2);
+        }
+        let other = r#"{"from": "z", "version": {"hash": "c"}, "apilimits": []}"#;
+        assert!(
+            before
+                .apply_read("diff", other.as_bytes())
+                .unwrap()
+                .is_none()
+        );
+        let wrong = r#"{"from": "a", "version": {"hash": "c"},
+            "apilimits": [{"key": "k1", "limits": [{"ep": "x"}]}]}"#;
+        let got = problems(
+            before
+                .apply_read("diff", wrong.as_bytes())
+                .map(Option::unwrap),
+        );
+        assert!(
+            got[0].starts_with("apilimits[0].limits[0].ep: not a valid catalog diff: invalid type"),
+            "{got:?}"
         );
     }
 
