@@ -418,7 +418,12 @@ impl CatalogServer {
             let mut held = size(&step);
             let mut kept = 0;
             for (i, (_, changes)) in earlier.iter_mut().enumerate().take(HISTORY - 2) {
-                if held > budget {
+                // Composed, they name every key either names: not composed when that is over.
+                let at_least = match (changes.as_ref(), step.as_ref()) {
+                    (Some(_), Some(_)) => size(changes).max(size(&step)),
+                    _ => 0,
+                };
+                if held + at_least > budget {
                     break;
                 }
                 match (changes.as_mut(), &step) {
