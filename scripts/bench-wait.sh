@@ -30,8 +30,10 @@ UP_PORT=$(free_port)
 python3 - "$UP_PORT" <<'PY' & PIDS+=($!)
 import asyncio, sys
 async def hold(r, w):
-    await r.read(1 << 16)
-    await asyncio.sleep(3600)
+    # Never answers; lets go when the gateway does (the next row starts a new one).
+    while await r.read(1 << 16):
+        pass
+    w.close()
 async def main():
     s = await asyncio.start_server(hold, "127.0.0.1", int(sys.argv[1]), backlog=4096)
     await s.serve_forever()

@@ -200,8 +200,12 @@ where
         let busy = activity.clone();
         let svc = service_fn(move |req| {
             let request = busy.begin();
-            let fut = h(peer, req);
-            async move { Ok::<_, Infallible>(request.respond(fut.await)) }
+            // `map`, not `async move { fut.await }`: an async block would hold the handler's
+            // future twice (captured, then awaited), and hyper keeps this future per stream and,
+            // for HTTP/1, in a slot per connection.
+            futures_util::FutureExt::map(h(peer, req), move |resp| {
+                Ok::<_, Infallible>(request.respond(resp))
+            })
         });
         let (http, watcher, gauge) = (
             http.clone(),

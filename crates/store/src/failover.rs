@@ -103,10 +103,11 @@ impl<B: CounterStore> Failover<B> {
         let Some(shared) = &self.shared else {
             return self.in_local(key, limits, cost, now_ms, Verdict::Decided);
         };
-        // The call is awaited where it is made, not passed to a helper: a future passed by value
-        // into an `async fn` is stored twice, and this one is in every request's future.
+        // Boxed: the shared store's state (kilobytes, for Redis) would otherwise be in every
+        // request's future, which is held as long as the request, waiting or forwarded, and
+        // sizes hyper's per-connection slot; the memory store's path allocates nothing.
         if !self.is_degraded() {
-            match shared.hit(key, limits, cost, now_ms).await {
+            match Box::pin(shared.hit(key, limits, cost, now_ms)).await {
                 Ok(o) => return Verdict::Decided(o),
                 Err(e) if e.is_unsupported() => return self.unanswerable(&e),
                 Err(e) => self.mark_down(&e),
@@ -123,13 +124,14 @@ impl<B: CounterStore> Failover<B> {
     /// and its pools').
     pub async fn hit_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Verdict {
         if let [p] = parts {
-            return Box::pin(self.hit(p.counter, p.limits, cost, now_ms)).await;
+            return self.hit(p.counter, p.limits, cost, now_ms).await;
         }
         let Some(shared) = &self.shared else {
             return self.parts_in_local(parts, cost, now_ms, Verdict::Decided);
         };
         if !self.is_degraded() {
-            match shared.hit_parts(parts, cost, now_ms).await {
+            // Boxed, as in `hit`.
+            match Box::pin(shared.hit_parts(parts, cost, now_ms)).await {
                 Ok(o) => return Verdict::Decided(o),
                 Err(e) if e.is_unsupported() => return self.unanswerable(&e),
                 Err(e) => self.mark_down(&e),
