@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# TLS on the listener, side by side with nginx `ssl` in one run.
+# New connections and TLS on the listener, side by side with nginx in one run.
 #   scripts/bench-tls.sh [SECONDS] [CONNECTIONS]      (defaults: 10 s, 64 connections)
 # Both with one ECDSA P-256 certificate, in front of the example upstream, one worker each
 # (nginx: worker_processes 1; quotagate: server.workers=1, its memory store, one key far under its
 # limit). Rows: keep-alive (wrk over HTTPS, CPU per request) and a new TLS connection per request
-# (`Connection: close`: handshakes per second). For each: requests/s and the server's CPU per
+# (`Connection: close`: handshakes per second), and a new cleartext connection per request (a
+# second listener of the same nginx, a second quotagate without TLS). For each: requests/s and the server's CPU per
 # request (utime+stime from /proc), and both as ratios to nginx in the same run. Prints a table and
 # appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
@@ -34,35 +35,41 @@ UP=$(free_port)
 wait_port "$UP"
 
 NG=$(free_port)
+NG_PLAIN=$(free_port)
 nginx_conf "server 127.0.0.1:$UP;" "127.0.0.1:$NG ssl" \
-  "ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;"
+  "listen 127.0.0.1:$NG_PLAIN; ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;"
 "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGPID=$!; PIDS+=($NGPID)
 GW=$(free_port)
 "$BIN" --listen "127.0.0.1:$GW" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
   --set log.level=warn --set admin.enabled=false --set server.workers=1 \
   --set "server.tls_cert_file=$WORK/cert.pem" --set "server.tls_key_file=$WORK/key.pem" & GWPID=$!; PIDS+=($GWPID)
-wait_port "$NG"; wait_port "$GW"
-for port in "$NG" "$GW"; do
-  code=$(curl -s -k -o /dev/null -w '%{http_code}' -H 'X-Api-Key: bench' "https://127.0.0.1:$port/users/1")
-  [ "$code" = 200 ] || { echo "https://127.0.0.1:$port answered $code" >&2; exit 1; }
+GW_PLAIN=$(free_port)
+"$BIN" --listen "127.0.0.1:$GW_PLAIN" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
+  --set log.level=warn --set admin.enabled=false --set server.workers=1 & GWPLPID=$!; PIDS+=($GWPLPID)
+wait_port "$NG"; wait_port "$GW"; wait_port "$NG_PLAIN"; wait_port "$GW_PLAIN"
+for url in "https://127.0.0.1:$NG" "https://127.0.0.1:$GW" "http://127.0.0.1:$NG_PLAIN" "http://127.0.0.1:$GW_PLAIN"; do
+  code=$(curl -s -k -o /dev/null -w '%{http_code}' -H 'X-Api-Key: bench' "$url/users/1")
+  [ "$code" = 200 ] || { echo "$url answered $code" >&2; exit 1; }
 done
 
 ROWS=()
-# row NAME PID PORT WRK_ARGS...: one wrk run; "name|requests|seconds|cpu_ticks|errors".
+# row NAME PID URL WRK_ARGS...: one wrk run; "name|requests|seconds|cpu_ticks|errors".
 row() {
-  local name=$1 pid=$2 port=$3; shift 3
+  local name=$1 pid=$2 url=$3; shift 3
   local t0 t1 out
   t0=$(cpu_ticks "$pid")
-  out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" -H 'X-Api-Key: bench' "$@" "https://127.0.0.1:$port/users/1")
+  out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" -H 'X-Api-Key: bench' "$@" "$url/users/1")
   t1=$(cpu_ticks "$pid")
   local n; n=$(echo "$out" | awk '/requests in/{print $1}')
   local errs; errs=$(echo "$out" | awk -F': ' '/Socket errors/{print $2}')
   ROWS+=("$name|$n|$DURATION|$((t1 - t0))|${errs:-none}")
 }
-row "nginx ssl, keep-alive" "$NGPID" "$NG"
-row "quotagate TLS, keep-alive" "$GWPID" "$GW"
-row "nginx ssl, new connection per request" "$NGPID" "$NG" -H 'Connection: close'
-row "quotagate TLS, new connection per request" "$GWPID" "$GW" -H 'Connection: close'
+row "nginx ssl, keep-alive" "$NGPID" "https://127.0.0.1:$NG"
+row "quotagate TLS, keep-alive" "$GWPID" "https://127.0.0.1:$GW"
+row "nginx ssl, new connection per request" "$NGPID" "https://127.0.0.1:$NG" -H 'Connection: close'
+row "quotagate TLS, new connection per request" "$GWPID" "https://127.0.0.1:$GW" -H 'Connection: close'
+row "nginx, cleartext new connection per request" "$NGPID" "http://127.0.0.1:$NG_PLAIN" -H 'Connection: close'
+row "quotagate, cleartext new connection per request" "$GWPLPID" "http://127.0.0.1:$GW_PLAIN" -H 'Connection: close'
 
 TABLE=$(python3 - "$TICKS_PER_S" "${ROWS[@]}" <<'PY'
 import sys

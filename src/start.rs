@@ -44,12 +44,49 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
 }
 
 /// Binds a listener, turning the OS error into a start-up error that names the address.
+///
+/// The socket has `SO_REUSEPORT`, so that each worker can listen on the address with a socket of
+/// its own ([`crate::workers::accept`]). That option alone would also let another process of the
+/// same user (a second quotagate started by mistake) bind the address and silently take a share
+/// of the connections, so the address is first bound without it: anything already there makes
+/// this fail, as a plain bind would.
 pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Listen { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| StartError::Listen { addr, source })?;
+    let listen = |source| StartError::Listen { addr, source };
+    let socket = |addr: SocketAddr| {
+        let s = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }?;
+        // As `TcpListener::bind`: a restart may bind while old connections are in TIME_WAIT.
+        s.set_reuseaddr(true)?;
+        Ok::<_, std::io::Error>(s)
+    };
+    let probe = socket(addr).map_err(listen)?;
+    probe.bind(addr).map_err(listen)?;
+    // With port 0 the probe picked the port; the listener takes the same one.
+    let local = probe.local_addr().map_err(listen)?;
+    drop(probe);
+    let shared = socket(local).map_err(listen)?;
+    shared.set_reuseport(true).map_err(listen)?;
+    shared.bind(local).map_err(listen)?;
+    let listener = shared.listen(crate::workers::BACKLOG).map_err(listen)?;
     Ok((listener, local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_address_in_use_is_refused_even_by_another_shared_listener() {
+        let (_first, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let err = bind(addr).await.unwrap_err();
+        assert!(
+            matches!(&err, StartError::Listen { addr: a, source } if *a == addr
+                && source.kind() == std::io::ErrorKind::AddrInUse),
+            "{err:?}"
+        );
+        // A plain listener is refused too.
+        assert!(std::net::TcpListener::bind(addr).is_err());
+    }
 }

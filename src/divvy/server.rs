@@ -17,7 +17,6 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Divvy;
@@ -71,35 +70,29 @@ pub async fn serve(
     workers: Option<Arc<Workers>>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     let stop = CancellationToken::new();
+    let max_connections = settings.max_connections;
     let settings = Arc::new(settings);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            () = &mut shutdown => break,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "divvy accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
-        // On a worker, the socket moves to the worker's own reactor, and its hits use that worker's
-        // Redis connection: no request of the connection crosses threads.
-        workers::spawn_connection(workers.as_deref(), stream, move |stream| async move {
-            connection(stream, divvy, &settings, stop).await;
-            drop(permit);
-        });
-    }
+    // Each worker accepts its own connections, and a connection's hits use that worker's Redis
+    // connection: no request of the connection crosses threads.
+    let serve_one = {
+        let stop = stop.clone();
+        move |stream: TcpStream, _, permit| {
+            let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
+            async move {
+                connection(stream, divvy, &settings, stop).await;
+                drop(permit);
+            }
+        }
+    };
+    workers::accept(
+        listener,
+        workers.as_deref(),
+        max_connections,
+        shutdown,
+        serve_one,
+    )
+    .await;
     stop.cancel();
 }
 

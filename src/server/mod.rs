@@ -19,7 +19,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use crate::config::{ConfigError, ServerConfig, positive_ms};
 use crate::workers::{self, Workers};
@@ -170,91 +169,91 @@ where
     http.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-    let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(settings.max_connections.max(1)));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            () = &mut shutdown => break,
-        };
-        let (tcp, peer) = tokio::select! {
-            res = listener.accept() => match res {
-                Ok(c) => c,
-                Err(e) => {
-                    // Typically EMFILE: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+    let (max_connections, drain_timeout) = (settings.max_connections, settings.drain_timeout);
+    let workers = executor.workers.clone();
+    let graceful = Arc::new(GracefulShutdown::new());
+    let serve_one = {
+        let graceful = graceful.clone();
+        move |tcp: TcpStream, peer: SocketAddr, permit: tokio::sync::OwnedSemaphorePermit| {
+            let h = handler.clone();
+            let activity = idle::Activity::new();
+            let bounds = idle::Bounds {
+                keep_alive: settings.keep_alive_timeout,
+                header_read: settings.header_read_timeout,
+            };
+            let busy = activity.clone();
+            let svc = service_fn(move |req| {
+                let request = busy.begin();
+                // `map`, not `async move { fut.await }`: an async block would hold the handler's
+                // future twice (captured, then awaited), and hyper keeps this future per stream and,
+                // for HTTP/1, in a slot per connection.
+                futures_util::FutureExt::map(h(peer, req), move |resp| {
+                    Ok::<_, Infallible>(request.respond(resp))
+                })
+            });
+            // Taken now, not when the connection's task first runs: a shutdown that begins in
+            // between still waits for this connection.
+            let (http, watcher, gauge) = (
+                http.clone(),
+                graceful.watcher(),
+                executor.open_connections.clone(),
+            );
+            let first_byte = settings.header_read_timeout;
+            let tls = executor.tls.clone();
+            async move {
+                // hyper's header timer starts with the first byte: a client that connects and sends
+                // nothing would hold a connection slot forever.
+                // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
                 }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let h = handler.clone();
-        let activity = idle::Activity::new();
-        let bounds = idle::Bounds {
-            keep_alive: settings.keep_alive_timeout,
-            header_read: settings.header_read_timeout,
-        };
-        let busy = activity.clone();
-        let svc = service_fn(move |req| {
-            let request = busy.begin();
-            // `map`, not `async move { fut.await }`: an async block would hold the handler's
-            // future twice (captured, then awaited), and hyper keeps this future per stream and,
-            // for HTTP/1, in a slot per connection.
-            futures_util::FutureExt::map(h(peer, req), move |resp| {
-                Ok::<_, Infallible>(request.respond(resp))
-            })
-        });
-        let (http, watcher, gauge) = (
-            http.clone(),
-            graceful.watcher(),
-            executor.open_connections.clone(),
-        );
-        let first_byte = settings.header_read_timeout;
-        let tls = executor.tls.clone();
-        let connection = move |tcp: TcpStream| async move {
-            // hyper's header timer starts with the first byte: a client that connects and sends
-            // nothing would hold a connection slot forever.
-            // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return,
-            }
-            if let Some(g) = &gauge {
-                g.inc();
-            }
-            match tls {
-                None => {
-                    let io = TokioIo::new(idle::Timed::new(Lingering(Some(tcp)), activity, bounds));
-                    let _ = watcher
-                        .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
-                        .await;
+                if let Some(g) = &gauge {
+                    g.inc();
                 }
-                // A TLS record starts with 22 (handshake); anything else is most likely plain HTTP.
-                Some(_) if first[0] != 22 => plaintext_on_tls(tcp).await,
-                Some(acceptor) => {
-                    let handshake = acceptor.accept(Lingering(Some(tcp)));
-                    if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-                        let io = TokioIo::new(idle::Timed::new(stream, activity, bounds));
+                match tls {
+                    None => {
+                        let io =
+                            TokioIo::new(idle::Timed::new(Lingering(Some(tcp)), activity, bounds));
                         let _ = watcher
                             .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                             .await;
                     }
+                    // A TLS record starts with 22 (handshake); anything else is most likely plain HTTP.
+                    Some(_) if first[0] != 22 => plaintext_on_tls(tcp).await,
+                    Some(acceptor) => {
+                        let handshake = acceptor.accept(Lingering(Some(tcp)));
+                        if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
+                            let io = TokioIo::new(idle::Timed::new(stream, activity, bounds));
+                            let _ = watcher
+                                .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
+                                .await;
+                        }
+                    }
                 }
+                if let Some(g) = gauge {
+                    g.dec();
+                }
+                drop(permit);
             }
-            if let Some(g) = gauge {
-                g.dec();
-            }
-            drop(permit);
-        };
-        // On a worker, the socket moves to the worker's own reactor; the connection never leaves it.
-        workers::spawn_connection(executor.workers.as_deref(), tcp, connection);
-    }
-    drop(listener);
-    tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
+        }
+    };
+    // Each worker accepts its own connections, which never leave its thread.
+    workers::accept(
+        listener,
+        workers.as_deref(),
+        max_connections,
+        shutdown,
+        serve_one,
+    )
+    .await;
+    // Every accept loop has ended, and with it every other holder of `graceful`.
+    let Ok(graceful) = Arc::try_unwrap(graceful) else {
+        tracing::error!("connections cannot be drained: the accept loops still run");
+        return false;
+    };
+    tokio::time::timeout(drain_timeout, graceful.shutdown())
         .await
         .is_ok()
 }
