@@ -187,8 +187,8 @@ pub struct ServerConfig {
     pub listen: String,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish. Default: 10000 ms.
     pub drain_timeout_ms: u64,
-    /// Time a client has to send its first byte, and an HTTP/1 request's headers from their first
-    /// byte. Default: 10000 ms.
+    /// Time a new connection has to send its first request's headers (with TLS: its first byte,
+    /// then the handshake), and an HTTP/1 request's headers from their first byte. Default: 10000 ms.
     pub header_read_timeout_ms: u64,
     /// A client connection with no request in flight that sends nothing for this long is closed.
     /// Default: 75000 ms.

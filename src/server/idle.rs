@@ -156,7 +156,8 @@ pub struct Timed<S> {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl<S> Timed<S> {
-    /// A socket whose first byte has arrived (the head has begun).
+    /// A new connection's socket: its first head is timed from now (by the header timeout), as
+    /// if its first byte had arrived.
     pub fn new(io: S, activity: Arc<Activity>, bounds: Bounds) -> Timed<S> {
         let now = Instant::now();
         Timed {

@@ -26,8 +26,8 @@ use crate::workers::{self, Workers};
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
-    /// Time a client has to send its first byte, and each HTTP/1 request's headers from their
-    /// first byte. Default: 10 s.
+    /// Time a new connection has to send its first request's headers (with TLS: its first byte,
+    /// then the handshake), and each HTTP/1 request's headers from their first byte. Default: 10 s.
     pub header_read_timeout: Duration,
     /// How long a connection may stay open with no request in flight and nothing sent. Default:
     /// 75 s.
@@ -201,18 +201,12 @@ where
             let first_byte = settings.header_read_timeout;
             let tls = executor.tls.clone();
             async move {
-                // hyper's header timer starts with the first byte: a client that connects and sends
-                // nothing would hold a connection slot forever.
-                // (`peek` waits for a byte; `readable` may report a fresh socket ready before one.)
-                let mut first = [0u8; 1];
-                match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    _ => return,
-                }
                 if let Some(g) = &gauge {
                     g.inc();
                 }
                 match tls {
+                    // `Timed` bounds the wait for the first head from now, so a client that
+                    // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
                         let io =
                             TokioIo::new(idle::Timed::new(Lingering(Some(tcp)), activity, bounds));
@@ -220,15 +214,29 @@ where
                             .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
                             .await;
                     }
-                    // A TLS record starts with 22 (handshake); anything else is most likely plain HTTP.
-                    Some(_) if first[0] != 22 => plaintext_on_tls(tcp).await,
                     Some(acceptor) => {
-                        let handshake = acceptor.accept(Lingering(Some(tcp)));
-                        if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-                            let io = TokioIo::new(idle::Timed::new(stream, activity, bounds));
-                            let _ = watcher
-                                .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
-                                .await;
+                        // The first byte tells a handshake (22) from a plain HTTP request, which
+                        // gets an answer it can read. (`peek` waits for a byte; `readable` may
+                        // report a fresh socket ready before one.)
+                        let mut first = [0u8; 1];
+                        match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
+                            Ok(Ok(n)) if n > 0 && first[0] != 22 => plaintext_on_tls(tcp).await,
+                            Ok(Ok(n)) if n > 0 => {
+                                let handshake = acceptor.accept(Lingering(Some(tcp)));
+                                if let Ok(Ok(stream)) =
+                                    tokio::time::timeout(first_byte, handshake).await
+                                {
+                                    let io =
+                                        TokioIo::new(idle::Timed::new(stream, activity, bounds));
+                                    let _ = watcher
+                                        .watch(
+                                            http.serve_connection_with_upgrades(io, svc)
+                                                .into_owned(),
+                                        )
+                                        .await;
+                                }
+                            }
+                            _ => {}
                         }
                     }
                 }
