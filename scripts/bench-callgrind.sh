@@ -12,6 +12,7 @@
 # its JSON body (`"cost_from": {"json": "body_bytes"}`: the example upstream's echo reports 0,
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
+# CLOSE=1 sends each request on a new connection (`Connection: close`): the cost of a connection.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 set -euo pipefail
 BIN=$1; shift
@@ -53,13 +54,17 @@ instructions() {
     --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  PAD=${PAD:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
+  CLOSE=${CLOSE:-} PAD=${PAD:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 headers = {"X-Api-Key": "key-0001"}
 if int(os.environ["PAD"]):
     headers["X-Pad"] = "p" * int(os.environ["PAD"])
+if os.environ["CLOSE"]:
+    headers["Connection"] = "close"
 for i in range(int(sys.argv[2])):
+    if os.environ["CLOSE"]:
+        c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
     c.request("GET", "/users/42", headers=headers)
     r = c.getresponse(); r.read()
     assert r.status == (200 if i == 0 else int(os.environ["EXPECT"])), r.status

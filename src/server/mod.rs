@@ -1,23 +1,25 @@
-//! server: the HTTP accept loop shared by the proxy and the example upstream.
+//! server: the HTTP server shared by the proxy, the rate-limit service and the example upstream.
 //!
 //! Takes an already-bound listener and a shutdown future (tests bind port 0). Speaks HTTP/1.1 and
-//! cleartext HTTP/2 on the same port. On shutdown it stops accepting at once, lets in-flight
-//! requests finish (idle keep-alive connections are closed), and gives up after the drain timeout.
+//! HTTP/2 on the same port (told by a connection's first bytes, [`sniff`]). On shutdown it stops
+//! accepting at once, lets in-flight requests finish (idle keep-alive connections are closed), and
+//! gives up after the drain timeout.
 
 pub mod idle;
+mod sniff;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{ConfigError, ServerConfig, positive_ms};
@@ -160,20 +162,15 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let handler = Arc::new(handler);
-    let mut http = auto::Builder::new(TokioExecutor::new());
-    // The header and keep-alive timers are the connection's own (`idle`).
-    http.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_buf_size(settings.max_header_bytes.max(8192));
-    http.http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    let http = Arc::new(Http::new(&settings));
     let (max_connections, drain_timeout) = (settings.max_connections, settings.drain_timeout);
     let workers = executor.workers.clone();
-    let graceful = Arc::new(GracefulShutdown::new());
+    // Each connection holds a receiver until it ends: a value sent asks them to finish their
+    // requests and close, and the sender's `closed` tells when all have.
+    let (drain, _) = tokio::sync::watch::channel(());
+    let drain = Arc::new(drain);
     let serve_one = {
-        let graceful = graceful.clone();
+        let drain = drain.clone();
         move |tcp: TcpStream, peer: SocketAddr, permit: tokio::sync::OwnedSemaphorePermit| {
             let h = handler.clone();
             let activity = idle::Activity::new();
@@ -191,53 +188,39 @@ where
                     Ok::<_, Infallible>(request.respond(resp))
                 })
             });
-            // Taken now, not when the connection's task first runs: a shutdown that begins in
+            // Subscribed now, not when the connection's task first runs: a drain that begins in
             // between still waits for this connection.
-            let (http, watcher, gauge) = (
+            let (http, draining, gauge) = (
                 http.clone(),
-                graceful.watcher(),
+                drain.subscribe(),
                 executor.open_connections.clone(),
             );
-            let first_byte = settings.header_read_timeout;
             let tls = executor.tls.clone();
+            let first_byte = settings.header_read_timeout;
             async move {
                 if let Some(g) = &gauge {
                     g.inc();
                 }
+                // Boxed: a connection's state is kilobytes, and the future of the task that runs
+                // it is moved several times on its way to the scheduler.
                 match tls {
                     // `Timed` bounds the wait for the first head from now, so a client that
                     // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
-                        let io =
-                            TokioIo::new(idle::Timed::new(Lingering(Some(tcp)), activity, bounds));
-                        let _ = watcher
-                            .watch(http.serve_connection_with_upgrades(io, svc).into_owned())
-                            .await;
+                        let io = idle::Timed::new(Lingering(Some(tcp)), activity, bounds);
+                        Box::pin(http.serve(io, svc, draining)).await;
                     }
                     Some(acceptor) => {
-                        // The first byte tells a handshake (22) from a plain HTTP request, which
-                        // gets an answer it can read. (`peek` waits for a byte; `readable` may
-                        // report a fresh socket ready before one.)
-                        let mut first = [0u8; 1];
-                        match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
-                            Ok(Ok(n)) if n > 0 && first[0] != 22 => plaintext_on_tls(tcp).await,
-                            Ok(Ok(n)) if n > 0 => {
-                                let handshake = acceptor.accept(Lingering(Some(tcp)));
-                                if let Ok(Ok(stream)) =
-                                    tokio::time::timeout(first_byte, handshake).await
-                                {
-                                    let io =
-                                        TokioIo::new(idle::Timed::new(stream, activity, bounds));
-                                    let _ = watcher
-                                        .watch(
-                                            http.serve_connection_with_upgrades(io, svc)
-                                                .into_owned(),
-                                        )
-                                        .await;
-                                }
-                            }
-                            _ => {}
-                        }
+                        let tls = serve_tls(
+                            tcp,
+                            acceptor,
+                            first_byte,
+                            &http,
+                            svc,
+                            draining,
+                            (activity, bounds),
+                        );
+                        Box::pin(tls).await;
                     }
                 }
                 if let Some(g) = gauge {
@@ -256,14 +239,114 @@ where
         serve_one,
     )
     .await;
-    // Every accept loop has ended, and with it every other holder of `graceful`.
-    let Ok(graceful) = Arc::try_unwrap(graceful) else {
-        tracing::error!("connections cannot be drained: the accept loops still run");
-        return false;
-    };
-    tokio::time::timeout(drain_timeout, graceful.shutdown())
+    // No connection is accepted any more: ask those open to finish, and wait for them.
+    let _ = drain.send(());
+    tokio::time::timeout(drain_timeout, drain.closed())
         .await
         .is_ok()
+}
+
+/// A TLS connection: its handshake, then its HTTP. A plain HTTP request gets an answer it can read.
+async fn serve_tls<S, B>(
+    tcp: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    first_byte: Duration,
+    http: &Http,
+    svc: S,
+    draining: tokio::sync::watch::Receiver<()>,
+    (activity, bounds): (Arc<idle::Activity>, idle::Bounds),
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // The first byte tells a handshake (22) from a plain HTTP request. (`peek` waits for a byte;
+    // `readable` may report a fresh socket ready before one.)
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 && first[0] != 22 => plaintext_on_tls(tcp).await,
+        Ok(Ok(n)) if n > 0 => {
+            let handshake = acceptor.accept(Lingering(Some(tcp)));
+            if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
+                let io = idle::Timed::new(stream, activity, bounds);
+                http.serve(io, svc, draining).await;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// hyper's HTTP/1 and HTTP/2 servers, set up once for a listener.
+struct Http {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+}
+
+impl Http {
+    fn new(settings: &HttpSettings) -> Http {
+        let mut h1 = http1::Builder::new();
+        // The header and keep-alive timers are the connection's own (`idle`).
+        h1.timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .max_buf_size(settings.max_header_bytes.max(8192));
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+        Http { h1, h2 }
+    }
+
+    /// Serves one connection, in the HTTP its first bytes tell, until it closes; once `draining`
+    /// changes, it finishes the requests it has and closes. Holds `draining` until it ends.
+    async fn serve<I, S, B>(
+        &self,
+        mut io: I,
+        svc: S,
+        mut draining: tokio::sync::watch::Receiver<()>,
+    ) where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        // A connection that has sent nothing yet has nothing to finish when the drain begins.
+        let first = tokio::select! {
+            first = sniff::first_bytes(&mut io) => first,
+            _ = draining.changed() => return,
+        };
+        let Ok(Some((version, first))) = first else {
+            return;
+        };
+        let io = TokioIo::new(sniff::Replay::new(first, io));
+        match version {
+            sniff::Version::H1 => {
+                let conn = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
+                until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+            }
+            sniff::Version::H2 => {
+                let conn = std::pin::pin!(self.h2.serve_connection(io, svc));
+                until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+            }
+        }
+    }
+}
+
+/// Drives `conn` to its end; if `draining` changes first, asks it (`shut`) to finish what it has.
+async fn until_drained<C: Future>(
+    mut conn: Pin<&mut C>,
+    draining: &mut tokio::sync::watch::Receiver<()>,
+    shut: impl FnOnce(Pin<&mut C>),
+) {
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = draining.changed() => shut(conn.as_mut()),
+    }
+    let _ = conn.await;
 }
 
 /// Answers a cleartext request sent to a TLS listener with a 400 that says so, then closes (the
