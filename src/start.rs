@@ -68,6 +68,8 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartEr
     drop(probe);
     let shared = socket(local).map_err(listen)?;
     shared.set_reuseport(true).map_err(listen)?;
+    // Inherited by every accepted connection (Linux): no system call for it per connection.
+    shared.set_nodelay(true).map_err(listen)?;
     shared.bind(local).map_err(listen)?;
     let listener = shared.listen(crate::workers::BACKLOG).map_err(listen)?;
     Ok((listener, local))

@@ -195,6 +195,7 @@ fn per_worker(listener: TcpListener, count: usize) -> std::io::Result<Vec<std::n
             }?;
             s.set_reuseaddr(true)?;
             s.set_reuseport(true)?;
+            s.set_nodelay(true)?;
             s.bind(addr)?;
             s.listen(BACKLOG)?.into_std()
         })();
@@ -218,6 +219,7 @@ async fn accept_loop<S, Fut>(
     S: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let mut inherits = None;
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -235,7 +237,13 @@ async fn accept_loop<S, Fut>(
             },
             () = stopped.cancelled() => break,
         };
-        let _ = tcp.set_nodelay(true);
+        // Small answers go out at once (no Nagle). An accepted socket inherits the option from a
+        // listener that has it (Linux; `start::bind` and `per_worker` set it): then no system
+        // call a connection. The first connection tells.
+        let inherits = *inherits.get_or_insert_with(|| matches!(tcp.nodelay(), Ok(true)));
+        if !inherits {
+            let _ = tcp.set_nodelay(true);
+        }
         tokio::spawn(serve(tcp, peer, permit));
     }
     // In this order: `accept` returns only when the socket is closed and `serve` (which may hold
@@ -250,9 +258,13 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// Each connection answers the name of the thread that serves it.
+    /// Each connection answers the name of the thread that serves it, if its socket has
+    /// `TCP_NODELAY` (inherited or set).
     async fn name_thread(mut tcp: TcpStream, _: SocketAddr, _permit: OwnedSemaphorePermit) {
-        let name = std::thread::current().name().unwrap_or("").to_owned();
+        let name = match tcp.nodelay() {
+            Ok(true) => std::thread::current().name().unwrap_or("").to_owned(),
+            _ => "without TCP_NODELAY".to_owned(),
+        };
         let _ = tcp.write_all(name.as_bytes()).await;
     }
 
