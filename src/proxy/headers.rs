@@ -52,18 +52,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .filter(|n| Some(n) != keep)
+    // Only the names present are removed (a removal hashes its name): usually one, `Connection`.
+    let listed = |k: &HeaderName| {
+        Some(k) != keep
+            && headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .any(|n| n.trim().eq_ignore_ascii_case(k.as_str()))
+    };
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| *k == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(k) || listed(k))
+        .cloned()
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for name in &doomed {
         headers.remove(name);
     }
-    headers.remove(header::TRANSFER_ENCODING);
 }
 
 thread_local! {
