@@ -67,9 +67,11 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartEr
     let local = probe.local_addr().map_err(listen)?;
     drop(probe);
     let shared = socket(local).map_err(listen)?;
-    shared.set_reuseport(true).map_err(listen)?;
+    // Both are only for speed: without them (a kernel that lacks one) the workers share this
+    // socket, and each connection gets `TCP_NODELAY` on its own.
+    let _ = shared.set_reuseport(true);
     // Inherited by every accepted connection (Linux): no system call for it per connection.
-    shared.set_nodelay(true).map_err(listen)?;
+    let _ = shared.set_nodelay(true);
     shared.bind(local).map_err(listen)?;
     let listener = shared.listen(crate::workers::BACKLOG).map_err(listen)?;
     Ok((listener, local))

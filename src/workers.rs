@@ -195,14 +195,14 @@ fn per_worker(listener: TcpListener, count: usize) -> std::io::Result<Vec<std::n
             }?;
             s.set_reuseaddr(true)?;
             s.set_reuseport(true)?;
-            s.set_nodelay(true)?;
+            let _ = s.set_nodelay(true);
             s.bind(addr)?;
             s.listen(BACKLOG)?.into_std()
         })();
+        // Refused (the listener was bound without the option, or the kernel lacks it): share.
         all.push(match sibling {
             Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => first.try_clone()?,
-            Err(e) => return Err(e),
+            Err(_) => first.try_clone()?,
         });
     }
     all.insert(0, first);
