@@ -263,19 +263,20 @@ async fn serve_tls<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // The first byte tells a handshake (22) from a plain HTTP request. (`peek` waits for a byte;
-    // `readable` may report a fresh socket ready before one.)
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(first_byte, tcp.peek(&mut first)).await {
-        Ok(Ok(n)) if n > 0 && first[0] != 22 => plaintext_on_tls(tcp).await,
-        Ok(Ok(n)) if n > 0 => {
-            let handshake = acceptor.accept(Lingering(Some(tcp)));
-            if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-                let io = idle::Timed::new(stream, activity, bounds);
-                http.serve(io, svc, draining).await;
-            }
-        }
-        _ => {}
+    // The first bytes tell a handshake (a TLS record starts with 22) from a plain HTTP request.
+    // They are read once, and read again by the handshake.
+    let mut tcp = Lingering(Some(tcp));
+    let first = match tokio::time::timeout(first_byte, sniff::read_some(&mut tcp)).await {
+        Ok(Ok(first)) if !first.is_empty() => first,
+        _ => return,
+    };
+    if first[0] != 22 {
+        return plaintext_on_tls(tcp).await;
+    }
+    let handshake = acceptor.accept(sniff::Replay::new(first, tcp));
+    if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
+        let io = idle::Timed::new(stream, activity, bounds);
+        http.serve(io, svc, draining).await;
     }
 }
 
@@ -351,14 +352,13 @@ async fn until_drained<C: Future>(
 
 /// Answers a cleartext request sent to a TLS listener with a 400 that says so, then closes (the
 /// client would otherwise see a handshake failure it cannot read).
-async fn plaintext_on_tls(tcp: TcpStream) {
+async fn plaintext_on_tls(mut tcp: Lingering) {
     use tokio::io::AsyncWriteExt;
     const BODY: &str = "this port speaks TLS: use https://\n";
     let answer = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
         BODY.len()
     );
-    let mut tcp = Lingering(Some(tcp));
     let _ = tcp.write_all(answer.as_bytes()).await;
     let _ = tcp.shutdown().await;
 }

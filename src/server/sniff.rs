@@ -1,5 +1,5 @@
-//! sniff: which HTTP a cleartext or TLS connection speaks, told from its first bytes, which are then
-//! read again by the connection.
+//! sniff: what a connection speaks (HTTP/1 or HTTP/2; on a TLS port, TLS or not), told from its
+//! first bytes, which are then read again by the connection.
 //!
 //! Why not hyper-util's `auto` server: it reads a new connection's first 24 bytes on their own,
 //! so every new connection paid a second read (a system call), a failed parse of those 24 bytes,
@@ -54,6 +54,13 @@ pub async fn first_bytes<S: AsyncRead + Unpin>(
             return Ok(Some((v, buf.freeze())));
         }
     }
+}
+
+/// One read of what the client has sent (empty: the connection ended first).
+pub async fn read_some<S: AsyncRead + Unpin>(io: &mut S) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(FIRST_READ);
+    io.read_buf(&mut buf).await?;
+    Ok(buf.freeze())
 }
 
 /// A connection whose first bytes, already read, are read again before the rest.
