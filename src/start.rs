@@ -52,28 +52,12 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
 /// this fail, as a plain bind would.
 pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listen = |source| StartError::Listen { addr, source };
-    let socket = |addr: SocketAddr| {
-        let s = match addr {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }?;
-        // As `TcpListener::bind`: a restart may bind while old connections are in TIME_WAIT.
-        s.set_reuseaddr(true)?;
-        Ok::<_, std::io::Error>(s)
-    };
-    let probe = socket(addr).map_err(listen)?;
+    let probe = crate::workers::socket(addr).map_err(listen)?;
     probe.bind(addr).map_err(listen)?;
     // With port 0 the probe picked the port; the listener takes the same one.
     let local = probe.local_addr().map_err(listen)?;
     drop(probe);
-    let shared = socket(local).map_err(listen)?;
-    // Both are only for speed: without them (a kernel that lacks one) the workers share this
-    // socket, and each connection gets `TCP_NODELAY` on its own.
-    let _ = shared.set_reuseport(true);
-    // Inherited by every accepted connection (Linux): no system call for it per connection.
-    let _ = shared.set_nodelay(true);
-    shared.bind(local).map_err(listen)?;
-    let listener = shared.listen(crate::workers::BACKLOG).map_err(listen)?;
+    let listener = crate::workers::listen(local).map_err(listen)?;
     Ok((listener, local))
 }
 

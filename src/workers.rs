@@ -188,25 +188,38 @@ fn per_worker(listener: TcpListener, count: usize) -> std::io::Result<Vec<std::n
     let first = listener.into_std()?;
     let mut all = Vec::with_capacity(count);
     for _ in 1..count {
-        let sibling = (|| {
-            let s = match addr {
-                SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-                SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-            }?;
-            s.set_reuseaddr(true)?;
-            s.set_reuseport(true)?;
-            let _ = s.set_nodelay(true);
-            s.bind(addr)?;
-            s.listen(BACKLOG)?.into_std()
-        })();
-        // Refused (the listener was bound without the option, or the kernel lacks it): share.
-        all.push(match sibling {
+        // Refused (the listener was bound without `SO_REUSEPORT`, or the kernel lacks it): share.
+        all.push(match listen(addr).and_then(TcpListener::into_std) {
             Ok(s) => s,
             Err(_) => first.try_clone()?,
         });
     }
     all.insert(0, first);
     Ok(all)
+}
+
+/// A TCP socket for `addr` with `SO_REUSEADDR`, as `TcpListener::bind` makes one: a restart may
+/// bind while old connections are in TIME_WAIT.
+pub fn socket(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let s = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }?;
+    s.set_reuseaddr(true)?;
+    Ok(s)
+}
+
+/// A listener on `addr` that the workers' own sockets can join ([`accept`]): `SO_REUSEPORT`, and
+/// `TCP_NODELAY` for every connection it accepts (inherited on Linux: no system call for it per
+/// connection). Both are only for speed: where the kernel refuses one, the listener is made
+/// without it (the workers then share it; each connection gets `TCP_NODELAY` on its own). Fails
+/// if `addr` is taken by a socket without `SO_REUSEPORT`.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let s = socket(addr)?;
+    let _ = s.set_reuseport(true);
+    let _ = s.set_nodelay(true);
+    s.bind(addr)?;
+    s.listen(BACKLOG)
 }
 
 async fn accept_loop<S, Fut>(
