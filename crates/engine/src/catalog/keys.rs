@@ -42,7 +42,67 @@ impl Plan {
     }
 }
 
-type Shard = HashTable<(Box<[u8]>, Arc<Plan>)>;
+/// A key of a shard: where its bytes are in the shard's arena, and its plan.
+#[derive(Debug, Clone)]
+struct Slot {
+    at: u32,
+    len: u32,
+    plan: Arc<Plan>,
+}
+
+impl Slot {
+    fn key<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.at as usize..][..self.len as usize]
+    }
+}
+
+/// The keys that hash to one shard. Their bytes are in one arena, shared by the copies that
+/// diffs make of the shard until one adds a key: a diff that only changes keys' limits (a new plan
+/// for every key, say) copies the slots and not the bytes, so the old and the new version hold
+/// one set of key bytes between them. An arena copied or grown keeps only the bytes of keys still
+/// there, so the bytes of removed keys are never more than the live ones.
+#[derive(Debug, Clone, Default)]
+struct Shard {
+    slots: HashTable<Slot>,
+    bytes: Arc<Vec<u8>>,
+    /// Bytes of `bytes` whose keys were removed.
+    dead: usize,
+}
+
+impl Shard {
+    fn find(&self, hash: u64, key: &[u8]) -> Option<&Slot> {
+        let bytes = &self.bytes[..];
+        self.slots.find(hash, |s| s.key(bytes) == key)
+    }
+
+    /// Room for `key` at the end of the arena, made this shard's own first; the arena is
+    /// rewritten without the removed keys' bytes when it is shared (a copy is made anyway) or
+    /// when they are most of it.
+    fn append(&mut self, key: &[u8]) -> Result<(u32, u32), TooLarge> {
+        let shared = Arc::get_mut(&mut self.bytes).is_none();
+        if shared || self.dead > self.bytes.len() / 2 {
+            let live = self.bytes.len() - self.dead;
+            let mut fresh = Vec::with_capacity(live + key.len());
+            for slot in self.slots.iter_mut() {
+                let from = slot.key(&self.bytes);
+                slot.at = u32::try_from(fresh.len()).map_err(|_| TooLarge)?;
+                fresh.extend_from_slice(from);
+            }
+            (self.bytes, self.dead) = (Arc::new(fresh), 0);
+        }
+        let bytes = Arc::get_mut(&mut self.bytes).expect("made this shard's own above");
+        let at = u32::try_from(bytes.len()).map_err(|_| TooLarge)?;
+        let len = u32::try_from(key.len()).map_err(|_| TooLarge)?;
+        u32::try_from(bytes.len() + key.len()).map_err(|_| TooLarge)?;
+        bytes.extend_from_slice(key);
+        Ok((at, len))
+    }
+}
+
+/// A shard's arena would pass 4 GiB (u32 offsets): not reachable by a catalog within
+/// `catalog.max_bytes`.
+#[derive(Debug)]
+struct TooLarge;
 
 /// Keys per shard aimed at: 70% of a 1024-slot table (hashbrown fills at most 7/8 of its slots
 /// and doubles them when full), so a shard holds a key in about 1.4 slots; a diff of one key
@@ -74,7 +134,12 @@ impl KeyTable {
         KeyTable {
             hasher: foldhash::fast::RandomState::default(),
             shards: (0..shards)
-                .map(|_| Arc::new(HashTable::with_capacity(per_shard)))
+                .map(|_| {
+                    Arc::new(Shard {
+                        slots: HashTable::with_capacity(per_shard),
+                        ..Shard::default()
+                    })
+                })
                 .collect(),
             len: 0,
         }
@@ -99,7 +164,7 @@ impl KeyTable {
     pub fn get(&self, key: &[u8]) -> Option<&Plan> {
         let hash = self.hash(key);
         let shard = &self.shards[self.shard_of(hash)];
-        shard.find(hash, |(k, _)| **k == *key).map(|(_, p)| &**p)
+        shard.find(hash, key).map(|s| &*s.plan)
     }
 
     /// Sets `key`'s plan; copies its shard first if another version shares it.
@@ -108,26 +173,44 @@ impl KeyTable {
         let hasher = self.hasher.clone();
         let at = self.shard_of(hash);
         let shard = Arc::make_mut(&mut self.shards[at]);
-        match shard.find_mut(hash, |(k, _)| **k == *key) {
-            Some(slot) => slot.1 = plan,
-            None => {
-                shard.insert_unique(hash, (key.into(), plan), |(k, _)| hasher.hash_one(&**k));
-                self.len += 1;
-            }
+        let bytes = &shard.bytes[..];
+        if let Some(slot) = shard.slots.find_mut(hash, |s| s.key(bytes) == key) {
+            slot.plan = plan;
+            return;
         }
+        let Ok((at, len)) = shard.append(key) else {
+            // Unreachable (see `TooLarge`); the key is then not there, never another's.
+            return;
+        };
+        let bytes = &shard.bytes[..];
+        let slot = Slot { at, len, plan };
+        (shard.slots).insert_unique(hash, slot, |s| hasher.hash_one(s.key(bytes)));
+        self.len += 1;
     }
 
     /// Removes `key` (nothing if absent); copies its shard first if another version shares it.
     pub fn remove(&mut self, key: &[u8]) {
         let hash = self.hash(key);
         let at = self.shard_of(hash);
-        if self.shards[at].find(hash, |(k, _)| **k == *key).is_none() {
+        if self.shards[at].find(hash, key).is_none() {
             return;
         }
         let shard = Arc::make_mut(&mut self.shards[at]);
-        if let Ok(entry) = shard.find_entry(hash, |(k, _)| **k == *key) {
-            entry.remove();
+        let bytes = &shard.bytes[..];
+        if let Ok(entry) = shard.slots.find_entry(hash, |s| s.key(bytes) == key) {
+            let (slot, _) = entry.remove();
+            shard.dead += slot.len as usize;
             self.len -= 1;
+        }
+    }
+
+    /// Gives back what the arenas grown since the last call hold beyond their bytes (an arena
+    /// doubles as keys are added): called when a version is complete.
+    pub fn shrink(&mut self) {
+        for shard in self.shards.iter_mut() {
+            if let Some(bytes) = Arc::get_mut(shard).and_then(|s| Arc::get_mut(&mut s.bytes)) {
+                bytes.shrink_to_fit();
+            }
         }
     }
 }
@@ -207,6 +290,72 @@ mod tests {
             "at most three shards copied: {shared} of {} shared",
             old.shards.len()
         );
+    }
+
+    #[test]
+    fn a_copy_that_changes_only_limits_shares_the_key_bytes() {
+        let mut plans = Plans::default();
+        let mut old = KeyTable::with_capacity(2_000);
+        for i in 0..2_000u32 {
+            old.insert(format!("key{i}").as_bytes(), plans.share(plan(1)));
+        }
+        old.shrink();
+        let mut new = old.clone();
+        let other = plans.share(plan(2));
+        for i in 0..2_000u32 {
+            new.insert(format!("key{i}").as_bytes(), other.clone());
+        }
+        new.shrink();
+        for (a, b) in old.shards.iter().zip(new.shards.iter()) {
+            assert!(!Arc::ptr_eq(a, b), "every shard copied (its plans changed)");
+            assert!(Arc::ptr_eq(&a.bytes, &b.bytes), "the key bytes shared");
+        }
+        assert_eq!(new.get(b"key1999").unwrap().limits[0].rl, 2);
+        assert_eq!(old.get(b"key1999").unwrap().limits[0].rl, 1);
+    }
+
+    #[test]
+    fn removed_keys_bytes_are_dropped_when_the_arena_is_copied_or_mostly_dead() {
+        let mut t = KeyTable::with_capacity(1);
+        let p = Arc::new(plan(1));
+        for i in 0..100u32 {
+            t.insert(format!("key{i:03}").as_bytes(), p.clone());
+        }
+        let full = t.shards[0].bytes.len();
+        assert_eq!(full, 600);
+        for i in 0..60u32 {
+            t.remove(format!("key{i:03}").as_bytes());
+        }
+        assert_eq!(
+            t.shards[0].bytes.len(),
+            full,
+            "removal alone leaves the bytes"
+        );
+        // Mostly dead: the next key added rewrites the arena with the live keys.
+        t.insert(b"fresh!", p.clone());
+        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        // Shared with another version: the copy keeps only the live keys.
+        let old = t.clone();
+        t.remove(b"key099");
+        t.insert(b"other!", p.clone());
+        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        assert_eq!(
+            old.shards[0].bytes.len(),
+            41 * 6,
+            "the old version untouched"
+        );
+        for i in 60..99u32 {
+            let k = format!("key{i:03}");
+            assert!(
+                t.get(k.as_bytes()).is_some() && old.get(k.as_bytes()).is_some(),
+                "{k}"
+            );
+        }
+        assert!(t.get(b"key099").is_none() && old.get(b"key099").is_some());
+        assert!(t.get(b"other!").is_some() && old.get(b"other!").is_none());
+        assert!(t.get(b"fresh!").is_some() && old.get(b"fresh!").is_some());
+        assert!(t.get(b"key000").is_none());
+        assert_eq!((t.len(), old.len()), (41, 41));
     }
 
     #[test]

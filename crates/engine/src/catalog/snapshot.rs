@@ -139,6 +139,7 @@ impl Snapshot {
                     && keys.get(entry.key.as_bytes()).is_none()
                     && add_key(k, &entry, ctx, &mut keys, &mut pooled, &mut plans, problems)
             });
+            keys.shrink();
             (keys, pooled)
         });
         match built {
@@ -322,6 +323,7 @@ impl Snapshot {
         let mut keys = self.keys.clone();
         let mut pooled = self.pooled.clone();
         let done = change(&ctx, &mut keys, &mut pooled, &mut problems);
+        keys.shrink();
         if !problems.0.is_empty() {
             let e = CatalogError {
                 source: source.to_owned(),
@@ -954,6 +956,7 @@ fn key_limits(
     let mut pooled = vec![false; ctx.groups.names.len()];
     let mut keys = KeyTable::with_capacity(entries.len());
     add_keys(entries, ctx, &mut keys, &mut pooled, problems);
+    keys.shrink();
     (keys, pooled)
 }
 
