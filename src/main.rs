@@ -15,7 +15,7 @@ use quotagate::{commands, shutdown, telemetry};
 /// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
 /// docs/benchmarks.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: quotagate::alloc::Mimalloc = quotagate::alloc::Mimalloc;
 
 /// A rate-limiting reverse proxy: per-key, per-endpoint sliding-window limits shared through Redis.
 #[derive(Parser)]
