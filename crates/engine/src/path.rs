@@ -19,6 +19,7 @@
 //!
 //! Pure: no I/O; unit tests below.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 /// What to do with `%2F`, `%5C` and raw `\` in a request path.
@@ -49,38 +50,59 @@ pub enum PathError {
 /// with a slash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NormalPath {
-    pub segments: Vec<String>,
+    /// Each segment after a `/` (`/users/42`; empty for the root): one string, not one per
+    /// segment (this runs for every request). A segment never holds a `/` (an escaped one stays
+    /// escaped), so splitting at each `/` gives the segments back.
+    joined: String,
     pub trailing_slash: bool,
 }
 
 impl NormalPath {
+    /// The segments, in order.
+    pub fn segments(&self) -> impl Iterator<Item = &str> {
+        split_slashes(self.joined.get(1..).filter(|_| !self.joined.is_empty()))
+    }
+
     /// The path to forward when no template applies.
     pub fn to_path(&self) -> String {
-        let mut out =
-            String::with_capacity(self.segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
-        for s in &self.segments {
-            out.push('/');
-            out.push_str(s);
-        }
+        let mut out = String::with_capacity(self.joined.len() + 1);
+        out.push_str(&self.joined);
         if out.is_empty() || self.trailing_slash {
             out.push('/');
         }
         out
     }
 
-    /// The key the router matches: lower-case ASCII, no trailing slash.
-    pub fn match_key(&self) -> String {
-        let mut out =
-            String::with_capacity(self.segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
-        for s in &self.segments {
-            out.push('/');
-            out.extend(s.chars().map(|c| c.to_ascii_lowercase()));
+    /// The key the router matches: lower-case ASCII, no trailing slash (borrowed when the path
+    /// has no upper-case letter, as most have).
+    pub fn match_key(&self) -> Cow<'_, str> {
+        if self.joined.is_empty() {
+            Cow::Borrowed("/")
+        } else if self.joined.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(self.joined.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(&self.joined)
         }
-        if out.is_empty() {
-            out.push('/');
-        }
-        out
     }
+}
+
+/// The parts of `s` between its `/`s (none for `None`), found by byte: `str::split` with a
+/// `char` pattern costs several times more on the short segments of a path.
+fn split_slashes(s: Option<&str>) -> impl Iterator<Item = &str> {
+    let mut rest = s;
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match r.bytes().position(|b| b == b'/') {
+            Some(i) => {
+                rest = Some(&r[i + 1..]);
+                Some(&r[..i])
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -97,9 +119,9 @@ fn hex_val(b: u8) -> Option<u8> {
 }
 
 /// Normalises the escapes of one segment (rules 1 and 2).
-pub fn normalize_segment(seg: &str, slashes: EscapedSlashes) -> Result<String, PathError> {
-    if !seg.contains('%') && !seg.contains('\\') {
-        return Ok(seg.to_owned());
+pub fn normalize_segment(seg: &str, slashes: EscapedSlashes) -> Result<Cow<'_, str>, PathError> {
+    if !seg.bytes().any(|b| b == b'%' || b == b'\\') {
+        return Ok(Cow::Borrowed(seg));
     }
     let bytes = seg.as_bytes();
     let mut out = String::with_capacity(seg.len());
@@ -138,7 +160,7 @@ pub fn normalize_segment(seg: &str, slashes: EscapedSlashes) -> Result<String, P
             }
         }
     }
-    Ok(out)
+    Ok(Cow::Owned(out))
 }
 
 /// Normalises a request path (no query string).
@@ -146,22 +168,26 @@ pub fn normalize(raw: &str, slashes: EscapedSlashes) -> Result<NormalPath, PathE
     let Some(rest) = raw.strip_prefix('/') else {
         return Err(PathError::NotAbsolute);
     };
-    let mut segments: Vec<String> = Vec::new();
+    let mut joined = String::with_capacity(raw.len());
     let mut trailing_slash = false;
-    for raw_seg in rest.split('/') {
+    for raw_seg in split_slashes(Some(rest)) {
         let seg = normalize_segment(raw_seg, slashes)?;
-        trailing_slash = matches!(seg.as_str(), "" | "." | "..");
-        match seg.as_str() {
+        trailing_slash = matches!(&*seg, "" | "." | "..");
+        match &*seg {
             "" | "." => {}
             ".." => {
-                segments.pop();
+                let last = joined.rfind('/').unwrap_or(0);
+                joined.truncate(last);
             }
-            _ => segments.push(seg),
+            _ => {
+                joined.push('/');
+                joined.push_str(&seg);
+            }
         }
     }
     Ok(NormalPath {
-        trailing_slash: trailing_slash && !segments.is_empty(),
-        segments,
+        trailing_slash: trailing_slash && !joined.is_empty(),
+        joined,
     })
 }
 
@@ -170,11 +196,80 @@ mod tests {
     use super::*;
 
     fn key(p: &str) -> String {
-        normalize(p, EscapedSlashes::Reject).unwrap().match_key()
+        normalize(p, EscapedSlashes::Reject)
+            .unwrap()
+            .match_key()
+            .into_owned()
     }
 
     fn fwd(p: &str) -> String {
         normalize(p, EscapedSlashes::Reject).unwrap().to_path()
+    }
+
+    /// The normaliser as first written (a list of segments), the model the one-string form is
+    /// held to: segments, the forwarded path, the match key and every refusal.
+    fn reference(raw: &str, slashes: EscapedSlashes) -> Result<(Vec<String>, bool), PathError> {
+        let Some(rest) = raw.strip_prefix('/') else {
+            return Err(PathError::NotAbsolute);
+        };
+        let mut segments: Vec<String> = Vec::new();
+        let mut trailing_slash = false;
+        for raw_seg in rest.split('/') {
+            let seg = normalize_segment(raw_seg, slashes)?.into_owned();
+            trailing_slash = matches!(seg.as_str(), "" | "." | "..");
+            match seg.as_str() {
+                "" | "." => {}
+                ".." => {
+                    segments.pop();
+                }
+                _ => segments.push(seg),
+            }
+        }
+        Ok((segments.clone(), trailing_slash && !segments.is_empty()))
+    }
+
+    #[test]
+    fn the_one_string_form_answers_as_a_list_of_segments_did() {
+        let pieces = [
+            "/", "/", "//", ".", "..", "%2e", "%2E%2e", "%2F", "%5c", "\\", "%41", "%7e", "A", "b",
+            "Users", "42", "%", "%z1", "%00", "é", "%C3%A9", "{id}",
+        ];
+        // A tiny generator (xorshift): the same paths every run.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        for _ in 0..20_000 {
+            let mut raw = String::from(if next(10) == 0 { "" } else { "/" });
+            for _ in 0..next(8) {
+                raw.push_str(pieces[next(pieces.len())]);
+            }
+            for mode in [EscapedSlashes::Reject, EscapedSlashes::Keep] {
+                let (got, want) = (normalize(&raw, mode), reference(&raw, mode));
+                match (got, want) {
+                    (Ok(p), Ok((segments, trailing))) => {
+                        assert_eq!(p.segments().collect::<Vec<_>>(), segments, "{raw:?}");
+                        assert_eq!(p.trailing_slash, trailing, "{raw:?}");
+                        let mut path: String = segments.iter().map(|s| format!("/{s}")).collect();
+                        let key = if path.is_empty() {
+                            "/".to_owned()
+                        } else {
+                            path.to_ascii_lowercase()
+                        };
+                        if path.is_empty() || trailing {
+                            path.push('/');
+                        }
+                        assert_eq!(p.to_path(), path, "{raw:?}");
+                        assert_eq!(p.match_key(), key, "{raw:?}");
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{raw:?}"),
+                    (got, want) => panic!("{raw:?}: {got:?} but {want:?}"),
+                }
+            }
+        }
     }
 
     #[test]
@@ -243,7 +338,10 @@ mod tests {
             );
         }
         let kept = normalize("/users/1%2f2/prefs", EscapedSlashes::Keep).unwrap();
-        assert_eq!(kept.segments, vec!["users", "1%2F2", "prefs"]);
+        assert_eq!(
+            kept.segments().collect::<Vec<_>>(),
+            ["users", "1%2F2", "prefs"]
+        );
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Template {
                     if norm == "." || norm == ".." {
                         return Err(format!("path {path:?} has a dot segment").into());
                     }
-                    segments.push(Segment::Static(norm));
+                    segments.push(Segment::Static(norm.into_owned()));
                 }
                 _ => return Err(format!("path {path:?} has unbalanced braces in {seg:?}").into()),
             }
@@ -115,7 +115,7 @@ impl Template {
     /// The template's spelling with the request's parameter values. `req` must have matched.
     fn canonical_path(&self, req: &NormalPath) -> String {
         let mut out = String::new();
-        for (seg, value) in self.segments.iter().zip(&req.segments) {
+        for (seg, value) in self.segments.iter().zip(req.segments()) {
             out.push('/');
             match seg {
                 Segment::Static(s) => out.push_str(s),
