@@ -19,18 +19,32 @@ pub const DEFAULT_PREFIX: &str = "quotagate";
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterKey(String);
 
-fn escape(bytes: &[u8], out: &mut String) {
+fn escape(bytes: &[u8], out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    // A table, and bytes rather than `char`s: this runs for every counted request.
+    const KEPT: [bool; 256] = {
+        let mut kept = [false; 256];
+        let mut b = 0;
+        while b < 256 {
+            let c = b as u8;
+            kept[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/');
+            b += 1;
+        }
+        kept
+    };
     for &b in bytes {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
+        if KEPT[usize::from(b)] {
+            out.push(b);
         } else {
-            // By hand, not `write!`: this runs for every counted request.
-            out.push('%');
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 15)] as char);
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
         }
     }
+}
+
+/// A name built of escaped parts and ASCII separators: ASCII throughout, so the check never fails
+/// (and if it did, no two names would be made one).
+fn ascii(name: Vec<u8>) -> String {
+    String::from_utf8(name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 impl CounterKey {
@@ -42,12 +56,12 @@ impl CounterKey {
 
     /// `{<api key>}<sep><name>`, both parts escaped.
     fn of_key(api_key: &[u8], sep: &str, name: &str) -> Self {
-        let mut s = String::with_capacity(api_key.len() + name.len() + 8);
-        s.push('{');
+        let mut s = Vec::with_capacity(api_key.len() + name.len() + 8);
+        s.push(b'{');
         escape(api_key, &mut s);
-        s.push_str(sep);
+        s.extend_from_slice(sep.as_bytes());
         escape(name.as_bytes(), &mut s);
-        CounterKey(s)
+        CounterKey(ascii(s))
     }
 
     pub fn as_str(&self) -> &str {
@@ -82,12 +96,12 @@ impl CounterKey {
     /// `endpoint`: `{!<address>/<prefix>}:<endpoint>`. A `!` is always escaped in an API key's
     /// name, so no key can share it.
     pub fn anonymous(client: &ipnet::IpNet, endpoint: &str) -> Self {
-        let mut s = String::with_capacity(endpoint.len() + 48);
-        s.push_str("{!");
-        s.push_str(&client.to_string());
-        s.push_str("}:");
+        let mut s = Vec::with_capacity(endpoint.len() + 48);
+        s.extend_from_slice(b"{!");
+        s.extend_from_slice(client.to_string().as_bytes());
+        s.extend_from_slice(b"}:");
         escape(endpoint.as_bytes(), &mut s);
-        CounterKey(s)
+        CounterKey(ascii(s))
     }
 
     /// The counter of an Envoy rate-limit descriptor: `{#<domain>:<key>=<value>:...}:rls`. Its
@@ -95,17 +109,17 @@ impl CounterKey {
     /// escaped in an API key's name, so no descriptor can share an API key's counter. The whole
     /// descriptor is the hash tag: descriptors spread over a cluster's slots.
     pub fn descriptor<'a>(domain: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
-        let mut s = String::with_capacity(domain.len() + 32);
-        s.push_str("{#");
+        let mut s = Vec::with_capacity(domain.len() + 32);
+        s.extend_from_slice(b"{#");
         escape(domain.as_bytes(), &mut s);
         for (k, v) in entries {
-            s.push(':');
+            s.push(b':');
             escape(k.as_bytes(), &mut s);
-            s.push('=');
+            s.push(b'=');
             escape(v.as_bytes(), &mut s);
         }
-        s.push_str("}:rls");
-        CounterKey(s)
+        s.extend_from_slice(b"}:rls");
+        CounterKey(ascii(s))
     }
 
     /// The counter of a Divvy rule (`bucket`: its sorted operation pairs) for `actor`:
@@ -137,11 +151,11 @@ impl CounterKey {
 
     /// The start shared by every counter of `api_key` (`{<api key>}:`).
     pub fn api_key_prefix(api_key: &[u8]) -> String {
-        let mut s = String::with_capacity(api_key.len() + 3);
-        s.push('{');
+        let mut s = Vec::with_capacity(api_key.len() + 3);
+        s.push(b'{');
         escape(api_key, &mut s);
-        s.push_str("}:");
-        s
+        s.extend_from_slice(b"}:");
+        ascii(s)
     }
 }
 
@@ -282,6 +296,21 @@ mod tests {
             window_hash("quotagate", &k, 3600),
             "quotagate:w:{7H6AMB0F}:GET%20/users/%7Bid%7D/prefs:s3600"
         );
+    }
+
+    #[test]
+    fn every_byte_is_kept_or_escaped_as_percent_hex() {
+        let all: Vec<u8> = (0..=255u8).chain(b"ab%{}:".iter().copied()).collect();
+        let mut got = Vec::new();
+        escape(&all, &mut got);
+        let mut want = String::new();
+        for &b in &all {
+            match b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+                true => want.push(b as char),
+                false => want.push_str(&format!("%{b:02X}")),
+            }
+        }
+        assert_eq!(ascii(got), want);
     }
 
     #[test]
