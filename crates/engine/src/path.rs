@@ -60,7 +60,7 @@ pub struct NormalPath {
 impl NormalPath {
     /// The segments, in order.
     pub fn segments(&self) -> impl Iterator<Item = &str> {
-        split_slashes(self.joined.get(1..).filter(|_| !self.joined.is_empty()))
+        split_slashes(self.joined.get(1..))
     }
 
     /// The path to forward when no template applies.

@@ -80,20 +80,25 @@ impl Shard {
     /// when they are most of it.
     fn append(&mut self, key: &[u8]) -> Result<(u32, u32), TooLarge> {
         let shared = Arc::get_mut(&mut self.bytes).is_none();
-        if shared || self.dead > self.bytes.len() / 2 {
-            let live = self.bytes.len() - self.dead;
-            let mut fresh = Vec::with_capacity(live + key.len());
+        let live = self.bytes.len() - self.dead;
+        let compact = shared || self.dead > self.bytes.len() / 2;
+        let end = if compact { live } else { self.bytes.len() } + key.len();
+        // Checked before anything changes: every offset below then fits.
+        let (Ok(len), Ok(_)) = (u32::try_from(key.len()), u32::try_from(end)) else {
+            return Err(TooLarge);
+        };
+        if compact {
+            let mut fresh = Vec::with_capacity(end);
             for slot in self.slots.iter_mut() {
                 let from = slot.key(&self.bytes);
-                slot.at = u32::try_from(fresh.len()).map_err(|_| TooLarge)?;
+                slot.at = fresh.len() as u32;
                 fresh.extend_from_slice(from);
             }
             (self.bytes, self.dead) = (Arc::new(fresh), 0);
         }
-        let bytes = Arc::get_mut(&mut self.bytes).expect("made this shard's own above");
-        let at = u32::try_from(bytes.len()).map_err(|_| TooLarge)?;
-        let len = u32::try_from(key.len()).map_err(|_| TooLarge)?;
-        u32::try_from(bytes.len() + key.len()).map_err(|_| TooLarge)?;
+        // This shard's own by now (never a copy here).
+        let bytes = Arc::make_mut(&mut self.bytes);
+        let at = bytes.len() as u32;
         bytes.extend_from_slice(key);
         Ok((at, len))
     }
