@@ -7,6 +7,7 @@
 //! event is kept), and the last `data:` event that carries the field wins, the way LLM APIs report
 //! usage at the end of a stream.
 
+mod blocks;
 pub mod json;
 
 /// The largest cost a response may report.
