@@ -212,9 +212,9 @@ impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Tapped<B> {
 
 impl<B: Body<Data = Bytes> + Unpin + Send + 'static> Drop for Tapped<B> {
     fn drop(&mut self) {
-        let (Some(tap), Some(body)) = (self.tap.take(), self.body.take()) else {
-            return;
-        };
+        // The tap first: most bodies have none, and taking the body moves it.
+        let Some(tap) = self.tap.take() else { return };
+        let Some(body) = self.body.take() else { return };
         tokio::spawn(drain(body, *tap));
     }
 }
