@@ -12,8 +12,11 @@
 # response read; the echo reports 0, so each reservation is given back); one concurrency limit of
 # 1000 requests in flight (a slot taken and freed per request). The rows take turns
 # within each round, so drift on a shared machine falls on all of them; the table has each row's
-# median CPU (utime + stime of the gateway, /proc) per request and its ratio to the first row's.
-# QUOTAGATE_BIN=... measures another build. Prints the table; appends nothing.
+# median CPU (utime + stime of the gateway, /proc) per request, the user and system parts apart
+# (instruction counts, callgrind's, see only the user part), and the median over rounds of its
+# ratio to the same round's first row (a pair of rows one after the other shares the machine's
+# state better than two medians do). KINDS="window cost_from" runs only those rows (the first is
+# the base). QUOTAGATE_BIN=... measures another build. Prints the table; appends nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -53,11 +56,14 @@ LUA
 # the gateway's core's caches and run queue, which makes rows of one run comparable.
 PIN_GW="taskset -c 1"; PIN_LOAD="taskset -c 0"
 [ "$(nproc)" -ge 2 ] || { PIN_GW=""; PIN_LOAD=""; }
+# user_system_ticks PID: "utime stime" of the process, in ticks.
+user_system_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12, $13}'; }
+
 UP_PORT=$(free_port)
 $PIN_LOAD "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
 wait_port "$UP_PORT"
 
-KINDS=(window day pool cost_from concurrent)
+read -r -a KINDS <<<"${KINDS:-window day pool cost_from concurrent}"
 RESULTS=()
 for round in $(seq "$ROUNDS"); do
   for kind in "${KINDS[@]}"; do
@@ -67,34 +73,39 @@ for round in $(seq "$ROUNDS"); do
       --set admin.enabled=false 2>>"$WORK/gw.log" & gw=$!
     wait_port "$port"
     $PIN_LOAD wrk -t1 -c16 -d1s -s "$WORK/pad.lua" "http://127.0.0.1:$port/users/1" >/dev/null
-    before=$(cpu_ticks "$gw")
+    before=$(user_system_ticks "$gw")
     out=$($PIN_LOAD wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" -s "$WORK/pad.lua" "http://127.0.0.1:$port/users/1")
-    after=$(cpu_ticks "$gw")
+    after=$(user_system_ticks "$gw")
     kill "$gw"; wait "$gw" 2>/dev/null || true
     requests=$(awk '/requests in/{print $1}' <<<"$out")
     non2xx=$(awk '/Non-2xx/{print $NF}' <<<"$out")
     [ -z "$non2xx" ] || { echo "$kind: $non2xx answers were not 2xx" >&2; exit 1; }
-    RESULTS+=("$kind $requests $((after - before))")
-    echo "round $round $kind: $requests requests, $((after - before)) ticks" >&2
+    user=$((${after% *} - ${before% *})) system=$((${after#* } - ${before#* }))
+    RESULTS+=("$round $kind $requests $user $system")
+    echo "round $round $kind: $requests requests, $user + $system ticks" >&2
   done
 done
 
 python3 - "$TICKS_PER_S" "$SECONDS_PER_RUN" "$(machine_line)" "${RESULTS[@]}" <<'PY'
 import statistics, sys
 hz, secs, machine = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-rows = {}
+rows, rounds = {}, {}
 for r in sys.argv[4:]:
-    kind, n, ticks = r.split()
-    rows.setdefault(kind, []).append((int(n) / secs, int(ticks) / hz * 1e6 / int(n)))
-base = statistics.median(c for _, c in rows["window"])
-print(f"machine: {machine}; median of {len(rows['window'])} rounds")
-print("| limit of the key | req/s | CPU us/request | vs a 60 s window |")
-print("|---|---:|---:|---:|")
+    rnd, kind, n, user, system = r.split()
+    us = lambda ticks: int(ticks) / hz * 1e6 / int(n)
+    run = (int(n) / secs, us(user), us(system))
+    rows.setdefault(kind, []).append(run)
+    rounds.setdefault(rnd, {})[kind] = run[1] + run[2]
+base_kind = next(iter(rows))
+print(f"machine: {machine}; median of {len(rows[base_kind])} rounds")
+print("| limit of the key | req/s | CPU us/request | user | system | vs the first row (median of rounds' ratios) |")
+print("|---|---:|---:|---:|---:|---:|")
 names = {"window": "one 60 s window", "day": "one day quota (UTC)", "pool": "one 60 s pool (every endpoint)",
          "cost_from": "one 60 s window, `cost_from` a 1 kB JSON body",
          "concurrent": "one concurrency limit (1000 in flight)"}
 for kind, runs in rows.items():
-    rate = statistics.median(r for r, _ in runs)
-    cpu = statistics.median(c for _, c in runs)
-    print(f"| {names[kind]} | {rate:,.0f} | {cpu:.2f} | {cpu / base:.3f} |")
+    med = lambda i: statistics.median(r[i] for r in runs)
+    ratio = statistics.median(k[kind] / k[base_kind] for k in rounds.values())
+    cpu = statistics.median(r[1] + r[2] for r in runs)
+    print(f"| {names[kind]} | {med(0):,.0f} | {cpu:.2f} | {med(1):.2f} | {med(2):.2f} | {ratio:.3f} |")
 PY
