@@ -92,7 +92,6 @@ fn value_at(json: &[u8], path: &Path) -> Result<u64, NoReport> {
 /// [`BodyReport::end`].
 #[derive(Debug)]
 pub struct BodyReport {
-    path: Path,
     /// At most this many bytes are kept (a JSON body; an event stream's current event).
     max: usize,
     kind: Kind,
@@ -102,9 +101,11 @@ pub struct BodyReport {
 enum Kind {
     /// A JSON body, read as it passes; `None` once it grew past the bound.
     Json(Option<json::Scan>, usize),
-    /// An event stream: the line being read, the current event's data, and the last value
-    /// found (`None`: none yet; `Some(Err)`: the last event carrying the field had a bad value).
+    /// An event stream: the path (a JSON body's is its scan's), the line being read, the
+    /// current event's data, and the last value found (`None`: none yet; `Some(Err)`: the last
+    /// event carrying the field had a bad value).
     Events {
+        path: Path,
         line: Vec<u8>,
         data: Vec<u8>,
         last: Option<Result<u64, NoReport>>,
@@ -130,6 +131,7 @@ impl BodyReport {
             && essence[essence.len() - 5..].eq_ignore_ascii_case("+json");
         let kind = if is("text/event-stream") {
             Kind::Events {
+                path: path.clone(),
                 line: Vec::new(),
                 data: Vec::new(),
                 last: None,
@@ -141,11 +143,7 @@ impl BodyReport {
         } else {
             return None;
         };
-        Some(BodyReport {
-            path: path.clone(),
-            max,
-            kind,
-        })
+        Some(BodyReport { max, kind })
     }
 
     /// The next bytes of the body.
@@ -195,6 +193,7 @@ impl BodyReport {
     /// A line of the event stream is complete (its `\n` seen).
     fn line_done(&mut self) {
         let Kind::Events {
+            path,
             line,
             data,
             last,
@@ -213,7 +212,7 @@ impl BodyReport {
         if text.is_empty() {
             // The event ends: its data is one JSON value, or something else (`[DONE]`).
             if !data.is_empty() {
-                match value_at(data, &self.path) {
+                match value_at(data, path) {
                     Err(NoReport::Missing) => {}
                     found => *last = Some(found),
                 }
