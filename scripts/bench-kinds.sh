@@ -10,8 +10,8 @@
 # echo is about 1 kB. Rows: one 60 s window; one day quota (UTC); one 60 s pool over every
 # endpoint; one 60 s window on an endpoint with `"cost_from": {"json": "body_bytes"}` (every
 # response read; the echo reports 0, so each reservation is given back); one concurrency limit of
-# 1000 requests in flight (a slot taken and freed per request). The rows take turns
-# within each round, so drift on a shared machine falls on all of them; the table has each row's
+# 1000 requests in flight (a slot taken and freed per request). The rows take turns, each round
+# starting one row later, so drift on a shared machine falls on all of them; the table has each row's
 # median CPU (utime + stime of the gateway, /proc) per request, the user and system parts apart
 # (instruction counts, callgrind's, see only the user part), and the median over rounds of its
 # ratio to the same round's first row (a pair of rows one after the other shares the machine's
@@ -66,7 +66,10 @@ wait_port "$UP_PORT"
 read -r -a KINDS <<<"${KINDS:-window day pool cost_from concurrent}"
 RESULTS=()
 for round in $(seq "$ROUNDS"); do
-  for kind in "${KINDS[@]}"; do
+  # Each round starts one row later: a row's place in a round moves what it measures (the first
+  # of a round read 4-10% above the others on the same code), so every row takes every place.
+  first=$(( (round - 1) % ${#KINDS[@]} ))
+  for kind in "${KINDS[@]:first}" "${KINDS[@]:0:first}"; do
     port=$(free_port)
     $PIN_GW "$BIN" --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UP_PORT" \
       --catalog "$WORK/$kind.json" --set server.workers=1 --set log.level=warn \
