@@ -5,8 +5,8 @@
 //! passed, then walked again at its end, checking every byte; together that was most of what
 //! `cost_from` added to a request (callgrind, docs/benchmarks.md). This reads each byte once, where
 //! it lies. The containers on the path and the values beside it are read by the grammar; a
-//! container off the path is only followed to its end (its brackets and strings, found with
-//! `memchr`), and strings are not checked (escapes, control characters, UTF-8). So on every valid
+//! container off the path is only followed to its end (its brackets and strings, found 64 bytes
+//! at a time by `blocks`), and strings are not checked (escapes, control characters, UTF-8). So on every valid
 //! text it answers what serde_json answers (the tests and the fuzz target `report` hold it equal
 //! to [`reference`]); a text cut short, or out of grammar where it is read, reports nothing; a
 //! text that is not JSON only off the path may still report its count. Content inside a valid
