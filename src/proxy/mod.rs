@@ -170,132 +170,151 @@ impl Proxy {
     }
 
     /// Handles one request from `peer`. Never fails: every outcome is a response.
-    pub async fn handle(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    pub fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
         mut req: Request<Incoming>,
-    ) -> Response<Body> {
-        let started = Instant::now();
-        let access = self
-            .policy
-            .access_log
-            .then(|| (req.method().clone(), req.uri().path().to_owned()));
-        let traced = self.tracer.as_ref().and_then(|t| t.start(req.headers()));
-        let mut record = Record {
-            want_key: self.policy.access_log,
-            ..Record::default()
-        };
-        if let Some(t) = &traced {
-            // Sent on upstream: this request's span is the upstream's parent.
-            if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
-                req.headers_mut()
-                    .insert(crate::otel::TRACEPARENT.clone(), v);
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        async move {
+            let started = Instant::now();
+            let access = self
+                .policy
+                .access_log
+                .then(|| (req.method().clone(), req.uri().path().to_owned()));
+            let traced = self.tracer.as_ref().and_then(|t| t.start(req.headers()));
+            let mut record = Record {
+                want_key: self.policy.access_log,
+                ..Record::default()
+            };
+            if let Some(t) = &traced {
+                // Sent on upstream: this request's span is the upstream's parent.
+                if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
+                    req.headers_mut()
+                        .insert(crate::otel::TRACEPARENT.clone(), v);
+                }
+                record.want_key = true;
             }
-            record.want_key = true;
-        }
-        let method = traced.as_ref().map(|_| req.method().clone());
-        let resp = self.respond(peer, req, &mut record).await;
-        let elapsed = started.elapsed();
-        let decision = record.decision;
-        self.metrics.count_request(
-            &record.endpoint,
-            (decision as usize, decision.as_str()),
-            elapsed.as_secs_f64(),
-        );
-        if let Some((method, path)) = access {
-            tracing::info!(
-                target: "quotagate::access",
-                %method,
-                path,
-                status = resp.status().as_u16(),
-                decision = record.decision.as_str(),
-                endpoint = record.endpoint,
-                key = record.key.as_deref().unwrap_or(""),
-                ms = elapsed.as_secs_f64() * 1000.0,
-                "request"
+            let method = traced.as_ref().map(|_| req.method().clone());
+            let resp = self.respond(peer, req, &mut record).await;
+            let elapsed = started.elapsed();
+            let decision = record.decision;
+            self.metrics.count_request(
+                &record.endpoint,
+                (decision as usize, decision.as_str()),
+                elapsed.as_secs_f64(),
             );
+            if let Some((method, path)) = access {
+                tracing::info!(
+                    target: "quotagate::access",
+                    %method,
+                    path,
+                    status = resp.status().as_u16(),
+                    decision = record.decision.as_str(),
+                    endpoint = record.endpoint,
+                    key = record.key.as_deref().unwrap_or(""),
+                    ms = elapsed.as_secs_f64() * 1000.0,
+                    "request"
+                );
+            }
+            if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
+                tracer.finish(crate::otel::Span {
+                    started,
+                    end: std::time::SystemTime::now(),
+                    method,
+                    endpoint: std::mem::take(&mut record.endpoint),
+                    status: resp.status().as_u16(),
+                    decision: record.decision.as_str(),
+                    key: record.key.take(),
+                    store_seconds: record.store_seconds,
+                });
+            }
+            resp
         }
-        if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
-            tracer.finish(crate::otel::Span {
-                started,
-                end: std::time::SystemTime::now(),
-                method,
-                endpoint: std::mem::take(&mut record.endpoint),
-                status: resp.status().as_u16(),
-                decision: record.decision.as_str(),
-                key: record.key.take(),
-                store_seconds: record.store_seconds,
-            });
-        }
-        resp
     }
 
-    async fn respond(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn respond(
         &self,
         peer: SocketAddr,
         req: Request<Incoming>,
         record: &mut Record,
-    ) -> Response<Body> {
-        let (mut parts, body) = req.into_parts();
-        self.forced_refresh(&mut parts).await;
-        let grpc = answer::is_grpc(&parts.headers);
-        let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
-        let admission = match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip())
-        {
-            Step::Done(admission) => admission,
-            Step::Count(pending) => {
-                if record.want_key {
-                    record.key = Some(match pending.held.anonymous {
-                        Some(_) => "anonymous".into(),
-                        None => crate::telemetry::fingerprint_remembered(pending.held.key),
-                    });
-                }
-                let asked = Instant::now();
-                let now_ms = self.clock.now_ms();
-                let counters = pending.counters();
-                let key = pending.held.anonymous.is_none().then_some(pending.held.key);
-                let verdict = match &pending.waits {
-                    // Requests that may wait: in line behind those waiting on their counter.
-                    Some(waits) => {
-                        Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await
-                    }
-                    None if pending.limits.has_pools() => {
-                        let parts =
-                            admission::parts(&counters.counter, &pending.limits, &counters.pools);
-                        self.store.hit_parts(&parts, pending.cost, now_ms).await
-                    }
-                    None => {
-                        let limits = &pending.limits;
-                        (self.store)
-                            .hit(&counters.counter, limits, pending.cost, now_ms)
-                            .await
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        async move {
+            let (mut parts, body) = req.into_parts();
+            self.forced_refresh(&mut parts).await;
+            let grpc = answer::is_grpc(&parts.headers);
+            let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+            let admission =
+                match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
+                    Step::Done(admission) => admission,
+                    Step::Count(pending) => {
+                        if record.want_key {
+                            record.key = Some(match pending.held.anonymous {
+                                Some(_) => "anonymous".into(),
+                                None => crate::telemetry::fingerprint_remembered(pending.held.key),
+                            });
+                        }
+                        let asked = Instant::now();
+                        let now_ms = self.clock.now_ms();
+                        let counters = pending.counters();
+                        let key = pending.held.anonymous.is_none().then_some(pending.held.key);
+                        let verdict = match &pending.waits {
+                            // Requests that may wait: in line behind those waiting on their counter.
+                            Some(waits) => {
+                                Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await
+                            }
+                            None if pending.limits.has_pools() => {
+                                let parts = admission::parts(
+                                    &counters.counter,
+                                    &pending.limits,
+                                    &counters.pools,
+                                );
+                                self.store.hit_parts(&parts, pending.cost, now_ms).await
+                            }
+                            None => {
+                                let limits = &pending.limits;
+                                (self.store)
+                                    .hit(&counters.counter, limits, pending.cost, now_ms)
+                                    .await
+                            }
+                        };
+                        let store_seconds = asked.elapsed().as_secs_f64();
+                        self.metrics.decision_seconds.observe(store_seconds);
+                        record.store_seconds = Some(store_seconds);
+                        let a = pending.conclude(counters, verdict, now_ms);
+                        if let (Decision::Limited, Some(key), Some(e)) =
+                            (a.decision, key, a.endpoint)
+                        {
+                            self.top.count(now_ms, key, &e.name);
+                        }
+                        if a.decision == Decision::ShadowLimited {
+                            tracing::debug!(
+                                endpoint = a.endpoint.map(|e| e.name.as_str()),
+                                key = record.key.as_deref(),
+                                "a shadow limit would have refused this request"
+                            );
+                        }
+                        a
                     }
                 };
-                let store_seconds = asked.elapsed().as_secs_f64();
-                self.metrics.decision_seconds.observe(store_seconds);
-                record.store_seconds = Some(store_seconds);
-                let a = pending.conclude(counters, verdict, now_ms);
-                if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
-                    self.top.count(now_ms, key, &e.name);
-                }
-                if a.decision == Decision::ShadowLimited {
-                    tracing::debug!(
-                        endpoint = a.endpoint.map(|e| e.name.as_str()),
-                        key = record.key.as_deref(),
-                        "a shadow limit would have refused this request"
-                    );
-                }
-                a
+            record.decision = admission.decision;
+            if let Some(e) = admission.endpoint {
+                record.endpoint.clone_from(&e.name);
             }
-        };
-        record.decision = admission.decision;
-        if let Some(e) = admission.endpoint {
-            record.endpoint.clone_from(&e.name);
-        }
-        match admission.action {
-            Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
-            Action::Reject(r) => own(r.response(self.policy.headers)),
-            Action::Forward(target) => self.forward(parts, body, peer, target, record, grpc).await,
+            match admission.action {
+                Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
+                Action::Reject(r) => own(r.response(self.policy.headers)),
+                Action::Forward(target) => {
+                    self.forward(parts, body, peer, target, record, grpc).await
+                }
+            }
         }
     }
 
@@ -358,7 +377,11 @@ impl Proxy {
 
     /// Forwards the request to `target` on the upstream and relays the answer, adding the
     /// target's rate-limit fields.
-    async fn forward(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn forward(
         &self,
         mut parts: Parts,
         body: Incoming,
@@ -366,132 +389,134 @@ impl Proxy {
         target: Target<'_>,
         record: &mut Record,
         grpc: bool,
-    ) -> Response<Body> {
-        // Held until the request ends, however it ends (dropped with this future, with the
-        // response's body, or with an upgraded connection's relay).
-        let mut in_flight = match (target.holds, &target.limit) {
-            (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
-            _ => None,
-        };
-        let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
-            record.decision = Decision::BadRequest;
-            return own(crate::problem::problem(
-                http::StatusCode::BAD_REQUEST,
-                None,
-                "the request target cannot be forwarded",
-                None,
-            ));
-        };
-        let host = parts
-            .headers
-            .get(HOST)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| parts.uri.authority().map(|a| a.to_string()));
-        let upgrade = upgrade::requested(&parts).map(|protocol| {
-            (
-                parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
-                protocol,
-            )
-        });
-        headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
-        if let Some((_, protocol)) = &upgrade {
-            upgrade::restore(&mut parts.headers, protocol.clone());
-        }
-        // The upstream's own Host replaces the client's (`Upstream::send`).
-        parts.headers.remove(HOST);
-        headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
-        if grpc {
-            // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
-            parts
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        async move {
+            // Held until the request ends, however it ends (dropped with this future, with the
+            // response's body, or with an upgraded connection's relay).
+            let mut in_flight = match (target.holds, &target.limit) {
+                (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
+                _ => None,
+            };
+            let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
+                record.decision = Decision::BadRequest;
+                return own(crate::problem::problem(
+                    http::StatusCode::BAD_REQUEST,
+                    None,
+                    "the request target cannot be forwarded",
+                    None,
+                ));
+            };
+            let host = parts
                 .headers
-                .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-        }
-        // Origin form; the upstream puts in each target's authority and HTTP version.
-        parts.uri = uri;
-        if let Some(m) = target.method {
-            parts.method = m;
-        }
-        let needs = upstream::Needs {
-            grpc,
-            upgrade: upgrade.is_some(),
-        };
-        let req = Request::from_parts(
-            parts,
-            Limited::new(body, self.policy.max_body_bytes as usize),
-        );
-        match self.upstream.send(req, needs).await {
-            Ok(mut resp) => {
-                if self.upstream_failing.load(Ordering::Relaxed)
-                    && self.upstream_failing.swap(false, Ordering::Relaxed)
-                {
-                    tracing::info!("upstream answers again");
-                }
-                self.metrics
-                    .upstream_responses
-                    .get_or_create(&ClassLabels {
-                        class: status_class(resp.status().as_u16()),
-                    })
-                    .inc();
-                let switched = match upgrade {
-                    Some((Some(client), _))
-                        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
-                    {
-                        let agreed = resp.headers().get(http::header::UPGRADE).cloned();
-                        let upstream = hyper::upgrade::on(&mut resp);
-                        let held = in_flight.take();
-                        upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
-                        agreed
-                    }
-                    _ => None,
-                };
-                let (mut head, body) = resp.into_parts();
-                // What the response reports it cost, read before the fields it may also have.
-                let tap = match (target.report, &target.limit) {
-                    (Some(reserved), Some(rate)) => {
-                        let reserved = *reserved;
-                        let (limits, pools) = report::counted(rate, &reserved.pools);
-                        let pending = report::Pending {
-                            settler: self.settler.clone(),
-                            counter: reserved.counter,
-                            pools,
-                            limits,
-                            reserved: rate.cost,
-                            reserved_at_ms: rate.at_ms,
-                        };
-                        pending.read(
-                            reserved.from,
-                            &head.headers,
-                            self.policy.cost_body_max_bytes,
-                        )
-                    }
-                    _ => None,
-                };
-                headers::strip_hop_by_hop(&mut head.headers, None);
-                if let Some(rate) = &target.limit {
-                    headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
-                }
-                if let Some(protocol) = switched {
-                    upgrade::restore(&mut head.headers, protocol);
-                    return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
-                }
-                let body = report::Tapped::new(body, tap).holding(in_flight);
-                Response::from_parts(head, Either::Left(body))
+                .get(HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .or_else(|| parts.uri.authority().map(|a| a.to_string()));
+            let upgrade = upgrade::requested(&parts).map(|protocol| {
+                (
+                    parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+                    protocol,
+                )
+            });
+            headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
+            if let Some((_, protocol)) = &upgrade {
+                upgrade::restore(&mut parts.headers, protocol.clone());
             }
-            Err(e) => {
-                let (decision, rejection) = answer::upstream_failure(e);
-                record.decision = decision;
-                if decision == Decision::UpstreamError
-                    && !self.upstream_failing.swap(true, Ordering::Relaxed)
-                {
-                    tracing::warn!(
-                        error = rejection.detail,
-                        "upstream failing; answering 502/504 until it answers again"
-                    );
+            // The upstream's own Host replaces the client's (`Upstream::send`).
+            parts.headers.remove(HOST);
+            headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
+            if grpc {
+                // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
+                parts
+                    .headers
+                    .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+            }
+            // Origin form; the upstream puts in each target's authority and HTTP version.
+            parts.uri = uri;
+            if let Some(m) = target.method {
+                parts.method = m;
+            }
+            let needs = upstream::Needs {
+                grpc,
+                upgrade: upgrade.is_some(),
+            };
+            let req = Request::from_parts(
+                parts,
+                Limited::new(body, self.policy.max_body_bytes as usize),
+            );
+            match self.upstream.send(req, needs).await {
+                Ok(mut resp) => {
+                    if self.upstream_failing.load(Ordering::Relaxed)
+                        && self.upstream_failing.swap(false, Ordering::Relaxed)
+                    {
+                        tracing::info!("upstream answers again");
+                    }
+                    self.metrics
+                        .upstream_responses
+                        .get_or_create(&ClassLabels {
+                            class: status_class(resp.status().as_u16()),
+                        })
+                        .inc();
+                    let switched = match upgrade {
+                        Some((Some(client), _))
+                            if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
+                        {
+                            let agreed = resp.headers().get(http::header::UPGRADE).cloned();
+                            let upstream = hyper::upgrade::on(&mut resp);
+                            let held = in_flight.take();
+                            upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
+                            agreed
+                        }
+                        _ => None,
+                    };
+                    let (mut head, body) = resp.into_parts();
+                    // What the response reports it cost, read before the fields it may also have.
+                    let tap = match (target.report, &target.limit) {
+                        (Some(reserved), Some(rate)) => {
+                            let reserved = *reserved;
+                            let (limits, pools) = report::counted(rate, &reserved.pools);
+                            let pending = report::Pending {
+                                settler: self.settler.clone(),
+                                counter: reserved.counter,
+                                pools,
+                                limits,
+                                reserved: rate.cost,
+                                reserved_at_ms: rate.at_ms,
+                            };
+                            pending.read(
+                                reserved.from,
+                                &head.headers,
+                                self.policy.cost_body_max_bytes,
+                            )
+                        }
+                        _ => None,
+                    };
+                    headers::strip_hop_by_hop(&mut head.headers, None);
+                    if let Some(rate) = &target.limit {
+                        headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
+                    }
+                    if let Some(protocol) = switched {
+                        upgrade::restore(&mut head.headers, protocol);
+                        return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
+                    }
+                    let body = report::Tapped::new(body, tap).holding(in_flight);
+                    Response::from_parts(head, Either::Left(body))
                 }
-                match grpc {
-                    true => own(rejection.grpc_response(self.policy.headers)),
-                    false => own(rejection.response(self.policy.headers)),
+                Err(e) => {
+                    let (decision, rejection) = answer::upstream_failure(e);
+                    record.decision = decision;
+                    if decision == Decision::UpstreamError
+                        && !self.upstream_failing.swap(true, Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            error = rejection.detail,
+                            "upstream failing; answering 502/504 until it answers again"
+                        );
+                    }
+                    match grpc {
+                        true => own(rejection.grpc_response(self.policy.headers)),
+                        false => own(rejection.response(self.policy.headers)),
+                    }
                 }
             }
         }

@@ -248,52 +248,58 @@ impl Upstream {
 
     /// Sends the request (its URI in origin form, from [`Upstream::uri`]) to a target and waits
     /// for the response headers.
-    pub async fn send(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    pub fn send(
         &self,
         mut req: Request<UpstreamBody>,
         needs: Needs,
-    ) -> Result<UpstreamResponse, UpstreamError> {
-        // The target being tried, read when the response timeout cuts the attempt short.
-        let trying = AtomicUsize::new(usize::MAX);
-        let exchange = async {
-            let mut skip = None;
-            let mut retries = self.retries;
-            loop {
-                let i = self.pick(skip);
-                trying.store(i, Ordering::Relaxed);
-                let t = &self.targets[i];
-                match self.send_to(t, req, needs).await {
-                    Ok(resp) => {
-                        self.succeeded(t);
-                        return Ok(resp);
-                    }
-                    Err(Attempt::NotSent(unsent, e)) => {
-                        self.failed(t, &e.reason);
-                        if retries == 0 || self.targets.len() == 1 {
-                            return Err(UpstreamError::Unreachable {
-                                target: t.url.url.clone(),
-                                reason: e.reason,
-                            });
+    ) -> impl std::future::Future<Output = Result<UpstreamResponse, UpstreamError>> + Send {
+        async move {
+            // The target being tried, read when the response timeout cuts the attempt short.
+            let trying = AtomicUsize::new(usize::MAX);
+            let exchange = async {
+                let mut skip = None;
+                let mut retries = self.retries;
+                loop {
+                    let i = self.pick(skip);
+                    trying.store(i, Ordering::Relaxed);
+                    let t = &self.targets[i];
+                    match self.send_to(t, req, needs).await {
+                        Ok(resp) => {
+                            self.succeeded(t);
+                            return Ok(resp);
                         }
-                        retries -= 1;
-                        skip = Some(i);
-                        req = *unsent;
-                    }
-                    Err(Attempt::Failed(e)) => {
-                        // An answer of sorts: the target is there.
-                        self.succeeded(t);
-                        return Err(e);
+                        Err(Attempt::NotSent(unsent, e)) => {
+                            self.failed(t, &e.reason);
+                            if retries == 0 || self.targets.len() == 1 {
+                                return Err(UpstreamError::Unreachable {
+                                    target: t.url.url.clone(),
+                                    reason: e.reason,
+                                });
+                            }
+                            retries -= 1;
+                            skip = Some(i);
+                            req = *unsent;
+                        }
+                        Err(Attempt::Failed(e)) => {
+                            // An answer of sorts: the target is there.
+                            self.succeeded(t);
+                            return Err(e);
+                        }
                     }
                 }
-            }
-        };
-        match tokio::time::timeout(self.response_timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => {
-                if let Some(t) = self.targets.get(trying.load(Ordering::Relaxed)) {
-                    self.failed(t, "no response within the response timeout");
+            };
+            match tokio::time::timeout(self.response_timeout, exchange).await {
+                Ok(result) => result,
+                Err(_) => {
+                    if let Some(t) = self.targets.get(trying.load(Ordering::Relaxed)) {
+                        self.failed(t, "no response within the response timeout");
+                    }
+                    Err(UpstreamError::Timeout)
                 }
-                Err(UpstreamError::Timeout)
             }
         }
     }
@@ -356,56 +362,62 @@ impl Upstream {
     }
 
     /// One attempt on one target.
-    async fn send_to(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn send_to(
         &self,
         t: &Target,
         mut req: Request<UpstreamBody>,
         needs: Needs,
-    ) -> Result<UpstreamResponse, Attempt> {
-        let speak = self.speak(t, needs);
-        let idle = &t.pools[crate::workers::current() % t.pools.len()];
-        t.requests.inc();
-        let flight = InFlight::start(&t.in_flight);
-        if speak != Speak::Http1 {
-            // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
-            // request's future is moved a few times: its size is paid per request).
-            return Box::pin(self.send_any(t, idle, req, speak, flight)).await;
-        }
-        // A reused connection may have been closed by the upstream while idle: a request it could
-        // not start is sent once more, on a new connection.
-        let mut fresh = false;
-        loop {
-            let mut sender = match idle.take().filter(|_| !fresh) {
-                Some(mut s) => {
-                    if s.ready().await.is_err() {
-                        continue;
+    ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
+        async move {
+            let speak = self.speak(t, needs);
+            let idle = &t.pools[crate::workers::current() % t.pools.len()];
+            t.requests.inc();
+            let flight = InFlight::start(&t.in_flight);
+            if speak != Speak::Http1 {
+                // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
+                // request's future is moved a few times: its size is paid per request).
+                return Box::pin(self.send_any(t, idle, req, speak, flight)).await;
+            }
+            // A reused connection may have been closed by the upstream while idle: a request it could
+            // not start is sent once more, on a new connection.
+            let mut fresh = false;
+            loop {
+                let mut sender = match idle.take().filter(|_| !fresh) {
+                    Some(mut s) => {
+                        if s.ready().await.is_err() {
+                            continue;
+                        }
+                        s
                     }
-                    s
-                }
-                None => {
-                    fresh = true;
-                    // Boxed: opening a connection (TCP, TLS) is a large future and rare; inline,
-                    // every request's future carried it and was copied with it (callgrind: 43k ->
-                    // 58k instructions per request).
-                    match Box::pin(self.connector.connect(&t.url, speak)).await {
-                        Ok(Sender::Http1(s)) => s,
-                        Ok(Sender::H2(_)) => unreachable!("HTTP/2 only when asked for"),
-                        Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
-                    }
-                }
-            };
-            for_http1(&mut req, &t.url);
-            match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    return Ok(resp.map(|b| PooledBody::new(b, sender, idle.clone(), flight)));
-                }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if !fresh => {
-                        req = unsent;
+                    None => {
                         fresh = true;
+                        // Boxed: opening a connection (TCP, TLS) is a large future and rare; inline,
+                        // every request's future carried it and was copied with it (callgrind: 43k ->
+                        // 58k instructions per request).
+                        match Box::pin(self.connector.connect(&t.url, speak)).await {
+                            Ok(Sender::Http1(s)) => s,
+                            Ok(Sender::H2(_)) => unreachable!("HTTP/2 only when asked for"),
+                            Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
+                        }
                     }
-                    _ => return Err(Attempt::Failed(classify(&e.into_error()))),
-                },
+                };
+                for_http1(&mut req, &t.url);
+                match sender.try_send_request(req).await {
+                    Ok(resp) => {
+                        return Ok(resp.map(|b| PooledBody::new(b, sender, idle.clone(), flight)));
+                    }
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) if !fresh => {
+                            req = unsent;
+                            fresh = true;
+                        }
+                        _ => return Err(Attempt::Failed(classify(&e.into_error()))),
+                    },
+                }
             }
         }
     }
