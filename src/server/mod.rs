@@ -247,7 +247,11 @@ where
 }
 
 /// A TLS connection: its handshake, then its HTTP. A plain HTTP request gets an answer it can read.
-async fn serve_tls<S, B>(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+)]
+fn serve_tls<S, B>(
     tcp: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     first_byte: Duration,
@@ -255,7 +259,8 @@ async fn serve_tls<S, B>(
     svc: S,
     draining: tokio::sync::watch::Receiver<()>,
     (activity, bounds): (Arc<idle::Activity>, idle::Bounds),
-) where
+) -> impl Future<Output = ()> + Send
+where
     S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -263,20 +268,22 @@ async fn serve_tls<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // The first bytes tell a handshake (a TLS record starts with 22) from a plain HTTP request.
-    // They are read once, and read again by the handshake.
-    let mut tcp = Lingering(Some(tcp));
-    let first = match tokio::time::timeout(first_byte, sniff::read_some(&mut tcp)).await {
-        Ok(Ok(first)) if !first.is_empty() => first,
-        _ => return,
-    };
-    if first[0] != 22 {
-        return plaintext_on_tls(tcp).await;
-    }
-    let handshake = acceptor.accept(sniff::Replay::new(first, tcp));
-    if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-        let io = idle::Timed::new(stream, activity, bounds);
-        http.serve(io, svc, draining).await;
+    async move {
+        // The first bytes tell a handshake (a TLS record starts with 22) from a plain HTTP request.
+        // They are read once, and read again by the handshake.
+        let mut tcp = Lingering(Some(tcp));
+        let first = match tokio::time::timeout(first_byte, sniff::read_some(&mut tcp)).await {
+            Ok(Ok(first)) if !first.is_empty() => first,
+            _ => return,
+        };
+        if first[0] != 22 {
+            return plaintext_on_tls(tcp).await;
+        }
+        let handshake = acceptor.accept(sniff::Replay::new(first, tcp));
+        if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
+            let io = idle::Timed::new(stream, activity, bounds);
+            http.serve(io, svc, draining).await;
+        }
     }
 }
 
@@ -301,12 +308,17 @@ impl Http {
 
     /// Serves one connection, in the HTTP its first bytes tell, until it closes; once `draining`
     /// changes, it finishes the requests it has and closes. Holds `draining` until it ends.
-    async fn serve<I, S, B>(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn serve<I, S, B>(
         &self,
         mut io: I,
         svc: S,
         mut draining: tokio::sync::watch::Receiver<()>,
-    ) where
+    ) -> impl Future<Output = ()> + Send
+    where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
         S::Future: Send + 'static,
@@ -315,23 +327,25 @@ impl Http {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        // A connection that has sent nothing yet has nothing to finish when the drain begins.
-        let first = tokio::select! {
-            first = sniff::first_bytes(&mut io) => first,
-            _ = draining.changed() => return,
-        };
-        let Ok(Some((version, first))) = first else {
-            return;
-        };
-        let io = TokioIo::new(sniff::Replay::new(first, io));
-        match version {
-            sniff::Version::H1 => {
-                let conn = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
-                until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
-            }
-            sniff::Version::H2 => {
-                let conn = std::pin::pin!(self.h2.serve_connection(io, svc));
-                until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+        async move {
+            // A connection that has sent nothing yet has nothing to finish when the drain begins.
+            let first = tokio::select! {
+                first = sniff::first_bytes(&mut io) => first,
+                _ = draining.changed() => return,
+            };
+            let Ok(Some((version, first))) = first else {
+                return;
+            };
+            let io = TokioIo::new(sniff::Replay::new(first, io));
+            match version {
+                sniff::Version::H1 => {
+                    let conn = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
+                    until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+                }
+                sniff::Version::H2 => {
+                    let conn = std::pin::pin!(self.h2.serve_connection(io, svc));
+                    until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+                }
             }
         }
     }

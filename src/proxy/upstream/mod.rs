@@ -423,73 +423,81 @@ impl Upstream {
     }
 
     /// One attempt on one target that may go over HTTP/2 (`speak` is not HTTP/1.1 only).
-    async fn send_any(
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn send_any(
         &self,
         t: &Target,
         idle: &Arc<Idle<UpstreamBody>>,
         mut req: Request<UpstreamBody>,
         speak: Speak,
         flight: InFlight,
-    ) -> Result<UpstreamResponse, Attempt> {
-        let mut fresh = false;
-        loop {
-            let reused = match (speak, fresh) {
-                (_, true) => None,
-                (Speak::Http1, false) => idle.take().map(Sender::Http1),
-                (Speak::H2, false) => idle.take_h2().map(Sender::H2),
-                (Speak::Either, false) => idle
-                    .take_h2()
-                    .map(Sender::H2)
-                    .or_else(|| idle.take().map(Sender::Http1)),
-            };
-            let sender = match reused {
-                Some(s) => s,
-                None => {
-                    fresh = true;
-                    match self.connector.connect(&t.url, speak).await {
-                        Ok(Sender::H2(s)) => {
-                            idle.put_h2(&s);
-                            Sender::H2(s)
-                        }
-                        Ok(s) => s,
-                        Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
-                    }
-                }
-            };
-            match sender {
-                Sender::Http1(mut s) => {
-                    if !fresh && s.ready().await.is_err() {
-                        continue;
-                    }
-                    for_http1(&mut req, &t.url);
-                    match s.try_send_request(req).await {
-                        Ok(resp) => {
-                            return Ok(resp.map(|b| PooledBody::new(b, s, idle.clone(), flight)));
-                        }
-                        Err(mut e) => match e.take_message() {
-                            Some(unsent) if !fresh => {
-                                req = unsent;
-                                fresh = true;
-                            }
-                            _ => return Err(Attempt::Failed(classify(&e.into_error()))),
-                        },
-                    }
-                }
-                Sender::H2(mut s) => {
-                    if !fresh && s.ready().await.is_err() {
+    ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
+        async move {
+            let mut fresh = false;
+            loop {
+                let reused = match (speak, fresh) {
+                    (_, true) => None,
+                    (Speak::Http1, false) => idle.take().map(Sender::Http1),
+                    (Speak::H2, false) => idle.take_h2().map(Sender::H2),
+                    (Speak::Either, false) => idle
+                        .take_h2()
+                        .map(Sender::H2)
+                        .or_else(|| idle.take().map(Sender::Http1)),
+                };
+                let sender = match reused {
+                    Some(s) => s,
+                    None => {
                         fresh = true;
-                        continue;
-                    }
-                    for_h2(&mut req, &t.url);
-                    match s.try_send_request(req).await {
-                        Ok(resp) => return Ok(resp.map(|b| PooledBody::shared(b, flight))),
-                        Err(mut e) => match e.take_message() {
-                            Some(unsent) if !fresh => {
-                                req = unsent;
-                                fresh = true;
+                        match self.connector.connect(&t.url, speak).await {
+                            Ok(Sender::H2(s)) => {
+                                idle.put_h2(&s);
+                                Sender::H2(s)
                             }
-                            _ => return Err(Attempt::Failed(classify(&e.into_error()))),
-                        },
+                            Ok(s) => s,
+                            Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
+                        }
+                    }
+                };
+                match sender {
+                    Sender::Http1(mut s) => {
+                        if !fresh && s.ready().await.is_err() {
+                            continue;
+                        }
+                        for_http1(&mut req, &t.url);
+                        match s.try_send_request(req).await {
+                            Ok(resp) => {
+                                return Ok(
+                                    resp.map(|b| PooledBody::new(b, s, idle.clone(), flight))
+                                );
+                            }
+                            Err(mut e) => match e.take_message() {
+                                Some(unsent) if !fresh => {
+                                    req = unsent;
+                                    fresh = true;
+                                }
+                                _ => return Err(Attempt::Failed(classify(&e.into_error()))),
+                            },
+                        }
+                    }
+                    Sender::H2(mut s) => {
+                        if !fresh && s.ready().await.is_err() {
+                            fresh = true;
+                            continue;
+                        }
+                        for_h2(&mut req, &t.url);
+                        match s.try_send_request(req).await {
+                            Ok(resp) => return Ok(resp.map(|b| PooledBody::shared(b, flight))),
+                            Err(mut e) => match e.take_message() {
+                                Some(unsent) if !fresh => {
+                                    req = unsent;
+                                    fresh = true;
+                                }
+                                _ => return Err(Attempt::Failed(classify(&e.into_error()))),
+                            },
+                        }
                     }
                 }
             }
