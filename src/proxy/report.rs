@@ -90,7 +90,7 @@ impl Pending {
         if delta == 0 || self.limits.is_empty() {
             return;
         }
-        let now_ms = settler.clock.now_ms();
+        let now_ms = || settler.clock.now_ms();
         let done = match self.pools.is_empty() {
             // Most requests: one counter, its parts on the stack.
             true => settler.store.adjust_in_memory(
@@ -110,6 +110,7 @@ impl Pending {
         if done {
             return;
         }
+        let now_ms = settler.clock.now_ms();
         tokio::spawn(async move {
             let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
             (self.settler.store)

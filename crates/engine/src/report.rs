@@ -119,17 +119,22 @@ impl BodyReport {
     /// The reader for a body of `content_type` (`None`: a type that carries no report, such as
     /// `text/html`), looking for `path`, keeping at most `max` bytes.
     pub fn new(content_type: &str, path: &Path, max: usize) -> Option<BodyReport> {
-        // Bytes, not `str::split`: a char search costs more than the rest of this.
+        // Bytes, not `str::split`: a char search costs more than the rest of this. A header's
+        // value is visible ASCII (`to_str`), so ASCII white space is all there is to trim.
         let essence = match content_type.bytes().position(|b| b == b';') {
             Some(end) => &content_type[..end],
             None => content_type,
         }
-        .trim();
-        let is = |t: &str| essence.eq_ignore_ascii_case(t);
-        let json_suffix = essence.len() > 5
-            && essence.is_char_boundary(essence.len() - 5)
-            && essence[essence.len() - 5..].eq_ignore_ascii_case("+json");
-        let kind = if is("text/event-stream") {
+        .trim_ascii();
+        let json_suffix = || {
+            essence.len() > 5
+                && essence.is_char_boundary(essence.len() - 5)
+                && essence[essence.len() - 5..].eq_ignore_ascii_case("+json")
+        };
+        // JSON first: what most `cost_from` answers are.
+        let kind = if essence.eq_ignore_ascii_case("application/json") || json_suffix() {
+            Kind::Json(Some(json::Scan::new(path)), 0)
+        } else if essence.eq_ignore_ascii_case("text/event-stream") {
             Kind::Events {
                 path: path.clone(),
                 line: Vec::new(),
@@ -138,8 +143,6 @@ impl BodyReport {
                 overflow: false,
                 skipping: false,
             }
-        } else if is("application/json") || json_suffix {
-            Kind::Json(Some(json::Scan::new(path)), 0)
         } else {
             return None;
         };

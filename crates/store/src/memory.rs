@@ -61,7 +61,7 @@ impl SlidingWindows {
     /// The shard of `key`: by its hash tag, so that every counter of one API key (a request's
     /// endpoint and its pools) is under one lock.
     fn shard(&self, key: &CounterKey) -> std::sync::MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one(key.tag()) as usize) % self.shards.len();
+        let i = (self.hasher.hash_one(key.tag()) as usize) % SHARDS;
         // A panic while holding the lock cannot leave a window half-updated in a way that matters
         // more than refusing service would, so a poisoned lock is used as is.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -116,7 +116,8 @@ impl SlidingWindows {
         outcome
     }
 
-    /// [`CounterStore::adjust`] on the parts' counters, under one lock.
+    /// [`CounterStore::adjust`] on the parts' counters, under one lock. `now_ms` is used by an
+    /// addition only (a give-back goes to the bucket of `reserved_at_ms`).
     pub fn adjust(&self, parts: &[Part<'_>], delta: i64, reserved_at_ms: u64, now_ms: u64) {
         let mut shard = self.shard(parts[0].counter);
         for p in parts {
@@ -277,7 +278,7 @@ impl FixedWindows {
         cost: u64,
         now: u64,
     ) -> (bool, u64, u64) {
-        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         let mut guard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
         let shard = &mut *guard;
         let map = &mut shard.windows;

@@ -37,9 +37,9 @@ pub struct Scan {
     path: Path,
     state: State,
     /// The open containers, all on the path (the one at depth `d` was reached through the path's
-    /// first `d` keys), the innermost in bit 0: set for an object. At most the path's length
+    /// first `d` keys), the innermost first: set for an object. At most the path's length
     /// (128 keys at most: a path is at most 256 bytes).
-    stack: u128,
+    stack: Kinds,
     depth: u8,
     /// When the innermost container is an array: how many elements come before the one the path
     /// names, from the current one (`None`: it passed, or the path names none).
@@ -126,6 +126,31 @@ impl Num {
     }
 }
 
+/// 128 bits, one a container (set for an object), the innermost in bit 0 of `lo`. Not a `u128`:
+/// its alignment (16) would make the reader's box ask the allocator for aligned memory, a slower
+/// path (about 100 instructions a response, callgrind).
+#[derive(Debug, Clone, Copy, Default)]
+struct Kinds {
+    lo: u64,
+    hi: u64,
+}
+
+impl Kinds {
+    fn push(&mut self, object: bool) {
+        self.hi = (self.hi << 1) | (self.lo >> 63);
+        self.lo = (self.lo << 1) | u64::from(object);
+    }
+
+    fn pop(&mut self) {
+        self.lo = (self.lo >> 1) | (self.hi << 63);
+        self.hi >>= 1;
+    }
+
+    fn innermost_is_object(self) -> bool {
+        self.lo & 1 == 1
+    }
+}
+
 /// How a key is compared with the path's.
 #[derive(Debug)]
 enum KeyMatch {
@@ -174,7 +199,7 @@ impl Scan {
         Scan {
             path: path.clone(),
             state: State::Value,
-            stack: 0,
+            stack: Kinds::default(),
             depth: 0,
             index: None,
             in_key: false,
@@ -502,7 +527,7 @@ impl Scan {
                 _ => self.state = State::Bad,
             },
             State::Next => {
-                let object = self.stack & 1 == 1;
+                let object = self.stack.innermost_is_object();
                 match b {
                     _ if is_space(b) => {}
                     b',' if object => self.state = State::Key,
@@ -592,7 +617,7 @@ impl Scan {
 
     /// A container on the path opens (the path goes on inside it).
     fn open(&mut self, object: bool) {
-        self.stack = (self.stack << 1) | u128::from(object);
+        self.stack.push(object);
         self.depth += 1;
         if !object {
             let key = &self.path[usize::from(self.depth) - 1];
@@ -607,7 +632,7 @@ impl Scan {
 
     /// The innermost container closes.
     fn close(&mut self) {
-        self.stack >>= 1;
+        self.stack.pop();
         self.depth -= 1;
         // Back in an array: its element on the path was this one.
         self.index = None;
@@ -737,6 +762,21 @@ mod tests {
 
     fn path(p: &str) -> Path {
         p.split('.').map(Box::from).collect()
+    }
+
+    #[test]
+    fn kinds_hold_128_containers_innermost_first() {
+        // A pattern without a period of 64, so bits crossing from `lo` to `hi` and back show.
+        let object = |d: usize| (d * 7 + d / 3) % 5 < 2;
+        let mut k = Kinds::default();
+        for d in 0..128 {
+            k.push(object(d));
+            assert_eq!(k.innermost_is_object(), object(d), "pushed {d}");
+        }
+        for d in (1..128).rev() {
+            k.pop();
+            assert_eq!(k.innermost_is_object(), object(d - 1), "popped to {d}");
+        }
     }
 
     /// What `Scan` finds at `p` in `text`, fed whole.
