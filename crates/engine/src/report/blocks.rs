@@ -1,6 +1,7 @@
 //! blocks: a value off the path followed through 64 bytes at a time, the way simdjson's first
 //! stage finds a text's structure: each block's quotes, backslashes and brackets become bit masks
-//! (SSE2 compares on x86_64), the bytes inside strings a mask made by a prefix XOR of the quotes,
+//! (SSE2 compares on x86_64, AVX2 where the processor has it, chosen when the program runs; a
+//! byte loop elsewhere), the bytes inside strings a mask made by a prefix XOR of the quotes,
 //! and a block whose closing brackets cannot end the value is passed with three population
 //! counts. Byte by byte, as [`super::json`] otherwise follows such a value, a JSON answer's nested
 //! objects and long strings (an LLM's text, full of `\n`) took about 2.3 instructions a byte.
