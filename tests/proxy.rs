@@ -50,6 +50,17 @@ fn redis_config(up: &Upstream, redis: &RedisServer, policy: FailurePolicy) -> Co
     c
 }
 
+/// [`redis_config`], closed on failure, for bursts that count exactly: hundreds of requests at
+/// once queue their Redis calls behind each other, and on a loaded 2-core machine one took longer
+/// than the 250 ms store timeout (a 503, seen once in CI's run beside a release build). That
+/// timeout is not what these tests are about (`redis_down_follows_the_failure_policy_within_the_timeout`
+/// is): they allow 2 s (`store.concurrency_hold_ms`, 10 s, must stay at least 4 times it).
+fn burst_redis_config(up: &Upstream, redis: &RedisServer) -> Config {
+    let mut c = redis_config(up, redis, FailurePolicy::Closed);
+    c.store.timeout_ms = 2_000;
+    c
+}
+
 /// Two gateways with one configuration (two instances on one store), both at `T0`.
 async fn two_gateways(c: Config, catalog: &str) -> (TestGateway, TestGateway) {
     (
@@ -906,6 +917,9 @@ async fn idle_keep_alive_has_its_own_timeout_and_slow_heads_are_cut_off() {
     c.server.keep_alive_timeout_ms = 4_000;
     let gw = gateway(c).await;
     let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // From before the request: the server's keep-alive time starts after its answer, later
+    // still. (From when this side read the answer, a loaded machine made the close look early.)
+    let sent = Instant::now();
     tcp.write_all(b"GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
         .await
         .unwrap();
@@ -916,12 +930,11 @@ async fn idle_keep_alive_has_its_own_timeout_and_slow_heads_are_cut_off() {
         assert!(n > 0, "closed before answering");
         got.extend_from_slice(&buf[..n]);
     }
-    let answered = Instant::now();
     assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
     // Read the rest of the body, then wait for the close.
     let closed = loop {
         match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break answered.elapsed(),
+            Ok(Ok(0)) | Ok(Err(_)) => break sent.elapsed(),
             Ok(Ok(_)) => continue,
             Err(_) => panic!("an idle connection is closed within 10 s"),
         }
@@ -1468,7 +1481,7 @@ async fn a_day_quota_in_berlin_on_redis() {
 async fn two_instances_on_one_redis_share_a_day_quota_exactly() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let c = redis_config(&up, &redis, FailurePolicy::Closed);
+    let c = burst_redis_config(&up, &redis);
     let (a, b) = two_gateways(c, CALENDAR_CATALOG).await;
     let mut ok = burst(200, |i| [&a, &b][i % 2].url("/b"), &[KEY]).await;
     assert!(ok <= 50, "{ok} passed a quota of 50");
@@ -1578,7 +1591,7 @@ async fn a_pool_across_endpoints_on_redis() {
 async fn two_instances_on_one_redis_share_a_pool_exactly() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let mut c = redis_config(&up, &redis, FailurePolicy::Closed);
+    let mut c = burst_redis_config(&up, &redis);
     c.store.time_source = TimeSource::Redis;
     let a = TestGateway::start(c.clone(), POOL_CATALOG, FakeClock::new(T0)).await;
     let b = TestGateway::start(c, POOL_CATALOG, FakeClock::new(T0 + 30)).await;
@@ -1721,7 +1734,7 @@ const REPORTED_CATALOG: &str = r#"{
 async fn two_instances_on_one_redis_count_what_responses_report_exactly() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let c = redis_config(&up, &redis, FailurePolicy::Closed);
+    let c = burst_redis_config(&up, &redis);
     let (a, b) = two_gateways(c, REPORTED_CATALOG).await;
     for (key, tokens, least, most) in [("k1", 7, 13, 13), ("k2", 25, 4, 10)] {
         let headers: &'static [(&str, &str)] = match key {
@@ -1906,11 +1919,22 @@ async fn three_in_flight_of_ten(
             "GET /hold/{ms} allows 3 requests of this API key in flight at once, and that many are"
         );
     }
-    let again = timed_burst(3, |i| gws[i % gws.len()].url("/hold/0"), key).await;
-    assert!(
-        again.iter().all(|(g, _)| g.status == 200),
-        "the slots were freed with the answers"
-    );
+    // On Redis a slot is freed by a call made when its answer has been sent, so a request sent
+    // on receiving the answer may come first: polled, within 500 ms, half of the Redis test's
+    // `store.concurrency_hold_ms` (1 s), so a slot lost and then expired does not pass for one
+    // freed. In memory the free is done before the answer ends: the first try passes.
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        let again = timed_burst(3, |i| gws[i % gws.len()].url("/hold/0"), key).await;
+        if again.iter().all(|(g, _)| g.status == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slots were freed with the answers"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn concurrency_limits(mut c: Config) {
