@@ -946,9 +946,10 @@ async fn idle_keep_alive_has_its_own_timeout_and_slow_heads_are_cut_off() {
     );
 
     // A head dripped a byte every 100 ms (10 s in all): cut off by the 300 ms header timeout, not
-    // left to the keep-alive time.
-    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // left to the keep-alive time. Timed from before the connect: the server's timer starts at
+    // its accept, which a loaded machine may run before this side gets back from `connect`.
     let started = Instant::now();
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let head = b"GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     let mut cut_off = None;
     for b in head.iter() {
