@@ -199,7 +199,83 @@ impl Proxy {
                 record.want_key = true;
             }
             let method = traced.as_ref().map(|_| req.method().clone());
-            let resp = self.respond(peer, req, &mut record).await;
+            // What was `respond`, inline: a future of its own took the request by value, a copy
+            // of it a request (callgrind, docs/benchmarks.md).
+            let resp = {
+                let record = &mut record;
+                let (mut parts, body) = req.into_parts();
+                self.forced_refresh(&mut parts).await;
+                let grpc = answer::is_grpc(&parts.headers);
+                let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+                let admission =
+                    match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
+                        Step::Done(admission) => admission,
+                        Step::Count(pending) => {
+                            if record.want_key {
+                                record.key = Some(match pending.held.anonymous {
+                                    Some(_) => "anonymous".into(),
+                                    None => {
+                                        crate::telemetry::fingerprint_remembered(pending.held.key)
+                                    }
+                                });
+                            }
+                            let asked = Instant::now();
+                            let now_ms = self.clock.now_ms();
+                            let counters = pending.counters();
+                            let key = pending.held.anonymous.is_none().then_some(pending.held.key);
+                            let verdict = match &pending.waits {
+                                // Requests that may wait: in line behind those waiting on
+                                // their counter.
+                                Some(waits) => {
+                                    Box::pin(self.may_wait(&pending, &counters, waits, now_ms))
+                                        .await
+                                }
+                                None if pending.limits.has_pools() => {
+                                    let parts = admission::parts(
+                                        &counters.counter,
+                                        &pending.limits,
+                                        &counters.pools,
+                                    );
+                                    self.store.hit_parts(&parts, pending.cost, now_ms).await
+                                }
+                                None => {
+                                    let limits = &pending.limits;
+                                    (self.store)
+                                        .hit(&counters.counter, limits, pending.cost, now_ms)
+                                        .await
+                                }
+                            };
+                            let store_seconds = asked.elapsed().as_secs_f64();
+                            self.metrics.decision_seconds.observe(store_seconds);
+                            record.store_seconds = Some(store_seconds);
+                            let a = pending.conclude(counters, verdict, now_ms);
+                            if let (Decision::Limited, Some(key), Some(e)) =
+                                (a.decision, key, a.endpoint)
+                            {
+                                self.top.count(now_ms, key, &e.name);
+                            }
+                            if a.decision == Decision::ShadowLimited {
+                                tracing::debug!(
+                                    endpoint = a.endpoint.map(|e| e.name.as_str()),
+                                    key = record.key.as_deref(),
+                                    "a shadow limit would have refused this request"
+                                );
+                            }
+                            a
+                        }
+                    };
+                record.decision = admission.decision;
+                if let Some(e) = admission.endpoint {
+                    record.endpoint.clone_from(&e.name);
+                }
+                match admission.action {
+                    Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
+                    Action::Reject(r) => own(r.response(self.policy.headers)),
+                    Action::Forward(target) => {
+                        self.forward(parts, body, peer, target, record, grpc).await
+                    }
+                }
+            };
             let elapsed = started.elapsed();
             let decision = record.decision;
             self.metrics.count_request(
@@ -233,88 +309,6 @@ impl Proxy {
                 });
             }
             resp
-        }
-    }
-
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
-    )]
-    fn respond(
-        &self,
-        peer: SocketAddr,
-        req: Request<Incoming>,
-        record: &mut Record,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send {
-        async move {
-            let (mut parts, body) = req.into_parts();
-            self.forced_refresh(&mut parts).await;
-            let grpc = answer::is_grpc(&parts.headers);
-            let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
-            let admission =
-                match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
-                    Step::Done(admission) => admission,
-                    Step::Count(pending) => {
-                        if record.want_key {
-                            record.key = Some(match pending.held.anonymous {
-                                Some(_) => "anonymous".into(),
-                                None => crate::telemetry::fingerprint_remembered(pending.held.key),
-                            });
-                        }
-                        let asked = Instant::now();
-                        let now_ms = self.clock.now_ms();
-                        let counters = pending.counters();
-                        let key = pending.held.anonymous.is_none().then_some(pending.held.key);
-                        let verdict = match &pending.waits {
-                            // Requests that may wait: in line behind those waiting on their counter.
-                            Some(waits) => {
-                                Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await
-                            }
-                            None if pending.limits.has_pools() => {
-                                let parts = admission::parts(
-                                    &counters.counter,
-                                    &pending.limits,
-                                    &counters.pools,
-                                );
-                                self.store.hit_parts(&parts, pending.cost, now_ms).await
-                            }
-                            None => {
-                                let limits = &pending.limits;
-                                (self.store)
-                                    .hit(&counters.counter, limits, pending.cost, now_ms)
-                                    .await
-                            }
-                        };
-                        let store_seconds = asked.elapsed().as_secs_f64();
-                        self.metrics.decision_seconds.observe(store_seconds);
-                        record.store_seconds = Some(store_seconds);
-                        let a = pending.conclude(counters, verdict, now_ms);
-                        if let (Decision::Limited, Some(key), Some(e)) =
-                            (a.decision, key, a.endpoint)
-                        {
-                            self.top.count(now_ms, key, &e.name);
-                        }
-                        if a.decision == Decision::ShadowLimited {
-                            tracing::debug!(
-                                endpoint = a.endpoint.map(|e| e.name.as_str()),
-                                key = record.key.as_deref(),
-                                "a shadow limit would have refused this request"
-                            );
-                        }
-                        a
-                    }
-                };
-            record.decision = admission.decision;
-            if let Some(e) = admission.endpoint {
-                record.endpoint.clone_from(&e.name);
-            }
-            match admission.action {
-                Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
-                Action::Reject(r) => own(r.response(self.policy.headers)),
-                Action::Forward(target) => {
-                    self.forward(parts, body, peer, target, record, grpc).await
-                }
-            }
         }
     }
 
@@ -440,10 +434,12 @@ impl Proxy {
                 grpc,
                 upgrade: upgrade.is_some(),
             };
-            let req = Request::from_parts(
+            // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
+            // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
+            let req = Box::new(Request::from_parts(
                 parts,
                 Limited::new(body, self.policy.max_body_bytes as usize),
-            );
+            ));
             match self.upstream.send(req, needs).await {
                 Ok(mut resp) => {
                     if self.upstream_failing.load(Ordering::Relaxed)

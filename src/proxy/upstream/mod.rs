@@ -254,7 +254,7 @@ impl Upstream {
     )]
     pub fn send(
         &self,
-        mut req: Request<UpstreamBody>,
+        mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, UpstreamError>> + Send {
         async move {
@@ -282,7 +282,7 @@ impl Upstream {
                             }
                             retries -= 1;
                             skip = Some(i);
-                            req = *unsent;
+                            req = unsent;
                         }
                         Err(Attempt::Failed(e)) => {
                             // An answer of sorts: the target is there.
@@ -369,7 +369,7 @@ impl Upstream {
     fn send_to(
         &self,
         t: &Target,
-        mut req: Request<UpstreamBody>,
+        mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
@@ -380,7 +380,7 @@ impl Upstream {
             if speak != Speak::Http1 {
                 // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
                 // request's future is moved a few times: its size is paid per request).
-                return Box::pin(self.send_any(t, idle, req, speak, flight)).await;
+                return Box::pin(self.send_any(t, idle, *req, speak, flight)).await;
             }
             // A reused connection may have been closed by the upstream while idle: a request it could
             // not start is sent once more, on a new connection.
@@ -401,18 +401,18 @@ impl Upstream {
                         match Box::pin(self.connector.connect(&t.url, speak)).await {
                             Ok(Sender::Http1(s)) => s,
                             Ok(Sender::H2(_)) => unreachable!("HTTP/2 only when asked for"),
-                            Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
+                            Err(e) => return Err(Attempt::NotSent(req, e)),
                         }
                     }
                 };
                 for_http1(&mut req, &t.url);
-                match sender.try_send_request(req).await {
+                match sender.try_send_request(*req).await {
                     Ok(resp) => {
                         return Ok(resp.map(|b| PooledBody::new(b, sender, idle.clone(), flight)));
                     }
                     Err(mut e) => match e.take_message() {
                         Some(unsent) if !fresh => {
-                            req = unsent;
+                            *req = unsent;
                             fresh = true;
                         }
                         _ => return Err(Attempt::Failed(classify(&e.into_error()))),
