@@ -272,7 +272,12 @@ impl Proxy {
                     Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
                     Action::Reject(r) => own(r.response(self.policy.headers)),
                     Action::Forward(target) => {
-                        self.forward(parts, body, peer, target, record, grpc).await
+                        // Boxed: it is handed down through the upstream's layers (a pool, an
+                        // attempt, a connection), and each would otherwise copy it (callgrind,
+                        // docs/benchmarks.md).
+                        let max = self.policy.max_body_bytes as usize;
+                        let req = Box::new(Request::from_parts(parts, Limited::new(body, max)));
+                        self.forward(req, peer, target, record, grpc).await
                     }
                 }
             };
@@ -377,8 +382,7 @@ impl Proxy {
     )]
     fn forward(
         &self,
-        mut parts: Parts,
-        body: Incoming,
+        mut req: Box<Request<upstream::UpstreamBody>>,
         peer: SocketAddr,
         target: Target<'_>,
         record: &mut Record,
@@ -391,7 +395,7 @@ impl Proxy {
                 (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
                 _ => None,
             };
-            let Some(uri) = self.upstream.uri(&target.path, parts.uri.query()) else {
+            let Some(uri) = self.upstream.uri(&target.path, req.uri().query()) else {
                 record.decision = Decision::BadRequest;
                 return own(crate::problem::problem(
                     http::StatusCode::BAD_REQUEST,
@@ -400,46 +404,39 @@ impl Proxy {
                     None,
                 ));
             };
-            let host = parts
-                .headers
+            let host = req
+                .headers()
                 .get(HOST)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
-                .or_else(|| parts.uri.authority().map(|a| a.to_string()));
-            let upgrade = upgrade::requested(&parts).map(|protocol| {
+                .or_else(|| req.uri().authority().map(|a| a.to_string()));
+            let upgrade = upgrade::requested(&req).map(|protocol| {
                 (
-                    parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+                    req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>(),
                     protocol,
                 )
             });
-            headers::strip_hop_by_hop(&mut parts.headers, Some(&self.policy.api_key_header));
+            let headers = req.headers_mut();
+            headers::strip_hop_by_hop(headers, Some(&self.policy.api_key_header));
             if let Some((_, protocol)) = &upgrade {
-                upgrade::restore(&mut parts.headers, protocol.clone());
+                upgrade::restore(headers, protocol.clone());
             }
             // The upstream's own Host replaces the client's (`Upstream::send`).
-            parts.headers.remove(HOST);
-            headers::set_forwarded(&mut parts.headers, peer.ip(), host.as_deref());
+            headers.remove(HOST);
+            headers::set_forwarded(headers, peer.ip(), host.as_deref());
             if grpc {
                 // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
-                parts
-                    .headers
-                    .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+                headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
             }
             // Origin form; the upstream puts in each target's authority and HTTP version.
-            parts.uri = uri;
+            *req.uri_mut() = uri;
             if let Some(m) = target.method {
-                parts.method = m;
+                *req.method_mut() = m;
             }
             let needs = upstream::Needs {
                 grpc,
                 upgrade: upgrade.is_some(),
             };
-            // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
-            // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
-            let req = Box::new(Request::from_parts(
-                parts,
-                Limited::new(body, self.policy.max_body_bytes as usize),
-            ));
             match self.upstream.send(req, needs).await {
                 Ok(mut resp) => {
                     if self.upstream_failing.load(Ordering::Relaxed)

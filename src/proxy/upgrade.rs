@@ -8,22 +8,21 @@
 use std::time::Duration;
 
 use http::header::{CONNECTION, UPGRADE};
-use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Version};
+use http::{HeaderMap, HeaderValue, Request, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Upgrade`, with `upgrade` among the
 /// `Connection` tokens), if it does.
-pub fn requested(parts: &Parts) -> Option<HeaderValue> {
+pub fn requested<B>(req: &Request<B>) -> Option<HeaderValue> {
     // `Upgrade` first: one lookup, and absent from nearly every request.
-    let protocol = parts.headers.get(UPGRADE)?;
-    if parts.version != Version::HTTP_11 {
+    let protocol = req.headers().get(UPGRADE)?;
+    if req.version() != Version::HTTP_11 {
         return None;
     }
-    let asks = parts
-        .headers
+    let asks = req
+        .headers()
         .get_all(CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -88,12 +87,12 @@ where
 mod tests {
     use super::*;
 
-    fn parts(version: Version, headers: &[(&str, &str)]) -> Parts {
+    fn request(version: Version, headers: &[(&str, &str)]) -> Request<()> {
         let mut b = http::Request::builder().version(version);
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        b.body(()).unwrap().into_parts().0
+        b.body(()).unwrap()
     }
 
     #[test]
@@ -103,16 +102,16 @@ mod tests {
             ("upgrade", "websocket"),
         ];
         assert_eq!(
-            requested(&parts(Version::HTTP_11, &ws)).unwrap(),
+            requested(&request(Version::HTTP_11, &ws)).unwrap(),
             "websocket"
         );
-        assert_eq!(requested(&parts(Version::HTTP_2, &ws)), None);
+        assert_eq!(requested(&request(Version::HTTP_2, &ws)), None);
         assert_eq!(
-            requested(&parts(Version::HTTP_11, &[("upgrade", "websocket")])),
+            requested(&request(Version::HTTP_11, &[("upgrade", "websocket")])),
             None
         );
         assert_eq!(
-            requested(&parts(Version::HTTP_11, &[("connection", "upgrade")])),
+            requested(&request(Version::HTTP_11, &[("connection", "upgrade")])),
             None
         );
     }
