@@ -199,8 +199,8 @@ impl Proxy {
                 record.want_key = true;
             }
             let method = traced.as_ref().map(|_| req.method().clone());
-            // What was `respond`, inline: a future of its own took the request by value, a copy
-            // of it a request (callgrind, docs/benchmarks.md).
+            // Inline, not a function of its own: its future would take the request by value, a
+            // copy of it a request (callgrind, docs/benchmarks.md).
             let resp = {
                 let record = &mut record;
                 let (mut parts, body) = req.into_parts();

@@ -380,7 +380,7 @@ impl Upstream {
             if speak != Speak::Http1 {
                 // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
                 // request's future is moved a few times: its size is paid per request).
-                return Box::pin(self.send_any(t, idle, *req, speak, flight)).await;
+                return Box::pin(self.send_any(t, idle, req, speak, flight)).await;
             }
             // A reused connection may have been closed by the upstream while idle: a request it could
             // not start is sent once more, on a new connection.
@@ -431,7 +431,7 @@ impl Upstream {
         &self,
         t: &Target,
         idle: &Arc<Idle<UpstreamBody>>,
-        mut req: Request<UpstreamBody>,
+        mut req: Box<Request<UpstreamBody>>,
         speak: Speak,
         flight: InFlight,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
@@ -457,7 +457,7 @@ impl Upstream {
                                 Sender::H2(s)
                             }
                             Ok(s) => s,
-                            Err(e) => return Err(Attempt::NotSent(Box::new(req), e)),
+                            Err(e) => return Err(Attempt::NotSent(req, e)),
                         }
                     }
                 };
@@ -467,7 +467,7 @@ impl Upstream {
                             continue;
                         }
                         for_http1(&mut req, &t.url);
-                        match s.try_send_request(req).await {
+                        match s.try_send_request(*req).await {
                             Ok(resp) => {
                                 return Ok(
                                     resp.map(|b| PooledBody::new(b, s, idle.clone(), flight))
@@ -475,7 +475,7 @@ impl Upstream {
                             }
                             Err(mut e) => match e.take_message() {
                                 Some(unsent) if !fresh => {
-                                    req = unsent;
+                                    *req = unsent;
                                     fresh = true;
                                 }
                                 _ => return Err(Attempt::Failed(classify(&e.into_error()))),
@@ -488,11 +488,11 @@ impl Upstream {
                             continue;
                         }
                         for_h2(&mut req, &t.url);
-                        match s.try_send_request(req).await {
+                        match s.try_send_request(*req).await {
                             Ok(resp) => return Ok(resp.map(|b| PooledBody::shared(b, flight))),
                             Err(mut e) => match e.take_message() {
                                 Some(unsent) if !fresh => {
-                                    req = unsent;
+                                    *req = unsent;
                                     fresh = true;
                                 }
                                 _ => return Err(Attempt::Failed(classify(&e.into_error()))),
