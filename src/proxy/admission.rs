@@ -1,5 +1,5 @@
 //! admission: what to do with one request, decided from its head, the catalog and the store's
-//! verdict. No I/O and no clock: `Proxy::respond` does the waiting around it.
+//! verdict. No I/O and no clock: `Proxy::handle` does the waiting around it.
 //!
 //! Order of checks (each refusal is a small JSON problem, see `docs/semantics.md`):
 //! 0. HTTP/1.1 without exactly one `Host`: 400;

@@ -1,5 +1,6 @@
-//! proxy: the request path. Read `Proxy::respond` top to bottom: the forced-refresh header, the
-//! admission (pure, in [`admission`]: key, route, limit), the store's count, then forward or answer.
+//! proxy: the request path. Read `Proxy::handle` top to bottom: the forced-refresh header, the
+//! admission (pure, in [`admission`]: key, route, limit), the store's count (`Proxy::decide`),
+//! then forward or answer.
 //!
 //! Allowed requests are forwarded with the endpoint's canonical path (see `router`), so the upstream
 //! receives exactly the endpoint that was counted.
@@ -177,15 +178,18 @@ impl Proxy {
     pub fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        // Taken apart here, not in the future: a request captured whole would keep its place in
+        // the future after it was taken apart (docs/benchmarks.md, "A request's future").
+        let (mut parts, body) = req.into_parts();
         async move {
             let started = Instant::now();
             let access = self
                 .policy
                 .access_log
-                .then(|| (req.method().clone(), req.uri().path().to_owned()));
-            let traced = self.tracer.as_ref().and_then(|t| t.start(req.headers()));
+                .then(|| (parts.method.clone(), parts.uri.path().to_owned()));
+            let traced = self.tracer.as_ref().and_then(|t| t.start(&parts.headers));
             let mut record = Record {
                 want_key: self.policy.access_log,
                 ..Record::default()
@@ -193,76 +197,22 @@ impl Proxy {
             if let Some(t) = &traced {
                 // Sent on upstream: this request's span is the upstream's parent.
                 if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
-                    req.headers_mut()
-                        .insert(crate::otel::TRACEPARENT.clone(), v);
+                    parts.headers.insert(crate::otel::TRACEPARENT.clone(), v);
                 }
                 record.want_key = true;
             }
-            let method = traced.as_ref().map(|_| req.method().clone());
+            let method = traced.as_ref().map(|_| parts.method.clone());
             // Inline, not a function of its own: its future would take the request by value, a
             // copy of it a request (callgrind, docs/benchmarks.md).
             let resp = {
                 let record = &mut record;
-                let (mut parts, body) = req.into_parts();
                 self.forced_refresh(&mut parts).await;
                 let grpc = answer::is_grpc(&parts.headers);
                 let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
                 let admission =
                     match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
                         Step::Done(admission) => admission,
-                        Step::Count(pending) => {
-                            if record.want_key {
-                                record.key = Some(match pending.held.anonymous {
-                                    Some(_) => "anonymous".into(),
-                                    None => {
-                                        crate::telemetry::fingerprint_remembered(pending.held.key)
-                                    }
-                                });
-                            }
-                            let asked = Instant::now();
-                            let now_ms = self.clock.now_ms();
-                            let counters = pending.counters();
-                            let key = pending.held.anonymous.is_none().then_some(pending.held.key);
-                            let verdict = match &pending.waits {
-                                // Requests that may wait: in line behind those waiting on
-                                // their counter.
-                                Some(waits) => {
-                                    Box::pin(self.may_wait(&pending, &counters, waits, now_ms))
-                                        .await
-                                }
-                                None if pending.limits.has_pools() => {
-                                    let parts = admission::parts(
-                                        &counters.counter,
-                                        &pending.limits,
-                                        &counters.pools,
-                                    );
-                                    self.store.hit_parts(&parts, pending.cost, now_ms).await
-                                }
-                                None => {
-                                    let limits = &pending.limits;
-                                    (self.store)
-                                        .hit(&counters.counter, limits, pending.cost, now_ms)
-                                        .await
-                                }
-                            };
-                            let store_seconds = asked.elapsed().as_secs_f64();
-                            self.metrics.decision_seconds.observe(store_seconds);
-                            record.store_seconds = Some(store_seconds);
-                            let a = pending.conclude(counters, verdict, now_ms);
-                            if let (Decision::Limited, Some(key), Some(e)) =
-                                (a.decision, key, a.endpoint)
-                            {
-                                self.top.count(now_ms, key, &e.name);
-                            }
-                            if a.decision == Decision::ShadowLimited {
-                                tracing::debug!(
-                                    endpoint = a.endpoint.map(|e| e.name.as_str()),
-                                    key = record.key.as_deref(),
-                                    "a shadow limit would have refused this request"
-                                );
-                            }
-                            a
-                        }
+                        Step::Count(pending) => self.decide(pending, record).await,
                     };
                 record.decision = admission.decision;
                 if let Some(e) = admission.endpoint {
@@ -314,6 +264,64 @@ impl Proxy {
                 });
             }
             resp
+        }
+    }
+
+    /// Asks the store about a request that has limits ([`Step::Count`]). A future of its own:
+    /// what it holds across its awaits then shares room in `handle`'s future with `forward`'s,
+    /// where inline it had a place of its own beside it, in every request's future (a future is
+    /// as large as its largest await, plus what lives across several; docs/benchmarks.md).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn decide<'s>(
+        &self,
+        pending: admission::Pending<'s, '_>,
+        record: &mut Record,
+    ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
+        async move {
+            if record.want_key {
+                record.key = Some(match pending.held.anonymous {
+                    Some(_) => "anonymous".into(),
+                    None => crate::telemetry::fingerprint_remembered(pending.held.key),
+                });
+            }
+            let asked = Instant::now();
+            let now_ms = self.clock.now_ms();
+            let counters = pending.counters();
+            let key = pending.held.anonymous.is_none().then_some(pending.held.key);
+            let verdict = match &pending.waits {
+                // Requests that may wait: in line behind those waiting on
+                // their counter.
+                Some(waits) => Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await,
+                None if pending.limits.has_pools() => {
+                    let parts =
+                        admission::parts(&counters.counter, &pending.limits, &counters.pools);
+                    self.store.hit_parts(&parts, pending.cost, now_ms).await
+                }
+                None => {
+                    let limits = &pending.limits;
+                    (self.store)
+                        .hit(&counters.counter, limits, pending.cost, now_ms)
+                        .await
+                }
+            };
+            let store_seconds = asked.elapsed().as_secs_f64();
+            self.metrics.decision_seconds.observe(store_seconds);
+            record.store_seconds = Some(store_seconds);
+            let a = pending.conclude(counters, verdict, now_ms);
+            if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
+                self.top.count(now_ms, key, &e.name);
+            }
+            if a.decision == Decision::ShadowLimited {
+                tracing::debug!(
+                    endpoint = a.endpoint.map(|e| e.name.as_str()),
+                    key = record.key.as_deref(),
+                    "a shadow limit would have refused this request"
+                );
+            }
+            a
         }
     }
 
