@@ -248,8 +248,10 @@ impl Lines {
                         _ => return (v, Ended::Refused),
                     }
                 } else {
-                    // A slot: woken when one is freed here, when the wait is up, or (on a shared
-                    // store, in real time) to ask again for one freed by another instance.
+                    // A slot: woken when one is freed here or (on a shared store, in real time)
+                    // to ask again for one freed by another instance. The end of the wait is the
+                    // deadline's below: a timer of its own here would be a second one in every
+                    // waiting request's future.
                     let poll = async {
                         match ask.store.shared() {
                             Some(_) => tokio::time::sleep(SLOT_POLL).await,
@@ -258,13 +260,12 @@ impl Lines {
                     };
                     tokio::select! {
                         _ = place.line.freed.notified() => {}
-                        _ = until(ask.clock, deadline_ms) => {}
                         _ = poll => {}
                     }
                 }
             }
         };
-        // Waiting for its turn is bounded by the wait too.
+        // The wait's end, for its turn and for room alike.
         let ended = tokio::select! {
             ended = waited => Some(ended),
             _ = until(ask.clock, deadline_ms) => None,
