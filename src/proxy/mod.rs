@@ -204,7 +204,7 @@ impl Proxy {
             let method = traced.as_ref().map(|_| parts.method.clone());
             // Inline, not a function of its own: its future would take the request by value, a
             // copy of it a request (callgrind, docs/benchmarks.md).
-            let resp = {
+            let resp = 'resp: {
                 let record = &mut record;
                 self.forced_refresh(&mut parts).await;
                 let grpc = answer::is_grpc(&parts.headers);
@@ -218,18 +218,18 @@ impl Proxy {
                 if let Some(e) = admission.endpoint {
                     record.endpoint.clone_from(&e.name);
                 }
-                match admission.action {
-                    Action::Reject(r) if grpc => own(r.grpc_response(self.policy.headers)),
-                    Action::Reject(r) => own(r.response(self.policy.headers)),
-                    Action::Forward(target) => {
-                        // Boxed: it is handed down through the upstream's layers (a pool, an
-                        // attempt, a connection), and each would otherwise copy it (callgrind,
-                        // docs/benchmarks.md).
-                        let max = self.policy.max_body_bytes as usize;
-                        let req = Box::new(Request::from_parts(parts, Limited::new(body, max)));
-                        self.forward(req, peer, target, record, grpc).await
+                let target = match admission.into_action() {
+                    Action::Reject(r) if grpc => {
+                        break 'resp own(r.grpc_response(self.policy.headers));
                     }
-                }
+                    Action::Reject(r) => break 'resp own(r.response(self.policy.headers)),
+                    Action::Forward(target) => target,
+                };
+                // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
+                // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
+                let max = self.policy.max_body_bytes as usize;
+                let req = Box::new(Request::from_parts(parts, Limited::new(body, max)));
+                self.forward(req, peer, target, record, grpc).await
             };
             let elapsed = started.elapsed();
             let decision = record.decision;
