@@ -186,98 +186,109 @@ impl Lines {
     /// Decides a request that may wait: `first`, the store's verdict, when it was asked (a
     /// refusal that may wait is waited on; anything else is the answer), or `None` when the
     /// request found a line on its counter and joins it without asking.
-    pub async fn decide(&self, ask: &Ask<'_>, first: Option<Verdict>) -> Verdict {
-        let budget = match &first {
-            Some(v) => match refusal(v).and_then(|o| budget(ask.limits, ask.waits, o)) {
-                Some(b) => b,
-                None => return first.expect("asked"),
-            },
-            None => longest(ask.limits, ask.waits),
-        };
-        let hit = || ask.store.hit_parts(ask.parts, ask.cost, ask.clock.now_ms());
-        let place = match budget {
-            0 => None,
-            _ => self.join(ask.counter),
-        };
-        let Some(mut place) = place else {
-            // The lines are full (or nothing waits): as if no line were here.
-            return match first {
-                Some(v) => v,
-                None => Box::pin(hit()).await,
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    pub fn decide(
+        &self,
+        ask: &Ask<'_>,
+        first: Option<Verdict>,
+    ) -> impl std::future::Future<Output = Verdict> + Send {
+        async move {
+            let budget = match &first {
+                Some(v) => match refusal(v).and_then(|o| budget(ask.limits, ask.waits, o)) {
+                    Some(b) => b,
+                    None => return first.expect("asked"),
+                },
+                None => longest(ask.limits, ask.waits),
             };
-        };
-        let started_ms = ask.clock.now_ms();
-        let deadline_ms = started_ms + budget;
-        // Room for everyone in line, by the windows as they stand.
-        let rates = ask.limits.iter().any(|l| !l.shadow && !l.is_concurrent());
-        if rates {
-            let ahead = place.line.members.load(Ordering::Relaxed) as u64;
-            let eta = Box::pin(self.room(ask, ahead, started_ms)).await;
-            if eta.is_none_or(|ms| ms > budget) {
-                place.outcome = Some(Ended::Refused);
-                place.counted = false;
+            let hit = || ask.store.hit_parts(ask.parts, ask.cost, ask.clock.now_ms());
+            // Bound in one statement: an `Option` kept in a local of its own would keep its place in
+            // the future beside the place taken out of it.
+            let Some(mut place) = (match budget {
+                0 => None,
+                _ => self.join(ask.counter),
+            }) else {
+                // The lines are full (or nothing waits): as if no line were here.
                 return match first {
                     Some(v) => v,
-                    None => Box::pin(self.refused_behind(ask, eta)).await,
+                    None => Box::pin(hit()).await,
                 };
-            }
-        }
-        // Its turn, within the wait; then room, within the wait (by the clock of the decisions).
-        let waited = async {
-            let _turn = place.line.turn.lock().await;
-            loop {
-                // Store calls boxed: a waiting request's future holds only its timer.
-                let v = Box::pin(hit()).await;
-                let Some(o) = refusal(&v) else {
-                    return (v, Ended::Admitted);
-                };
-                let now_ms = ask.clock.now_ms();
-                if budget_left(ask, o, now_ms, deadline_ms).is_none() {
-                    return (v, Ended::Refused);
-                }
-                let by_rate = ask
-                    .limits
-                    .iter()
-                    .zip(o.quotas())
-                    .any(|(l, q)| !l.shadow && !q.allowed && !l.is_concurrent());
-                if by_rate {
-                    match Box::pin(self.room(ask, 1, now_ms)).await {
-                        Some(ms) if now_ms + ms <= deadline_ms => {
-                            until(ask.clock, now_ms + ms.max(1)).await;
-                        }
-                        _ => return (v, Ended::Refused),
-                    }
-                } else {
-                    // A slot: woken when one is freed here or (on a shared store, in real time)
-                    // to ask again for one freed by another instance. The end of the wait is the
-                    // deadline's below: a timer of its own here would be a second one in every
-                    // waiting request's future.
-                    let poll = async {
-                        match ask.store.shared() {
-                            Some(_) => tokio::time::sleep(SLOT_POLL).await,
-                            None => std::future::pending().await,
-                        }
+            };
+            let started_ms = ask.clock.now_ms();
+            let deadline_ms = started_ms + budget;
+            // Room for everyone in line, by the windows as they stand.
+            let rates = ask.limits.iter().any(|l| !l.shadow && !l.is_concurrent());
+            if rates {
+                let ahead = place.line.members.load(Ordering::Relaxed) as u64;
+                let eta = Box::pin(self.room(ask, ahead, started_ms)).await;
+                if eta.is_none_or(|ms| ms > budget) {
+                    place.outcome = Some(Ended::Refused);
+                    place.counted = false;
+                    return match first {
+                        Some(v) => v,
+                        None => Box::pin(self.refused_behind(ask, eta)).await,
                     };
-                    tokio::select! {
-                        _ = place.line.freed.notified() => {}
-                        _ = poll => {}
-                    }
                 }
             }
-        };
-        // The wait's end, for its turn and for room alike.
-        let ended = tokio::select! {
-            ended = waited => Some(ended),
-            _ = until(ask.clock, deadline_ms) => None,
-        };
-        match ended {
-            Some((v, outcome)) => {
-                place.outcome = Some(outcome);
-                v
-            }
-            None => {
-                place.outcome = Some(Ended::Refused);
-                Box::pin(self.refused_behind(ask, None)).await
+            // Its turn, within the wait; then room, within the wait (by the clock of the decisions).
+            let waited = async {
+                let _turn = place.line.turn.lock().await;
+                loop {
+                    // Store calls boxed: a waiting request's future holds only its timer.
+                    let v = Box::pin(hit()).await;
+                    let Some(o) = refusal(&v) else {
+                        return (v, Ended::Admitted);
+                    };
+                    let now_ms = ask.clock.now_ms();
+                    if budget_left(ask, o, now_ms, deadline_ms).is_none() {
+                        return (v, Ended::Refused);
+                    }
+                    let by_rate = ask
+                        .limits
+                        .iter()
+                        .zip(o.quotas())
+                        .any(|(l, q)| !l.shadow && !q.allowed && !l.is_concurrent());
+                    if by_rate {
+                        match Box::pin(self.room(ask, 1, now_ms)).await {
+                            Some(ms) if now_ms + ms <= deadline_ms => {
+                                until(ask.clock, now_ms + ms.max(1)).await;
+                            }
+                            _ => return (v, Ended::Refused),
+                        }
+                    } else {
+                        // A slot: woken when one is freed here or (on a shared store, in real time)
+                        // to ask again for one freed by another instance. The end of the wait is the
+                        // deadline's below: a timer of its own here would be a second one in every
+                        // waiting request's future.
+                        let poll = async {
+                            match ask.store.shared() {
+                                Some(_) => tokio::time::sleep(SLOT_POLL).await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            _ = place.line.freed.notified() => {}
+                            _ = poll => {}
+                        }
+                    }
+                }
+            };
+            // The wait's end, for its turn and for room alike.
+            let ended = tokio::select! {
+                ended = waited => Some(ended),
+                _ = until(ask.clock, deadline_ms) => None,
+            };
+            match ended {
+                Some((v, outcome)) => {
+                    place.outcome = Some(outcome);
+                    v
+                }
+                None => {
+                    place.outcome = Some(Ended::Refused);
+                    Box::pin(self.refused_behind(ask, None)).await
+                }
             }
         }
     }
