@@ -318,6 +318,26 @@ mod tests {
         );
     }
 
+    /// A timer set for an earlier request's idle deadline, when a later request ends before it
+    /// fires (tokio moves a later deadline lazily: the timer fires at the first, and is put back
+    /// for the rest), does not end the connection early.
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_due_before_the_idle_deadline_does_not_end_the_connection() {
+        let (io, _client) = tokio::io::duplex(64);
+        let activity = Activity::new();
+        let mut t = Timed::new(io, activity.clone(), BOUNDS);
+        drop(activity.begin().respond(Response::new(())));
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(Duration::from_secs(1), t.read(&mut buf)).await;
+        assert!(read.is_err(), "idle, timed from the first request's end");
+        let start = Instant::now();
+        // A second request 29 s later: its end is the idle time's start.
+        tokio::time::advance(Duration::from_secs(29)).await;
+        drop(activity.begin().respond(Response::new(())));
+        assert_eq!(ends_after(&mut t).await, BOUNDS.keep_alive);
+        assert_eq!(start.elapsed(), Duration::from_secs(29) + BOUNDS.keep_alive);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_head_sent_slowly_ends_after_the_header_time_from_its_first_byte() {
         let (io, mut client) = tokio::io::duplex(64);
