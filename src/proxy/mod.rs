@@ -403,7 +403,7 @@ impl Proxy {
                 (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
                 _ => None,
             };
-            let Some(uri) = self.upstream.uri(&target.path, req.uri().query()) else {
+            let Some(uri) = self.upstream.uri(&target.path, req.uri()) else {
                 record.decision = Decision::BadRequest;
                 return own(crate::problem::problem(
                     http::StatusCode::BAD_REQUEST,
