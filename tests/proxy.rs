@@ -2219,7 +2219,7 @@ async fn waiting_for_a_slot(up: &Upstream, mut c: Config) {
     drop(holder);
 
     let holder = holding(&gw, up, "k1").await;
-    let waiter = later(gw.url("/hold/0"), &[KEY]);
+    let waiter = later(gw.url("/hold/0?waited=1"), &[KEY, ("X-Note", "kept")]);
     support::eventually(Duration::from_secs(5), || async {
         metric(&gw, "quotagate_requests_waiting").await == 1.0
     })
@@ -2231,6 +2231,14 @@ async fn waiting_for_a_slot(up: &Upstream, mut c: Config) {
     drop(holder);
     let got = waiter.await.unwrap().0;
     assert_eq!(got.status, 200, "admitted when the slot was freed");
+    // Forwarded as sent, though its head left the connection's read buffer while it waited.
+    let seen = up.requests();
+    let r = seen.iter().find(|r| r.path_and_query == "/hold/0?waited=1");
+    let r = r.expect("forwarded with its query");
+    assert_eq!(
+        (&r.headers["x-api-key"], &r.headers["x-note"]),
+        (&"k1".parse().unwrap(), &"kept".parse().unwrap())
+    );
 
     // A client that leaves the line.
     use tokio::io::AsyncWriteExt;

@@ -211,6 +211,32 @@ pub struct Pending<'s, 'r> {
 }
 
 impl<'s> Pending<'s, '_> {
+    /// The same with its key read from `key` (a copy of it): what a request that may wait for
+    /// room holds, so that its head can let go of the buffer it was read into.
+    pub fn rekeyed<'k>(self, key: &'k [u8]) -> Pending<'s, 'k> {
+        let Held {
+            endpoint,
+            key: _,
+            anonymous,
+            limits,
+            path,
+            waits,
+        } = self.held;
+        Pending {
+            held: Held {
+                endpoint,
+                key,
+                anonymous,
+                limits,
+                path,
+                waits,
+            },
+            limits: self.limits,
+            cost: self.cost,
+            waits: self.waits,
+        }
+    }
+
     /// The counter this request is counted in.
     pub fn counter(&self) -> CounterKey {
         self.held.counter()

@@ -72,6 +72,36 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     }
 }
 
+/// Moves `head`'s target and header values into one allocation of their own. As parsed, they
+/// are slices of the buffer they were read into (hyper's HTTP/1 read buffer, 8 KiB; h2's frames),
+/// which keeps that buffer whole for as long as the request lives, and hyper reads the next bytes
+/// of an HTTP/1 connection into a new one meanwhile: for a request that waits for room, 8 KiB
+/// more held per waiting request (docs/benchmarks.md). Names need nothing: hyper and h2 copy
+/// those they do not know.
+pub fn own_head(head: &mut http::request::Parts) {
+    let target = head.uri.to_string();
+    let values: usize = head.headers.values().map(|v| v.len()).sum();
+    let mut all = bytes::BytesMut::with_capacity(target.len() + values);
+    all.extend_from_slice(target.as_bytes());
+    for v in head.headers.values() {
+        all.extend_from_slice(v.as_bytes());
+    }
+    let all = all.freeze();
+    // Each was valid as it was, so each is valid again; one that were not would stay as it was.
+    if let Ok(uri) = http::Uri::from_maybe_shared(all.slice(..target.len())) {
+        head.uri = uri;
+    }
+    let mut at = target.len();
+    for v in head.headers.values_mut() {
+        let own = all.slice(at..at + v.len());
+        at += v.len();
+        if let Ok(mut own) = HeaderValue::from_maybe_shared(own) {
+            own.set_sensitive(v.is_sensitive());
+            *v = own;
+        }
+    }
+}
+
 thread_local! {
     /// The last client address written, and its text: clients of one worker are mostly the same
     /// few addresses (a load balancer, keep-alive connections), and formatting an address with
@@ -243,6 +273,31 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn an_owned_head_holds_nothing_of_the_buffer_it_was_parsed_in() {
+        let read = bytes::Bytes::from(b"/users/42?x=1 example.test key-1 secret".to_vec());
+        let slice = |r: std::ops::Range<usize>| HeaderValue::from_maybe_shared(read.slice(r));
+        let mut head = http::Request::new(()).into_parts().0;
+        head.uri = http::Uri::from_maybe_shared(read.slice(0..13)).unwrap();
+        head.headers.insert(header::HOST, slice(14..26).unwrap());
+        head.headers.append("x-api-key", slice(27..32).unwrap());
+        head.headers.append("x-api-key", slice(27..32).unwrap());
+        let mut secret = slice(33..39).unwrap();
+        secret.set_sensitive(true);
+        head.headers.insert(header::AUTHORIZATION, secret);
+        let (uri, headers) = (head.uri.to_string(), format!("{:?}", head.headers));
+        assert!(!read.is_unique());
+        own_head(&mut head);
+        // The same head, and only `read` itself is left on the buffer.
+        assert_eq!(
+            (head.uri.to_string(), format!("{:?}", head.headers)),
+            (uri, headers)
+        );
+        assert!(head.headers[header::AUTHORIZATION].is_sensitive());
+        assert_eq!(head.headers.get_all("x-api-key").iter().count(), 2);
+        assert!(read.is_unique());
     }
 
     #[test]

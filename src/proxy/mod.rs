@@ -212,7 +212,15 @@ impl Proxy {
                 let admission =
                     match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
                         Step::Done(admission) => admission,
-                        Step::Count(pending) => self.decide(pending, record).await,
+                        Step::Count(pending) => match pending.waits {
+                            None => self.decide(pending, record).await,
+                            // Its key copied: `may_wait` changes the head.
+                            Some(waits) => {
+                                let key: Box<[u8]> = pending.held.key.into();
+                                let pending = pending.rekeyed(&key);
+                                self.may_wait(pending, waits, &mut parts, record).await
+                            }
+                        },
                     };
                 record.decision = admission.decision;
                 if let Some(e) = admission.endpoint {
@@ -267,10 +275,11 @@ impl Proxy {
         }
     }
 
-    /// Asks the store about a request that has limits ([`Step::Count`]). A future of its own:
-    /// what it holds across its awaits then shares room in `handle`'s future with `forward`'s,
-    /// where inline it had a place of its own beside it, in every request's future (a future is
-    /// as large as its largest await, plus what lives across several; docs/benchmarks.md).
+    /// Asks the store about a request that has limits ([`Step::Count`]) and never waits. A
+    /// future of its own: what it holds across its awaits then shares room in `handle`'s future
+    /// with `forward`'s, where inline it had a place of its own beside it, in every request's
+    /// future (a future is as large as its largest await, plus what lives across several;
+    /// docs/benchmarks.md).
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
@@ -281,73 +290,121 @@ impl Proxy {
         record: &mut Record,
     ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
         async move {
-            if record.want_key {
-                record.key = Some(match pending.held.anonymous {
-                    Some(_) => "anonymous".into(),
-                    None => crate::telemetry::fingerprint_remembered(pending.held.key),
-                });
-            }
-            let asked = Instant::now();
-            let now_ms = self.clock.now_ms();
-            let counters = pending.counters();
-            let key = pending.held.anonymous.is_none().then_some(pending.held.key);
-            let verdict = match &pending.waits {
-                // Requests that may wait: in line behind those waiting on
-                // their counter.
-                Some(waits) => Box::pin(self.may_wait(&pending, &counters, waits, now_ms)).await,
-                None if pending.limits.has_pools() => {
+            let (counters, now_ms, asked) = self.asking(&pending, record);
+            let verdict = match pending.limits.has_pools() {
+                true => {
                     let parts =
                         admission::parts(&counters.counter, &pending.limits, &counters.pools);
                     self.store.hit_parts(&parts, pending.cost, now_ms).await
                 }
-                None => {
+                false => {
                     let limits = &pending.limits;
                     (self.store)
                         .hit(&counters.counter, limits, pending.cost, now_ms)
                         .await
                 }
             };
-            let store_seconds = asked.elapsed().as_secs_f64();
-            self.metrics.decision_seconds.observe(store_seconds);
-            record.store_seconds = Some(store_seconds);
-            let a = pending.conclude(counters, verdict, now_ms);
-            if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
-                self.top.count(now_ms, key, &e.name);
-            }
-            if a.decision == Decision::ShadowLimited {
-                tracing::debug!(
-                    endpoint = a.endpoint.map(|e| e.name.as_str()),
-                    key = record.key.as_deref(),
-                    "a shadow limit would have refused this request"
-                );
-            }
-            a
+            self.concluded(pending, counters, verdict, now_ms, asked, record)
         }
     }
 
-    /// Decides a request with limits that wait for room ([`wait::Lines::decide`]).
-    async fn may_wait(
+    /// Decides a request with limits that wait for room (`waits`, per limit): the store first,
+    /// unless others wait on its counter here (no overtaking), then, if it was refused and may
+    /// wait, in line ([`wait::Lines::decide`]). `pending` borrows nothing of `head` (its key is
+    /// a copy), so that a request that waits can let go of the buffer its head was read into.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn may_wait<'s>(
+        &self,
+        pending: admission::Pending<'s, '_>,
+        waits: [u16; quotagate_engine::limiter::MAX_LIMITS],
+        head: &mut Parts,
+        record: &mut Record,
+    ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
+        async move {
+            let (counters, now_ms, asked) = self.asking(&pending, record);
+            let parts = admission::parts(&counters.counter, &pending.limits, &counters.pools);
+            let first = match self.lines.busy(&counters.counter) {
+                true => None,
+                false => Some(self.store.hit_parts(&parts, pending.cost, now_ms).await),
+            };
+            let verdict = match first {
+                Some(v) if !wait::would_wait(&pending.limits, &waits, &v) => v,
+                first => {
+                    // Held for a while: its head lets go of the buffer it was read into (8 KiB
+                    // of an HTTP/1 connection's; docs/benchmarks.md). HTTP/2's share theirs
+                    // with the connection's other streams: nothing measurable to gain.
+                    if head.version < http::Version::HTTP_2 {
+                        headers::own_head(head);
+                    }
+                    let ask = wait::Ask {
+                        store: &self.store,
+                        clock: &*self.clock,
+                        counter: &counters.counter,
+                        parts: &parts,
+                        limits: &pending.limits,
+                        cost: pending.cost,
+                        waits: &waits,
+                    };
+                    // Boxed: most of what a waiting request holds, and inline it would grow
+                    // every request's future.
+                    Box::pin(self.lines.decide(&ask, first)).await
+                }
+            };
+            drop(parts);
+            self.concluded(pending, counters, verdict, now_ms, asked, record)
+        }
+    }
+
+    /// What asking the store about `pending` starts with: its counters, the time (and the
+    /// instant) it is asked at, and its key's fingerprint where the access log or a trace wants
+    /// it.
+    #[inline(always)]
+    fn asking(
         &self,
         pending: &admission::Pending<'_, '_>,
-        counters: &admission::Counters,
-        waits: &[u16; quotagate_engine::limiter::MAX_LIMITS],
+        record: &mut Record,
+    ) -> (admission::Counters, u64, Instant) {
+        if record.want_key {
+            record.key = Some(match pending.held.anonymous {
+                Some(_) => "anonymous".into(),
+                None => crate::telemetry::fingerprint_remembered(pending.held.key),
+            });
+        }
+        let asked = Instant::now();
+        (pending.counters(), self.clock.now_ms(), asked)
+    }
+
+    /// The store's `verdict` on `pending` (asked at `now_ms`, from `asked`) made its admission,
+    /// and recorded. Inline: by value, its arguments would be copied (~300 bytes, callgrind).
+    #[inline(always)]
+    fn concluded<'s>(
+        &self,
+        pending: admission::Pending<'s, '_>,
+        counters: admission::Counters,
+        verdict: quotagate_store::Verdict,
         now_ms: u64,
-    ) -> quotagate_store::Verdict {
-        let parts = admission::parts(&counters.counter, &pending.limits, &counters.pools);
-        let ask = wait::Ask {
-            store: &self.store,
-            clock: &*self.clock,
-            counter: &counters.counter,
-            parts: &parts,
-            limits: &pending.limits,
-            cost: pending.cost,
-            waits,
-        };
-        let first = match self.lines.busy(&counters.counter) {
-            true => None,
-            false => Some(Box::pin(self.store.hit_parts(&parts, pending.cost, now_ms)).await),
-        };
-        self.lines.decide(&ask, first).await
+        asked: Instant,
+        record: &mut Record,
+    ) -> admission::Admission<'s> {
+        let store_seconds = asked.elapsed().as_secs_f64();
+        self.metrics.decision_seconds.observe(store_seconds);
+        record.store_seconds = Some(store_seconds);
+        let key = pending.held.anonymous.is_none().then_some(pending.held.key);
+        let a = pending.conclude(counters, verdict, now_ms);
+        if let (Decision::Limited, Some(key), Some(e)) = (a.decision, key, a.endpoint) {
+            self.top.count(now_ms, key, &e.name);
+        }
+        if a.decision == Decision::ShadowLimited {
+            tracing::debug!(
+                endpoint = a.endpoint.map(|e| e.name.as_str()),
+                key = record.key.as_deref(),
+                "a shadow limit would have refused this request"
+            );
+        }
+        a
     }
 
     /// Handles the forced-refresh header: always removed, so it never reaches the upstream; with

@@ -50,6 +50,11 @@ pub fn budget(limits: &[Limit], waits: &[u16; MAX_LIMITS], outcome: &Outcome) ->
     least
 }
 
+/// A request that the store answered `first` may wait for room (else the answer stands).
+pub fn would_wait(limits: &[Limit], waits: &[u16; MAX_LIMITS], first: &Verdict) -> bool {
+    refusal(first).is_some_and(|o| budget(limits, waits, o).is_some())
+}
+
 /// The longest any enforced limit lets a request wait (for one that joins a line without asking
 /// the store first: it does not know yet which limit would refuse it).
 fn longest(limits: &[Limit], waits: &[u16; MAX_LIMITS]) -> u64 {
