@@ -72,7 +72,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     }
 }
 
-/// Moves `head`'s target and header values into one allocation of their own. As parsed, they
+/// Copies `head`'s target and header values into one allocation of their own. As parsed, they
 /// are slices of the buffer they were read into (hyper's HTTP/1 read buffer, 8 KiB; h2's frames),
 /// which keeps that buffer whole for as long as the request lives, and hyper reads the next bytes
 /// of an HTTP/1 connection into a new one meanwhile: for a request that waits for room, 8 KiB
@@ -87,7 +87,7 @@ pub fn own_head(head: &mut http::request::Parts) {
         all.extend_from_slice(v.as_bytes());
     }
     let all = all.freeze();
-    // Each was valid as it was, so each is valid again; one that were not would stay as it was.
+    // Each was valid as it was, so each is valid again; one that was not would stay as it was.
     if let Ok(uri) = http::Uri::from_maybe_shared(all.slice(..target.len())) {
         head.uri = uri;
     }
