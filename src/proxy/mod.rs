@@ -331,7 +331,7 @@ impl Proxy {
                 false => Some(self.store.hit_parts(&parts, pending.cost, now_ms).await),
             };
             let verdict = match first {
-                Some(v) if !wait::would_wait(&pending.limits, &waits, &v) => v,
+                Some(v) if wait::wait_for(&pending.limits, &waits, &v).is_none() => v,
                 first => {
                     // Held for a while: its head lets go of the buffer it was read into (8 KiB
                     // of an HTTP/1 connection's; docs/benchmarks.md). HTTP/2's share theirs

@@ -50,9 +50,10 @@ pub fn budget(limits: &[Limit], waits: &[u16; MAX_LIMITS], outcome: &Outcome) ->
     least
 }
 
-/// A request that the store answered `first` may wait for room (else the answer stands).
-pub fn would_wait(limits: &[Limit], waits: &[u16; MAX_LIMITS], first: &Verdict) -> bool {
-    refusal(first).is_some_and(|o| budget(limits, waits, o).is_some())
+/// How long a request that the store answered `first` may wait for room (`None`: the answer
+/// stands).
+pub fn wait_for(limits: &[Limit], waits: &[u16; MAX_LIMITS], first: &Verdict) -> Option<u64> {
+    refusal(first).and_then(|o| budget(limits, waits, o))
 }
 
 /// The longest any enforced limit lets a request wait (for one that joins a line without asking
@@ -202,7 +203,7 @@ impl Lines {
     ) -> impl std::future::Future<Output = Verdict> + Send {
         async move {
             let budget = match &first {
-                Some(v) => match refusal(v).and_then(|o| budget(ask.limits, ask.waits, o)) {
+                Some(v) => match wait_for(ask.limits, ask.waits, v) {
                     Some(b) => b,
                     None => return first.expect("asked"),
                 },
