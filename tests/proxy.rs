@@ -478,6 +478,100 @@ async fn upstream_connections_are_reused_and_replaced_when_the_upstream_closes_t
     assert_eq!(up.requests().len(), 6);
 }
 
+/// An upstream that answers each request with the bytes `answer` gives for its path (and
+/// closes the connection after it when asked to); counts the connections it accepted.
+async fn scripted_upstream(
+    answer: fn(&str) -> (&'static [u8], bool),
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).into_owned();
+                    got.drain(..end + 4);
+                    let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                    let (bytes, close) = answer(&path);
+                    if tcp.write_all(bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn upstream_responses_are_read_by_their_framing() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (addr, accepted) = scripted_upstream(|path| match path {
+        // An informational head first; chunk extensions and trailers read past.
+        "/items/chunked" => (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n",
+            false,
+        ),
+        "/items/length" => (b"HTTP/1.1 201 Created\r\nContent-Length: 4, 4\r\nX-Up: 1\r\n\r\nbody", false),
+        "/items/close" => (b"HTTP/1.1 200 OK\r\n\r\nto the close", true),
+        "/items/old" => (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold", false),
+        "/items/two-lengths" => (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", false),
+        "/items/garbage" => (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", false),
+        _ => (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", false),
+    })
+    .await;
+    let mut c = Config::default();
+    c.upstream.url = format!("http://{addr}");
+    c.server.workers = 1;
+    let gw = gateway(c).await;
+
+    let r = get(&gw.url("/items/chunked"), &[KEY]).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"hello world"[..]));
+    let r = get(&gw.url("/items/length"), &[KEY]).await;
+    assert_eq!((r.status, &r.body[..]), (201, &b"body"[..]));
+    assert_eq!(r.header("x-up"), Some("1"));
+    assert_eq!(
+        accepted.load(SeqCst),
+        1,
+        "a chunked body's end leaves the connection reusable"
+    );
+
+    let r = get(&gw.url("/items/close"), &[KEY]).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"to the close"[..]));
+    let r = get(&gw.url("/items/old"), &[KEY]).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"old"[..]));
+    assert_eq!(
+        accepted.load(SeqCst),
+        2,
+        "a body to the close ends its connection"
+    );
+    let r = get(&gw.url("/items/length"), &[KEY]).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(
+        accepted.load(SeqCst),
+        3,
+        "an HTTP/1.0 answer ends its connection"
+    );
+
+    for bad in ["/items/two-lengths", "/items/garbage"] {
+        let r = get(&gw.url(bad), &[KEY]).await;
+        assert_eq!(r.status, 502, "{bad}");
+    }
+}
+
 #[tokio::test]
 async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
     let up = Upstream::start().await;

@@ -14,6 +14,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::raw::RawConn;
 use super::settings::{ClientTlsSettings, TargetUrl};
 use crate::tls::TlsFileError;
 
@@ -206,12 +207,22 @@ impl Connector {
         };
         tokio::time::timeout(self.timeout, opened)
             .await
-            .unwrap_or_else(|_| {
-                Err(ConnectError {
-                    timed_out: true,
-                    reason: format!("no connection within {} ms", self.timeout.as_millis()),
-                })
-            })
+            .unwrap_or_else(|_| Err(self.timed_out()))
+    }
+
+    /// A cleartext TCP connection to `target` for the gateway's own HTTP/1.1 exchange.
+    pub async fn connect_raw(&self, target: &TargetUrl) -> Result<RawConn, ConnectError> {
+        match tokio::time::timeout(self.timeout, tcp(target.authority.as_str())).await {
+            Ok(tcp) => tcp.map(RawConn::new),
+            Err(_) => Err(self.timed_out()),
+        }
+    }
+
+    fn timed_out(&self) -> ConnectError {
+        ConnectError {
+            timed_out: true,
+            reason: format!("no connection within {} ms", self.timeout.as_millis()),
+        }
     }
 
     /// The TLS handshake over `tcp`, offering the ALPN protocols of `speak`.

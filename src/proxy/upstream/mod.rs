@@ -10,8 +10,10 @@
 
 pub mod balance;
 pub mod connect;
+mod h1;
 pub mod health;
 pub mod pool;
+mod raw;
 pub mod settings;
 
 use std::error::Error as StdError;
@@ -369,6 +371,15 @@ impl Upstream {
             let idle = &t.pools[crate::workers::current() % t.pools.len()];
             t.requests.inc();
             let flight = InFlight::start(&t.in_flight);
+            if speak == Speak::Http1
+                && !t.url.tls
+                && !needs.upgrade
+                && req.method() != http::Method::CONNECT
+                && http_body::Body::is_end_stream(req.body())
+                && !req.headers().contains_key(http::header::TE)
+            {
+                return self.send_raw(t, idle, req, flight).await;
+            }
             if speak != Speak::Http1 {
                 // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
                 // request's future is moved a few times: its size is paid per request).
@@ -409,6 +420,60 @@ impl Upstream {
                         }
                         _ => return Err(Attempt::Failed(classify(&e.into_error()))),
                     },
+                }
+            }
+        }
+    }
+
+    /// One attempt on one target through the gateway's own HTTP/1.1 exchange ([`raw`]): a
+    /// request with no body, no upgrade and no trailers asked for, to a cleartext target.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
+    )]
+    fn send_raw(
+        &self,
+        t: &Target,
+        idle: &Arc<Idle<UpstreamBody>>,
+        mut req: Box<Request<UpstreamBody>>,
+        flight: InFlight,
+    ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
+        async move {
+            for_http1(&mut req, &t.url);
+            let max_head = self.connector.max_header_bytes.max(8192);
+            // As with hyper's client: a request that a reused connection could not take (the
+            // upstream closed it while idle) goes once more, on a new connection.
+            let mut fresh = false;
+            loop {
+                let mut conn = match idle.take_raw().filter(|_| !fresh) {
+                    Some(c) => c,
+                    None => {
+                        fresh = true;
+                        match Box::pin(self.connector.connect_raw(&t.url)).await {
+                            Ok(c) => c,
+                            Err(e) => return Err(Attempt::NotSent(req, e)),
+                        }
+                    }
+                };
+                match conn.exchange(&req, max_head).await {
+                    Ok(head) => {
+                        let body = raw::RawBody::new(&head, conn, max_head);
+                        let body = PooledBody::raw(body, idle.clone(), flight);
+                        let mut resp = http::Response::new(body);
+                        *resp.status_mut() = head.status;
+                        *resp.version_mut() = head.version;
+                        *resp.headers_mut() = head.headers;
+                        return Ok(resp);
+                    }
+                    Err(raw::Failure::NotSent(_)) if !fresh => fresh = true,
+                    Err(raw::Failure::NotSent(e)) => {
+                        tracing::debug!(error = %e, "upstream exchange failed");
+                        return Err(Attempt::Failed(UpstreamError::Broken));
+                    }
+                    Err(raw::Failure::Failed(e)) => {
+                        tracing::debug!(error = %e, "upstream exchange failed");
+                        return Err(Attempt::Failed(UpstreamError::Broken));
+                    }
                 }
             }
         }

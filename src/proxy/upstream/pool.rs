@@ -25,10 +25,14 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::http2;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::raw::{BodyError as RawBodyError, RawBody, RawConn};
+
 /// Idle connections of one worker to one target.
 pub struct Idle<B> {
     /// Most recently used last: the likeliest to be still open.
     senders: Mutex<Vec<(SendRequest<B>, Instant)>>,
+    /// The same, for the gateway's own exchange ([`super::raw`]).
+    raw: Mutex<Vec<(RawConn, Instant)>>,
     /// The HTTP/2 connection requests share, once one is open.
     h2: Mutex<Option<http2::SendRequest<B>>>,
     /// Idle connections kept at most.
@@ -43,6 +47,7 @@ impl<B: Send + 'static> Idle<B> {
     pub fn new(max: usize, timeout: Duration) -> Arc<Idle<B>> {
         Arc::new(Idle {
             senders: Mutex::new(Vec::new()),
+            raw: Mutex::new(Vec::new()),
             h2: Mutex::new(None),
             max,
             timeout,
@@ -64,6 +69,41 @@ impl<B: Send + 'static> Idle<B> {
             }
         }
         None
+    }
+
+    fn lock_raw(&self) -> std::sync::MutexGuard<'_, Vec<(RawConn, Instant)>> {
+        self.raw.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection of the gateway's own exchange that is not closed.
+    pub fn take_raw(&self) -> Option<RawConn> {
+        let mut idle = self.lock_raw();
+        while let Some((conn, _)) = idle.pop() {
+            if !conn.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection of the gateway's own exchange whose response is finished, if there
+    /// is room.
+    pub fn put_raw(self: &Arc<Self>, conn: RawConn) {
+        {
+            let mut idle = self.lock_raw();
+            if idle.len() >= self.max || self.timeout.is_zero() {
+                return;
+            }
+            idle.push((conn, Instant::now()));
+        }
+        self.reap();
+    }
+
+    /// Starts the task that closes idle connections, once.
+    fn reap(self: &Arc<Self>) {
+        if !self.reaping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(reap(Arc::downgrade(self)));
+        }
     }
 
     /// The shared HTTP/2 connection, if one is open.
@@ -100,9 +140,7 @@ impl<B: Send + 'static> Idle<B> {
             }
             idle.push((sender, Instant::now()));
         }
-        if !self.reaping.swap(true, Ordering::Relaxed) {
-            tokio::spawn(reap(Arc::downgrade(self)));
-        }
+        self.reap();
     }
 }
 
@@ -119,6 +157,8 @@ async fn reap<B: Send + 'static>(idle: Weak<Idle<B>>) {
         let timeout = idle.timeout;
         idle.lock()
             .retain(|(s, since)| !s.is_closed() && since.elapsed() < timeout);
+        idle.lock_raw()
+            .retain(|(c, since)| !c.is_closed() && since.elapsed() < timeout);
     }
 }
 
@@ -141,11 +181,45 @@ impl Drop for InFlight {
 
 /// A response body that puts its HTTP/1.1 connection back into the pool when it ends. Dropped
 /// before its end, it drops the connection instead: hyper closes a connection whose response was
-/// not read. (An HTTP/2 connection stays shared whatever its streams do.)
+/// not read, and so does the gateway's own exchange. (An HTTP/2 connection stays shared whatever
+/// its streams do.)
 pub struct PooledBody<B: Send + 'static> {
-    body: Incoming,
-    back: Option<(SendRequest<B>, Arc<Idle<B>>)>,
+    body: Inner<B>,
     flight: Option<InFlight>,
+}
+
+enum Inner<B: Send + 'static> {
+    Hyper {
+        body: Incoming,
+        back: Option<(SendRequest<B>, Arc<Idle<B>>)>,
+    },
+    /// The gateway's own exchange ([`super::raw`]).
+    Raw(RawBody, Arc<Idle<B>>),
+}
+
+/// Why a response body could not be read to its end.
+#[derive(Debug)]
+pub enum BodyError {
+    Hyper(hyper::Error),
+    Raw(RawBodyError),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Hyper(e) => e.fmt(f),
+            BodyError::Raw(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BodyError::Hyper(e) => Some(e),
+            BodyError::Raw(e) => Some(e),
+        }
+    }
 }
 
 impl<B: Send + 'static> PooledBody<B> {
@@ -157,11 +231,26 @@ impl<B: Send + 'static> PooledBody<B> {
         flight: InFlight,
     ) -> Self {
         let mut pooled = PooledBody {
-            body,
-            back: Some((sender, idle)),
+            body: Inner::Hyper {
+                body,
+                back: Some((sender, idle)),
+            },
             flight: Some(flight),
         };
-        if pooled.body.is_end_stream() {
+        if pooled.is_end_stream() {
+            pooled.give_back();
+        }
+        pooled
+    }
+
+    /// The body of a response of the gateway's own exchange, whose connection goes back to
+    /// `idle` at its end.
+    pub fn raw(body: RawBody, idle: Arc<Idle<B>>, flight: InFlight) -> Self {
+        let mut pooled = PooledBody {
+            body: Inner::Raw(body, idle),
+            flight: Some(flight),
+        };
+        if pooled.is_end_stream() {
             pooled.give_back();
         }
         pooled
@@ -170,11 +259,10 @@ impl<B: Send + 'static> PooledBody<B> {
     /// The body of a response on a shared HTTP/2 connection.
     pub fn shared(body: Incoming, flight: InFlight) -> Self {
         let mut pooled = PooledBody {
-            body,
-            back: None,
+            body: Inner::Hyper { body, back: None },
             flight: Some(flight),
         };
-        if pooled.body.is_end_stream() {
+        if pooled.is_end_stream() {
             pooled.flight = None;
         }
         pooled
@@ -182,40 +270,69 @@ impl<B: Send + 'static> PooledBody<B> {
 
     fn give_back(&mut self) {
         self.flight = None;
-        if let Some((sender, idle)) = self.back.take() {
-            idle.put(sender);
+        match &mut self.body {
+            Inner::Hyper { back, .. } => {
+                if let Some((sender, idle)) = back.take() {
+                    idle.put(sender);
+                }
+            }
+            Inner::Raw(body, idle) => {
+                if let Some(conn) = body.reusable() {
+                    idle.put_raw(conn);
+                }
+            }
         }
     }
 }
 
 impl<B: Send + 'static> Body for PooledBody<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            None => this.give_back(),
-            Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
-            Some(Ok(_)) => {}
+        let (body, back) = match &mut this.body {
+            Inner::Raw(raw, _) => {
+                let frame = std::task::ready!(raw.poll_frame(cx));
+                // A failed body has dropped its connection already.
+                if raw.is_end_stream() || matches!(frame, Some(Err(_))) {
+                    this.give_back();
+                }
+                return Poll::Ready(frame.map(|f| f.map_err(BodyError::Raw)));
+            }
+            Inner::Hyper { body, back } => (body, back),
+        };
+        let frame = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => body.is_end_stream(),
             // A failed body leaves the connection in no known state.
             Some(Err(_)) => {
-                this.back = None;
+                *back = None;
                 this.flight = None;
+                false
             }
+        };
+        if ended {
+            this.give_back();
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(BodyError::Hyper)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.body {
+            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Raw(raw, _) => raw.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.body {
+            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Raw(raw, _) => raw.size_hint(),
+        }
     }
 }

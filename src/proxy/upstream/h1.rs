@@ -1,0 +1,495 @@
+//! h1: the HTTP/1.1 wire rules of the gateway's own upstream exchange ([`super::raw`]): a
+//! request head written, a response head read and where its body ends (RFC 9112 §6.3), a
+//! chunked body's framing. No I/O here.
+
+use bytes::BytesMut;
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+
+/// Header lines a response head may have at most (hyper's client allows as many).
+pub const MAX_HEADERS: usize = 100;
+
+/// Writes a request head: `METHOD target HTTP/1.1`, then each header as it is. The `http`
+/// types hold no CR, LF or other control byte, so nothing here can split a line.
+pub fn encode_request(method: &Method, target: &str, headers: &HeaderMap, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Where a response's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 204, 304).
+    Empty,
+    /// `Content-Length`: this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// To the connection's close.
+    Close,
+}
+
+/// A final response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// The connection may carry another request after this response's body.
+    pub reusable: bool,
+}
+
+/// Why a response head is refused (the exchange then fails: 502).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadHead(pub &'static str);
+
+/// Reads a response head from the front of `buf`, taking its bytes off it (header values
+/// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past.
+pub fn parse_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+    max_bytes: usize,
+) -> Result<Option<Head>, BadHead> {
+    loop {
+        let mut slots =
+            [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut slots);
+        let len = match parsed {
+            Ok(httparse::Status::Complete(len)) if len > max_bytes => {
+                return Err(BadHead("response head too large"));
+            }
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() >= max_bytes => {
+                return Err(BadHead("response head too large"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(BadHead("too many headers")),
+            Err(_) => return Err(BadHead("malformed response head")),
+        };
+        let code = resp.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code).map_err(|_| BadHead("invalid status code"))?;
+        let version = match resp.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(BadHead("101 to a request that asked for no upgrade"));
+        }
+        if status.is_informational() {
+            let _ = buf.split_to(len);
+            continue;
+        }
+        // Where each name and value lies, so that the head can be cut off `buf` first.
+        let base = buf.as_ptr() as usize;
+        let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+        let mut lines = [((0, 0), (0, 0)); MAX_HEADERS];
+        let n = resp.headers.len();
+        for (line, h) in lines.iter_mut().zip(resp.headers.iter()) {
+            *line = (at(h.name.as_bytes()), at(h.value));
+        }
+        let bytes = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(n);
+        for &((name_at, name_len), (value_at, value_len)) in &lines[..n] {
+            let name = HeaderName::from_bytes(&bytes[name_at..name_at + name_len])
+                .map_err(|_| BadHead("invalid header name"))?;
+            let value = HeaderValue::from_maybe_shared(bytes.slice(value_at..value_at + value_len))
+                .map_err(|_| BadHead("invalid header value"))?;
+            headers.append(name, value);
+        }
+        return frame(status, version, headers, head_request).map(Some);
+    }
+}
+
+/// Where the body of a response with these headers ends (RFC 9112 §6.3), and whether the
+/// connection outlives it.
+fn frame(
+    status: StatusCode,
+    version: Version,
+    mut headers: HeaderMap,
+    head_request: bool,
+) -> Result<Head, BadHead> {
+    let mut reusable = version == Version::HTTP_11
+        && !headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|v| has_token(v.as_bytes(), b"close"));
+    let framing =
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            Framing::Empty
+        } else if headers.contains_key(TRANSFER_ENCODING) {
+            if version != Version::HTTP_11 {
+                return Err(BadHead("Transfer-Encoding in an HTTP/1.0 response"));
+            }
+            // With a Content-Length too, the coding wins (the length is not passed on: a message
+            // must not carry both) and the connection ends with the body.
+            if headers.remove(CONTENT_LENGTH).is_some() {
+                reusable = false;
+            }
+            let last = headers.get_all(TRANSFER_ENCODING).iter().next_back();
+            let codings = last.map(|v| v.as_bytes()).unwrap_or_default();
+            let final_coding = codings.rsplit(|&b| b == b',').next().unwrap_or_default();
+            match final_coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                true => Framing::Chunked,
+                false => {
+                    reusable = false;
+                    Framing::Close
+                }
+            }
+        } else if headers.contains_key(CONTENT_LENGTH) {
+            Framing::Length(content_length(&headers)?)
+        } else {
+            reusable = false;
+            Framing::Close
+        };
+    Ok(Head {
+        status,
+        version,
+        headers,
+        framing,
+        reusable,
+    })
+}
+
+/// The one length every `Content-Length` value gives (a list of equal values is one length).
+fn content_length(headers: &HeaderMap) -> Result<u64, BadHead> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let digits = part.trim_ascii();
+            if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+                return Err(BadHead("invalid Content-Length"));
+            }
+            let n = digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if length.is_some_and(|l| l != n) {
+                return Err(BadHead("differing Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    length.ok_or(BadHead("invalid Content-Length"))
+}
+
+/// `list` (a comma-separated header value) has `token`, in any case.
+fn has_token(list: &[u8], token: &[u8]) -> bool {
+    list.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A chunked body's framing, read a byte at a time between its data (RFC 9112 §7.1). Chunk
+/// extensions are skipped; trailer fields are read past and dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunked {
+    state: Chunk,
+    /// Bytes of the current size line's extensions, or of the trailer section, so far.
+    extra: usize,
+    max_extra: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// In the chunk size's hex digits: how many, and the size so far.
+    Size(u8, u64),
+    /// After the size, in its extensions, to the CR.
+    Ext(u64),
+    /// After the size line's CR.
+    SizeLf(u64),
+    /// In the chunk's data: bytes to come.
+    Data(u64),
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line, or of the final CRLF.
+    TrailerStart,
+    /// In a trailer line, to its CR.
+    TrailerLine,
+    TrailerLf,
+    EndLf,
+    Done,
+}
+
+/// What comes next in a chunked body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The input's framing was read; more is needed.
+    More,
+    /// This many bytes of data are at the front of the rest of the input.
+    Data(usize),
+    /// The body ended (its last byte was read).
+    Done,
+}
+
+/// A chunked body out of grammar (or a size line or trailer section past the bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadChunk;
+
+impl Chunked {
+    /// `max_extra`: bytes a size line's extensions, or the trailer section, may take.
+    pub fn new(max_extra: usize) -> Chunked {
+        Chunked {
+            state: Chunk::Size(0, 0),
+            extra: 0,
+            max_extra,
+        }
+    }
+
+    /// Reads framing from the front of `input`: how many bytes it took, and what follows them.
+    /// After `Next::Data(n)` the caller takes those `n` bytes before calling again.
+    pub fn next(&mut self, input: &[u8]) -> Result<(usize, Next), BadChunk> {
+        let mut i = 0;
+        loop {
+            if let Chunk::Data(left) = self.state {
+                let n = (input.len() - i).min(usize::try_from(left).unwrap_or(usize::MAX));
+                if n == 0 {
+                    return Ok((i, Next::More));
+                }
+                self.state = match left - n as u64 {
+                    0 => Chunk::DataCr,
+                    rest => Chunk::Data(rest),
+                };
+                return Ok((i, Next::Data(n)));
+            }
+            if self.state == Chunk::Done {
+                return Ok((i, Next::Done));
+            }
+            let Some(&b) = input.get(i) else {
+                return Ok((i, Next::More));
+            };
+            i += 1;
+            self.state = self.byte(b)?;
+            if self.state == Chunk::Done {
+                return Ok((i, Next::Done));
+            }
+        }
+    }
+
+    fn byte(&mut self, b: u8) -> Result<Chunk, BadChunk> {
+        let state = match (self.state, b) {
+            (Chunk::Size(digits, size), _) if b.is_ascii_hexdigit() => {
+                // 16 hex digits fill a u64; more is no size a body can have.
+                if digits == 16 {
+                    return Err(BadChunk);
+                }
+                let d = (b as char).to_digit(16).unwrap_or(0);
+                Chunk::Size(digits + 1, size << 4 | u64::from(d))
+            }
+            (Chunk::Size(1.., size), b';' | b' ' | b'\t') => {
+                self.extra = 1;
+                Chunk::Ext(size)
+            }
+            (Chunk::Size(1.., size), b'\r') => Chunk::SizeLf(size),
+            (Chunk::Ext(size), b'\r') => Chunk::SizeLf(size),
+            (Chunk::Ext(size), _) if b != b'\n' => {
+                self.extra += 1;
+                if self.extra > self.max_extra {
+                    return Err(BadChunk);
+                }
+                Chunk::Ext(size)
+            }
+            (Chunk::SizeLf(0), b'\n') => {
+                self.extra = 0;
+                Chunk::TrailerStart
+            }
+            (Chunk::SizeLf(size), b'\n') => Chunk::Data(size),
+            (Chunk::DataCr, b'\r') => Chunk::DataLf,
+            (Chunk::DataLf, b'\n') => Chunk::Size(0, 0),
+            (Chunk::TrailerStart, b'\r') => Chunk::EndLf,
+            (Chunk::TrailerStart | Chunk::TrailerLine, _) if b != b'\n' => {
+                self.extra += 1;
+                if self.extra > self.max_extra {
+                    return Err(BadChunk);
+                }
+                match b {
+                    b'\r' => Chunk::TrailerLf,
+                    _ => Chunk::TrailerLine,
+                }
+            }
+            (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
+            (Chunk::EndLf, b'\n') => Chunk::Done,
+            _ => return Err(BadChunk),
+        };
+        Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(bytes: &[u8]) -> BytesMut {
+        BytesMut::from(bytes)
+    }
+
+    fn head(text: &str) -> Result<Option<Head>, BadHead> {
+        parse_response(&mut buf(text.as_bytes()), false, 8192)
+    }
+
+    #[test]
+    fn a_request_head_is_its_line_and_its_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("up:8080"));
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let mut out = Vec::new();
+        encode_request(&Method::GET, "/users/1?q=2", &headers, &mut out);
+        assert_eq!(
+            out,
+            b"GET /users/1?q=2 HTTP/1.1\r\nhost: up:8080\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_response_head_gives_its_framing() {
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-y: z\r\n\r\nhello")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.status, h.framing, h.reusable),
+            (StatusCode::OK, Framing::Length(5), true)
+        );
+        assert_eq!(h.headers["x-y"], "z");
+        let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Chunked, true));
+        let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Close, false));
+        let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Chunked, false));
+        assert!(!h.headers.contains_key(CONTENT_LENGTH));
+        let h = head("HTTP/1.1 200 OK\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Close, false));
+        let h = head("HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Empty, true));
+        let h = head("HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.framing, h.reusable), (Framing::Length(0), false));
+        let h = head("HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.version, h.reusable), (Version::HTTP_10, false));
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\ncontent-length: 4\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(4));
+        let mut b = buf(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n");
+        let h = parse_response(&mut b, true, 8192).unwrap().unwrap();
+        assert_eq!(h.framing, Framing::Empty);
+    }
+
+    #[test]
+    fn informational_heads_are_read_past_and_the_body_stays() {
+        let mut b = buf(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        );
+        let h = parse_response(&mut b, false, 8192).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::CREATED);
+        assert_eq!(&b[..], b"ok");
+    }
+
+    #[test]
+    fn a_head_cut_short_waits_and_a_bad_one_is_refused() {
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-len").unwrap().is_none());
+        for bad in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+            "SMTP 200 OK\r\n\r\n",
+        ] {
+            assert!(head(bad).is_err(), "{bad:?}");
+        }
+        let long = format!("HTTP/1.1 200 OK\r\nx: {}\r\n\r\n", "a".repeat(9000));
+        assert_eq!(head(&long).unwrap_err(), BadHead("response head too large"));
+        assert_eq!(
+            head(&long[..8500]).unwrap_err(),
+            BadHead("response head too large")
+        );
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("x-{i}: 1\r\n"))
+            .collect();
+        let text = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert_eq!(head(&text).unwrap_err(), BadHead("too many headers"));
+    }
+
+    /// The data of a chunked `body` fed in pieces of `step` bytes, and whether it ended.
+    fn dechunk(body: &[u8], step: usize) -> Result<(Vec<u8>, bool), BadChunk> {
+        let mut c = Chunked::new(64);
+        let mut data = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        for piece in body.chunks(step) {
+            pending.extend_from_slice(piece);
+            loop {
+                let (used, next) = c.next(&pending)?;
+                pending.drain(..used);
+                match next {
+                    Next::More => break,
+                    Next::Data(n) => {
+                        data.extend(pending.drain(..n));
+                    }
+                    Next::Done => return Ok((data, pending.is_empty())),
+                }
+            }
+        }
+        Ok((data, false))
+    }
+
+    #[test]
+    fn a_chunked_body_reads_the_same_in_any_split() {
+        let body = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\n\r\n";
+        for step in 1..body.len() {
+            let (data, whole) = dechunk(body, step).unwrap();
+            assert_eq!(data, b"helloabcdefghijklmnopqrstuvwxyz", "step {step}");
+            assert!(whole);
+        }
+        assert_eq!(dechunk(b"0\r\n\r\n", 1).unwrap(), (Vec::new(), true));
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n", 4).unwrap(),
+            (b"abc".to_vec(), false)
+        );
+    }
+
+    #[test]
+    fn a_chunked_body_out_of_grammar_is_refused() {
+        for bad in [
+            &b"\r\n"[..],
+            b"x\r\n",
+            b"5\nhello\r\n",
+            b"3\r\nabcX\r\n",
+            b"3\r\nabc\r\r",
+            b"11111111111111111\r\n",
+            b"0\r\nx-t: 1\n\r\n",
+        ] {
+            assert_eq!(dechunk(bad, 1), Err(BadChunk), "{bad:?}");
+        }
+        let long_ext = format!("1;{}\r\na\r\n0\r\n\r\n", "e".repeat(100));
+        assert_eq!(dechunk(long_ext.as_bytes(), 7), Err(BadChunk));
+        let long_trailer = format!("0\r\nx: {}\r\n\r\n", "t".repeat(100));
+        assert_eq!(dechunk(long_trailer.as_bytes(), 7), Err(BadChunk));
+    }
+}

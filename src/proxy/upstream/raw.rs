@@ -1,0 +1,241 @@
+//! raw: the gateway's own HTTP/1.1 exchange with a cleartext target, for the common request: no
+//! body, no upgrade, no trailers asked for. The request's own task writes the head and reads
+//! the response on the connection; hyper's client runs each connection as a task of its own
+//! that requests reach through a channel, a wake-up and a copy of the request each way (about a
+//! third of a proxied request's instructions, callgrind: docs/benchmarks.md). Everything else
+//! (bodies, upgrades, TLS, HTTP/2) still goes through hyper's client. The wire rules are in
+//! [`super::h1`].
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::Request;
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::h1::{self, Chunked, Framing, Head, Next};
+
+/// Read buffer a connection starts with (a head larger than this grows it, up to the bound).
+const READ_BUF: usize = 8 * 1024;
+
+/// An open connection to a target, idle or carrying one exchange.
+pub struct RawConn {
+    io: TcpStream,
+    /// Bytes read and not yet taken (a head, a body's next bytes).
+    buf: BytesMut,
+    /// The request head being written (kept: its allocation serves the next request).
+    out: Vec<u8>,
+}
+
+/// How an exchange failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The request could not be written: the connection was closed before it (a reused one may
+    /// have been closed by the target while idle; the request can go on a new one).
+    NotSent(std::io::Error),
+    /// The response never came whole, or was not HTTP/1.1.
+    Failed(String),
+}
+
+impl RawConn {
+    pub fn new(io: TcpStream) -> RawConn {
+        RawConn {
+            io,
+            buf: BytesMut::with_capacity(READ_BUF),
+            out: Vec::new(),
+        }
+    }
+
+    /// The target closed it, or sent bytes nobody asked for, as far as is known without a wait.
+    /// Free while neither happened: the runtime knows the socket has nothing to read, and no
+    /// system call is made.
+    pub fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Writes `req`'s head (its URI in origin form, its `Host` set) and reads the response's
+    /// head; the body's first bytes stay in the buffer.
+    pub async fn exchange<B>(
+        &mut self,
+        req: &Request<B>,
+        max_head: usize,
+    ) -> Result<Head, Failure> {
+        let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        h1::encode_request(req.method(), target, req.headers(), &mut self.out);
+        self.io
+            .write_all(&self.out)
+            .await
+            .map_err(Failure::NotSent)?;
+        let head_request = req.method() == http::Method::HEAD;
+        loop {
+            match h1::parse_response(&mut self.buf, head_request, max_head) {
+                Ok(Some(head)) => return Ok(head),
+                Ok(None) => {}
+                Err(bad) => return Err(Failure::Failed(bad.0.to_owned())),
+            }
+            self.buf.reserve(READ_BUF);
+            match self.io.read_buf(&mut self.buf).await {
+                Ok(0) => {
+                    return Err(Failure::Failed(
+                        "connection closed before a whole response head".to_owned(),
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(Failure::Failed(e.to_string())),
+            }
+        }
+    }
+}
+
+/// Why a response body could not be read to its end.
+#[derive(Debug)]
+pub struct BodyError(String);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream response body: {}", self.0)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// A response body read from the connection. At its end the connection is kept for the pool
+/// ([`RawBody::reusable`]) when the target left it reusable and sent nothing more.
+pub struct RawBody {
+    conn: Option<RawConn>,
+    state: State,
+    reusable: bool,
+}
+
+enum State {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+impl RawBody {
+    /// The body that follows `head` on `conn`; `max_extra`: the bound on a chunked body's
+    /// extensions and trailers.
+    pub fn new(head: &Head, conn: RawConn, max_extra: usize) -> RawBody {
+        let state = match head.framing {
+            Framing::Empty | Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::Chunked(Chunked::new(max_extra)),
+            Framing::Close => State::Close,
+        };
+        let mut body = RawBody {
+            conn: Some(conn),
+            state,
+            reusable: head.reusable,
+        };
+        if matches!(body.state, State::Done) {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body ended: the connection stays only if it can carry another exchange.
+    fn finish(&mut self) {
+        self.state = State::Done;
+        if !self.reusable || self.conn.as_ref().is_some_and(|c| !c.buf.is_empty()) {
+            self.conn = None;
+        }
+    }
+
+    /// Once the body has ended: its connection, if it can carry another exchange.
+    pub fn reusable(&mut self) -> Option<RawConn> {
+        match self.state {
+            State::Done => self.conn.take(),
+            _ => None,
+        }
+    }
+
+    pub fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    pub fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Length(n) => SizeHint::with_exact(n),
+            State::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if !conn.buf.is_empty() {
+                let data = match &mut self.state {
+                    State::Done => return Poll::Ready(None),
+                    State::Length(left) => {
+                        let n = conn
+                            .buf
+                            .len()
+                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= n as u64;
+                        let data = conn.buf.split_to(n).freeze();
+                        if *left == 0 {
+                            self.finish();
+                        }
+                        data
+                    }
+                    State::Close => conn.buf.split().freeze(),
+                    State::Chunked(chunks) => {
+                        let Ok((used, next)) = chunks.next(&conn.buf) else {
+                            self.conn = None;
+                            let e = BodyError("malformed chunked body".to_owned());
+                            return Poll::Ready(Some(Err(e)));
+                        };
+                        conn.buf.advance(used);
+                        match next {
+                            Next::More => continue,
+                            Next::Data(n) => conn.buf.split_to(n).freeze(),
+                            Next::Done => {
+                                self.finish();
+                                return Poll::Ready(None);
+                            }
+                        }
+                    }
+                };
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            if matches!(self.state, State::Done) {
+                return Poll::Ready(None);
+            }
+            conn.buf.reserve(READ_BUF);
+            let read = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut conn.io),
+                cx,
+                &mut conn.buf
+            ));
+            match read {
+                Ok(0) if matches!(self.state, State::Close) => {
+                    self.state = State::Done;
+                    self.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(BodyError(
+                        "connection closed before the body's end".to_owned(),
+                    ))));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(BodyError(e.to_string()))));
+                }
+            }
+        }
+    }
+}
