@@ -548,6 +548,17 @@ async fn upstream_responses_are_read_by_their_framing() {
         1,
         "a chunked body's end leaves the connection reusable"
     );
+    // Its trailers reach a client that can take them (HTTP/2).
+    let req = http::Request::get(gw.url("/items/chunked"))
+        .header(KEY.0, KEY.1)
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = http2_client().request(req).await.unwrap();
+    let got = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+    let trailer = got.trailers().and_then(|t| t.get("x-t")).cloned();
+    assert_eq!(trailer.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
+    assert_eq!(&got.to_bytes()[..], b"hello world");
+    assert_eq!(accepted.load(SeqCst), 1);
 
     let r = get(&gw.url("/items/close"), &[KEY]).await;
     assert_eq!((r.status, &r.body[..]), (200, &b"to the close"[..]));

@@ -190,12 +190,13 @@ fn has_token(list: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
-/// A chunked body's framing, read a byte at a time between its data (RFC 9112 §7.1). Chunk
-/// extensions are skipped; trailer fields are read past and dropped.
+/// A chunked body's framing, read a byte at a time between its data (RFC 9112 §7.1), to its
+/// last chunk; chunk extensions are skipped. The trailer section after it is read whole by
+/// [`parse_trailers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunked {
     state: Chunk,
-    /// Bytes of the current size line's extensions, or of the trailer section, so far.
+    /// Bytes of the current size line's extensions so far.
     extra: usize,
     max_extra: usize,
 }
@@ -212,13 +213,8 @@ enum Chunk {
     Data(u64),
     DataCr,
     DataLf,
-    /// At the start of a trailer line, or of the final CRLF.
-    TrailerStart,
-    /// In a trailer line, to its CR.
-    TrailerLine,
-    TrailerLf,
-    EndLf,
-    Done,
+    /// The last chunk was read.
+    Last,
 }
 
 /// What comes next in a chunked body.
@@ -228,8 +224,8 @@ pub enum Next {
     More,
     /// This many bytes of data are at the front of the rest of the input.
     Data(usize),
-    /// The body ended (its last byte was read).
-    Done,
+    /// The last chunk was read: the trailer section comes next ([`parse_trailers`]).
+    Trailers,
 }
 
 /// A chunked body out of grammar (or a size line or trailer section past the bound).
@@ -237,7 +233,7 @@ pub enum Next {
 pub struct BadChunk;
 
 impl Chunked {
-    /// `max_extra`: bytes a size line's extensions, or the trailer section, may take.
+    /// `max_extra`: bytes a size line's extensions may take.
     pub fn new(max_extra: usize) -> Chunked {
         Chunked {
             state: Chunk::Size(0, 0),
@@ -246,33 +242,36 @@ impl Chunked {
         }
     }
 
+    /// The bound on a size line's extensions (the trailer section takes the same).
+    pub fn max_extra(&self) -> usize {
+        self.max_extra
+    }
+
     /// Reads framing from the front of `input`: how many bytes it took, and what follows them.
     /// After `Next::Data(n)` the caller takes those `n` bytes before calling again.
     pub fn next(&mut self, input: &[u8]) -> Result<(usize, Next), BadChunk> {
         let mut i = 0;
         loop {
-            if let Chunk::Data(left) = self.state {
-                let n = (input.len() - i).min(usize::try_from(left).unwrap_or(usize::MAX));
-                if n == 0 {
-                    return Ok((i, Next::More));
+            match self.state {
+                Chunk::Data(left) => {
+                    let n = (input.len() - i).min(usize::try_from(left).unwrap_or(usize::MAX));
+                    if n == 0 {
+                        return Ok((i, Next::More));
+                    }
+                    self.state = match left - n as u64 {
+                        0 => Chunk::DataCr,
+                        rest => Chunk::Data(rest),
+                    };
+                    return Ok((i, Next::Data(n)));
                 }
-                self.state = match left - n as u64 {
-                    0 => Chunk::DataCr,
-                    rest => Chunk::Data(rest),
-                };
-                return Ok((i, Next::Data(n)));
-            }
-            if self.state == Chunk::Done {
-                return Ok((i, Next::Done));
+                Chunk::Last => return Ok((i, Next::Trailers)),
+                _ => {}
             }
             let Some(&b) = input.get(i) else {
                 return Ok((i, Next::More));
             };
             i += 1;
             self.state = self.byte(b)?;
-            if self.state == Chunk::Done {
-                return Ok((i, Next::Done));
-            }
         }
     }
 
@@ -290,8 +289,7 @@ impl Chunked {
                 self.extra = 1;
                 Chunk::Ext(size)
             }
-            (Chunk::Size(1.., size), b'\r') => Chunk::SizeLf(size),
-            (Chunk::Ext(size), b'\r') => Chunk::SizeLf(size),
+            (Chunk::Size(1.., size) | Chunk::Ext(size), b'\r') => Chunk::SizeLf(size),
             (Chunk::Ext(size), _) if b != b'\n' => {
                 self.extra += 1;
                 if self.extra > self.max_extra {
@@ -299,30 +297,35 @@ impl Chunked {
                 }
                 Chunk::Ext(size)
             }
-            (Chunk::SizeLf(0), b'\n') => {
-                self.extra = 0;
-                Chunk::TrailerStart
-            }
+            (Chunk::SizeLf(0), b'\n') => Chunk::Last,
             (Chunk::SizeLf(size), b'\n') => Chunk::Data(size),
             (Chunk::DataCr, b'\r') => Chunk::DataLf,
             (Chunk::DataLf, b'\n') => Chunk::Size(0, 0),
-            (Chunk::TrailerStart, b'\r') => Chunk::EndLf,
-            (Chunk::TrailerStart | Chunk::TrailerLine, _) if b != b'\n' => {
-                self.extra += 1;
-                if self.extra > self.max_extra {
-                    return Err(BadChunk);
-                }
-                match b {
-                    b'\r' => Chunk::TrailerLf,
-                    _ => Chunk::TrailerLine,
-                }
-            }
-            (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
-            (Chunk::EndLf, b'\n') => Chunk::Done,
             _ => return Err(BadChunk),
         };
         Ok(state)
     }
+}
+
+/// Reads a chunked body's trailer section and the blank line that ends it from the front of
+/// `buf`, taking them off it. `Ok(None)`: not whole yet.
+pub fn parse_trailers(buf: &mut BytesMut, max_bytes: usize) -> Result<Option<HeaderMap>, BadChunk> {
+    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let (len, fields) = match httparse::parse_headers(buf, &mut lines) {
+        Ok(httparse::Status::Complete((len, _))) if len > max_bytes => return Err(BadChunk),
+        Ok(httparse::Status::Complete(done)) => done,
+        Ok(httparse::Status::Partial) if buf.len() > max_bytes => return Err(BadChunk),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(BadChunk),
+    };
+    let mut trailers = HeaderMap::with_capacity(fields.len());
+    for f in fields {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| BadChunk)?;
+        let value = HeaderValue::from_bytes(f.value).map_err(|_| BadChunk)?;
+        trailers.append(name, value);
+    }
+    let _ = buf.split_to(len);
+    Ok(Some(trailers))
 }
 
 #[cfg(test)]
@@ -437,41 +440,50 @@ mod tests {
         assert_eq!(head(&text).unwrap_err(), BadHead("too many headers"));
     }
 
-    /// The data of a chunked `body` fed in pieces of `step` bytes, and whether it ended.
-    fn dechunk(body: &[u8], step: usize) -> Result<(Vec<u8>, bool), BadChunk> {
+    /// The data of a chunked `body` fed in pieces of `step` bytes, its trailers and whether it
+    /// ended with the input.
+    fn dechunk(body: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>, bool), BadChunk> {
         let mut c = Chunked::new(64);
         let mut data = Vec::new();
-        let mut pending: Vec<u8> = Vec::new();
+        let mut pending = BytesMut::new();
+        let mut last = false;
         for piece in body.chunks(step) {
             pending.extend_from_slice(piece);
             loop {
+                if last {
+                    match parse_trailers(&mut pending, 64)? {
+                        Some(t) => return Ok((data, Some(t), pending.is_empty())),
+                        None => break,
+                    }
+                }
                 let (used, next) = c.next(&pending)?;
-                pending.drain(..used);
+                let _ = pending.split_to(used);
                 match next {
                     Next::More => break,
-                    Next::Data(n) => {
-                        data.extend(pending.drain(..n));
-                    }
-                    Next::Done => return Ok((data, pending.is_empty())),
+                    Next::Data(n) => data.extend_from_slice(&pending.split_to(n)),
+                    Next::Trailers => last = true,
                 }
             }
         }
-        Ok((data, false))
+        Ok((data, None, false))
     }
 
     #[test]
     fn a_chunked_body_reads_the_same_in_any_split() {
-        let body = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\n\r\n";
+        let body = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n";
         for step in 1..body.len() {
-            let (data, whole) = dechunk(body, step).unwrap();
+            let (data, trailers, whole) = dechunk(body, step).unwrap();
             assert_eq!(data, b"helloabcdefghijklmnopqrstuvwxyz", "step {step}");
+            let trailers = trailers.unwrap();
+            assert_eq!(
+                (trailers["x-t"].as_bytes(), trailers["x-u"].as_bytes()),
+                (&b"1"[..], &b"2"[..])
+            );
             assert!(whole);
         }
-        assert_eq!(dechunk(b"0\r\n\r\n", 1).unwrap(), (Vec::new(), true));
-        assert_eq!(
-            dechunk(b"3\r\nabc\r\n", 4).unwrap(),
-            (b"abc".to_vec(), false)
-        );
+        let (data, trailers, whole) = dechunk(b"0\r\n\r\n", 1).unwrap();
+        assert!(data.is_empty() && trailers.unwrap().is_empty() && whole);
+        assert_eq!(dechunk(b"3\r\nabc\r\n", 4).unwrap().0, b"abc");
     }
 
     #[test]
@@ -483,7 +495,7 @@ mod tests {
             b"3\r\nabcX\r\n",
             b"3\r\nabc\r\r",
             b"11111111111111111\r\n",
-            b"0\r\nx-t: 1\n\r\n",
+            b"0\r\nx-t 1\r\n\r\n",
         ] {
             assert_eq!(dechunk(bad, 1), Err(BadChunk), "{bad:?}");
         }

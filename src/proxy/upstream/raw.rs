@@ -113,6 +113,8 @@ pub struct RawBody {
 enum State {
     Length(u64),
     Chunked(Chunked),
+    /// After the last chunk: its trailer section, at most this many bytes.
+    Trailers(usize),
     Close,
     Done,
 }
@@ -174,44 +176,54 @@ impl RawBody {
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            if !conn.buf.is_empty() {
-                let data = match &mut self.state {
-                    State::Done => return Poll::Ready(None),
-                    State::Length(left) => {
-                        let n = conn
-                            .buf
-                            .len()
-                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
-                        *left -= n as u64;
-                        let data = conn.buf.split_to(n).freeze();
-                        if *left == 0 {
-                            self.finish();
-                        }
-                        data
+            // What the bytes at hand give, if anything yet.
+            let frame = match &mut self.state {
+                State::Done => return Poll::Ready(None),
+                _ if conn.buf.is_empty() => None,
+                State::Length(left) => {
+                    let n = conn
+                        .buf
+                        .len()
+                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= n as u64;
+                    let ended = *left == 0;
+                    let data = conn.buf.split_to(n).freeze();
+                    if ended {
+                        self.finish();
                     }
-                    State::Close => conn.buf.split().freeze(),
-                    State::Chunked(chunks) => {
-                        let Ok((used, next)) = chunks.next(&conn.buf) else {
-                            self.conn = None;
-                            let e = BodyError("malformed chunked body".to_owned());
-                            return Poll::Ready(Some(Err(e)));
-                        };
-                        conn.buf.advance(used);
-                        match next {
-                            Next::More => continue,
-                            Next::Data(n) => conn.buf.split_to(n).freeze(),
-                            Next::Done => {
-                                self.finish();
-                                return Poll::Ready(None);
-                            }
+                    Some(Frame::data(data))
+                }
+                State::Close => Some(Frame::data(conn.buf.split().freeze())),
+                State::Chunked(chunks) => {
+                    let Ok((used, next)) = chunks.next(&conn.buf) else {
+                        return self.fail("malformed chunked body");
+                    };
+                    conn.buf.advance(used);
+                    match next {
+                        Next::More => None,
+                        Next::Data(n) => Some(Frame::data(conn.buf.split_to(n).freeze())),
+                        Next::Trailers => {
+                            self.state = State::Trailers(chunks.max_extra());
+                            continue;
                         }
                     }
-                };
-                return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                State::Trailers(max) => match h1::parse_trailers(&mut conn.buf, *max) {
+                    Ok(None) => None,
+                    Ok(Some(trailers)) => {
+                        self.finish();
+                        let frame = (!trailers.is_empty()).then(|| Ok(Frame::trailers(trailers)));
+                        return Poll::Ready(frame);
+                    }
+                    Err(_) => return self.fail("malformed chunked trailers"),
+                },
+            };
+            if let Some(frame) = frame {
+                return Poll::Ready(Some(Ok(frame)));
             }
-            if matches!(self.state, State::Done) {
+            let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(None);
-            }
+            };
             conn.buf.reserve(READ_BUF);
             let read = ready!(tokio_util::io::poll_read_buf(
                 Pin::new(&mut conn.io),
@@ -224,18 +236,16 @@ impl RawBody {
                     self.conn = None;
                     return Poll::Ready(None);
                 }
-                Ok(0) => {
-                    self.conn = None;
-                    return Poll::Ready(Some(Err(BodyError(
-                        "connection closed before the body's end".to_owned(),
-                    ))));
-                }
+                Ok(0) => return self.fail("connection closed before the body's end"),
                 Ok(_) => {}
-                Err(e) => {
-                    self.conn = None;
-                    return Poll::Ready(Some(Err(BodyError(e.to_string()))));
-                }
+                Err(e) => return self.fail(&e.to_string()),
             }
         }
+    }
+
+    /// The body cannot be read on: its connection is dropped (closed).
+    fn fail(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(BodyError(why.to_owned()))))
     }
 }
