@@ -554,7 +554,9 @@ async fn upstream_responses_are_read_by_their_framing() {
         .body(http_body_util::Full::new(Bytes::new()))
         .unwrap();
     let resp = http2_client().request(req).await.unwrap();
-    let got = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+    let got = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
     let trailer = got.trailers().and_then(|t| t.get("x-t")).cloned();
     assert_eq!(trailer.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
     assert_eq!(&got.to_bytes()[..], b"hello world");

@@ -54,12 +54,17 @@ pub struct Head {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadHead(pub &'static str);
 
+/// A head's header names and where their values lie, while it is read.
+pub type Lines = Vec<(HeaderName, std::ops::Range<usize>)>;
+
 /// Reads a response head from the front of `buf`, taking its bytes off it (header values
-/// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past.
+/// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past. `lines`:
+/// room to work in.
 pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
     max_bytes: usize,
+    lines: &mut Lines,
 ) -> Result<Option<Head>, BadHead> {
     loop {
         let mut slots =
@@ -92,20 +97,21 @@ pub fn parse_response(
             let _ = buf.split_to(len);
             continue;
         }
-        // Where each name and value lies, so that the head can be cut off `buf` first.
+        // Each name, and where its value lies, so that the head can be cut off `buf` first
+        // (`lines` is the caller's, kept from one response to the next: an array here was
+        // zeroed every time).
         let base = buf.as_ptr() as usize;
-        let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
-        let mut lines = [((0, 0), (0, 0)); MAX_HEADERS];
-        let n = resp.headers.len();
-        for (line, h) in lines.iter_mut().zip(resp.headers.iter()) {
-            *line = (at(h.name.as_bytes()), at(h.value));
+        lines.clear();
+        for h in resp.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| BadHead("invalid header name"))?;
+            let at = h.value.as_ptr() as usize - base;
+            lines.push((name, at..at + h.value.len()));
         }
         let bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(n);
-        for &((name_at, name_len), (value_at, value_len)) in &lines[..n] {
-            let name = HeaderName::from_bytes(&bytes[name_at..name_at + name_len])
-                .map_err(|_| BadHead("invalid header name"))?;
-            let value = HeaderValue::from_maybe_shared(bytes.slice(value_at..value_at + value_len))
+        let mut headers = HeaderMap::with_capacity(lines.len());
+        for (name, value) in lines.drain(..) {
+            let value = HeaderValue::from_maybe_shared(bytes.slice(value))
                 .map_err(|_| BadHead("invalid header value"))?;
             headers.append(name, value);
         }
@@ -337,7 +343,7 @@ mod tests {
     }
 
     fn head(text: &str) -> Result<Option<Head>, BadHead> {
-        parse_response(&mut buf(text.as_bytes()), false, 8192)
+        parse_response(&mut buf(text.as_bytes()), false, 8192, &mut Vec::new())
     }
 
     #[test]
@@ -396,7 +402,9 @@ mod tests {
             .unwrap();
         assert_eq!(h.framing, Framing::Length(4));
         let mut b = buf(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n");
-        let h = parse_response(&mut b, true, 8192).unwrap().unwrap();
+        let h = parse_response(&mut b, true, 8192, &mut Vec::new())
+            .unwrap()
+            .unwrap();
         assert_eq!(h.framing, Framing::Empty);
     }
 
@@ -405,7 +413,9 @@ mod tests {
         let mut b = buf(
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
         );
-        let h = parse_response(&mut b, false, 8192).unwrap().unwrap();
+        let h = parse_response(&mut b, false, 8192, &mut Vec::new())
+            .unwrap()
+            .unwrap();
         assert_eq!(h.status, StatusCode::CREATED);
         assert_eq!(&b[..], b"ok");
     }

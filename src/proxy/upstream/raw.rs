@@ -27,6 +27,8 @@ pub struct RawConn {
     buf: BytesMut,
     /// The request head being written (kept: its allocation serves the next request).
     out: Vec<u8>,
+    /// Room to read a response head's lines in (kept, as `out`).
+    lines: h1::Lines,
 }
 
 /// How an exchange failed.
@@ -45,6 +47,7 @@ impl RawConn {
             io,
             buf: BytesMut::with_capacity(READ_BUF),
             out: Vec::new(),
+            lines: Vec::new(),
         }
     }
 
@@ -71,7 +74,7 @@ impl RawConn {
             .map_err(Failure::NotSent)?;
         let head_request = req.method() == http::Method::HEAD;
         loop {
-            match h1::parse_response(&mut self.buf, head_request, max_head) {
+            match h1::parse_response(&mut self.buf, head_request, max_head, &mut self.lines) {
                 Ok(Some(head)) => return Ok(head),
                 Ok(None) => {}
                 Err(bad) => return Err(Failure::Failed(bad.0.to_owned())),
