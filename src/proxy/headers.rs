@@ -124,8 +124,9 @@ fn client_value(client: IpAddr) -> HeaderValue {
     })
 }
 
-/// Sets the `X-Forwarded-*` fields for a request from `client` that was sent to `host`.
-pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<&str>) {
+/// Sets the `X-Forwarded-*` fields for a request from `client` that was sent to `host` (the
+/// client's `Host` value itself, or its HTTP/2 authority: no copy of it is made).
+pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<HeaderValue>) {
     let ip = client_value(client);
     let xff = match headers.entry(X_FORWARDED_FOR) {
         http::header::Entry::Vacant(e) => {
@@ -149,10 +150,10 @@ pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<&str>
         }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    headers.remove(&X_FORWARDED_HOST);
-    if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-        headers.insert(X_FORWARDED_HOST, v);
-    }
+    match host {
+        Some(v) => headers.insert(X_FORWARDED_HOST, v),
+        None => headers.remove(&X_FORWARDED_HOST),
+    };
 }
 
 fn num(n: u64) -> HeaderValue {
@@ -343,7 +344,7 @@ mod tests {
         set_forwarded(
             &mut h,
             "10.0.0.9".parse().unwrap(),
-            Some("api.example:8080"),
+            Some(HeaderValue::from_static("api.example:8080")),
         );
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
         assert_eq!(h["x-forwarded-host"], "api.example:8080");

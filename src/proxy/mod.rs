@@ -469,12 +469,15 @@ impl Proxy {
                     None,
                 ));
             };
-            let host = req
-                .headers()
-                .get(HOST)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-                .or_else(|| req.uri().authority().map(|a| a.to_string()));
+            // The client's Host (taken out: the upstream's own replaces it in `Upstream::send`),
+            // or its HTTP/2 authority, for `X-Forwarded-Host`.
+            let host = match req.headers_mut().remove(HOST) {
+                Some(v) if v.to_str().is_ok() => Some(v),
+                _ => req
+                    .uri()
+                    .authority()
+                    .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
+            };
             let upgrade = upgrade::requested(&req).map(|protocol| {
                 (
                     req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>(),
@@ -486,9 +489,7 @@ impl Proxy {
             if let Some((_, protocol)) = &upgrade {
                 upgrade::restore(headers, protocol.clone());
             }
-            // The upstream's own Host replaces the client's (`Upstream::send`).
-            headers.remove(HOST);
-            headers::set_forwarded(headers, peer.ip(), host.as_deref());
+            headers::set_forwarded(headers, peer.ip(), host);
             if grpc {
                 // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
                 headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
