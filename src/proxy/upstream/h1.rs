@@ -9,15 +9,27 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 /// Header lines a response head may have at most (hyper's client allows as many).
 pub const MAX_HEADERS: usize = 100;
 
-/// Writes a request head: `METHOD target HTTP/1.1`, then each header as it is. The `http`
-/// types hold no CR, LF or other control byte, so nothing here can split a line.
-pub fn encode_request(method: &Method, target: &str, headers: &HeaderMap, out: &mut Vec<u8>) {
+/// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
+/// `Host` of its own. The `http` types hold no CR, LF or other control byte, so nothing here
+/// can split a line.
+pub fn encode_request(
+    method: &Method,
+    target: &str,
+    host: &HeaderValue,
+    headers: &HeaderMap,
+    out: &mut Vec<u8>,
+) {
     out.clear();
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
     for (name, value) in headers {
+        if name == http::header::HOST {
+            continue;
+        }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -349,11 +361,12 @@ mod tests {
     #[test]
     fn a_request_head_is_its_line_and_its_headers() {
         let mut headers = HeaderMap::new();
-        headers.insert("host", HeaderValue::from_static("up:8080"));
+        headers.insert("host", HeaderValue::from_static("client.example"));
         headers.append("x-a", HeaderValue::from_static("1"));
         headers.append("x-a", HeaderValue::from_static("2"));
         let mut out = Vec::new();
-        encode_request(&Method::GET, "/users/1?q=2", &headers, &mut out);
+        let host = HeaderValue::from_static("up:8080");
+        encode_request(&Method::GET, "/users/1?q=2", &host, &headers, &mut out);
         assert_eq!(
             out,
             b"GET /users/1?q=2 HTTP/1.1\r\nhost: up:8080\r\nx-a: 1\r\nx-a: 2\r\n\r\n"

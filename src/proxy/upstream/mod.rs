@@ -435,11 +435,11 @@ impl Upstream {
         &self,
         t: &Target,
         idle: &Arc<Idle<UpstreamBody>>,
-        mut req: Box<Request<UpstreamBody>>,
+        req: Box<Request<UpstreamBody>>,
         flight: InFlight,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
-            for_http1(&mut req, &t.url);
+            // The target's Host and the origin form are written by the exchange itself.
             let max_head = self.connector.max_header_bytes.max(8192);
             // As with hyper's client: a request that a reused connection could not take (the
             // upstream closed it while idle) goes once more, on a new connection.
@@ -455,7 +455,7 @@ impl Upstream {
                         }
                     }
                 };
-                match conn.exchange(&req, max_head).await {
+                match conn.exchange(&req, &t.url.host, max_head).await {
                     Ok(head) => {
                         let body = raw::RawBody::new(&head, conn, max_head);
                         let body = PooledBody::raw(body, idle.clone(), flight);

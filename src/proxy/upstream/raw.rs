@@ -59,15 +59,16 @@ impl RawConn {
         !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Writes `req`'s head (its URI in origin form, its `Host` set) and reads the response's
-    /// head; the body's first bytes stay in the buffer.
+    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`) and reads the
+    /// response's head; the body's first bytes stay in the buffer.
     pub async fn exchange<B>(
         &mut self,
         req: &Request<B>,
+        host: &http::HeaderValue,
         max_head: usize,
     ) -> Result<Head, Failure> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        h1::encode_request(req.method(), target, req.headers(), &mut self.out);
+        h1::encode_request(req.method(), target, host, req.headers(), &mut self.out);
         self.io
             .write_all(&self.out)
             .await
