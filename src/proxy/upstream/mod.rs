@@ -376,7 +376,8 @@ impl Upstream {
                 && !needs.upgrade
                 && req.method() != http::Method::CONNECT
                 && http_body::Body::is_end_stream(req.body())
-                && !req.headers().contains_key(http::header::TE)
+                // gRPC asks for trailers (`TE: trailers`, the only `TE` forwarded).
+                && !needs.grpc
             {
                 return self.send_raw(t, idle, req, flight).await;
             }
