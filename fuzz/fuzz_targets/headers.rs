@@ -20,10 +20,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let key = HeaderName::from_static("x-api-key");
     let keys_before = headers.get_all(&key).iter().count();
-    let host = headers
-        .get("host")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    // As `Proxy::forward` does: the client's Host taken out, for `X-Forwarded-Host`.
+    let host = headers.remove("host").filter(|v| v.to_str().is_ok());
     strip_hop_by_hop(&mut headers, Some(&key));
     assert_eq!(headers.get_all(&key).iter().count(), keys_before);
     for hop in [
@@ -35,5 +33,5 @@ fuzz_target!(|data: &[u8]| {
     ] {
         assert!(!headers.contains_key(hop), "{hop} survived");
     }
-    set_forwarded(&mut headers, [127, 0, 0, 1].into(), host.as_deref());
+    set_forwarded(&mut headers, [127, 0, 0, 1].into(), host);
 });
