@@ -12,13 +12,15 @@
 # its JSON body (`"cost_from": {"json": "body_bytes"}`: the example upstream's echo reports 0,
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
+# BODY=N sends each request as a POST with a body of N bytes (and a Content-Length).
 # CLOSE=1 sends each request on a new connection (`Connection: close`): the cost of a connection.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 set -euo pipefail
 BIN=$1; shift
-# CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate.
+# CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate, and the smaller one's
+# as FILE.few (their difference by function: scripts/callgrind-diff.py FILE).
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} python3 - "$W/catalog.json" <<'PY'
+WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
 ws = [60] if os.environ["WINDOWS"] == "1" else [1, 60, 3600]
 many = 1_000_000_000
@@ -30,10 +32,10 @@ limits = {
     "refused": [{"ep": 0, "rl": 1, "w": 3600}],
 }[os.environ["LIMITS"]]
 keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
-endpoint = {"p": 0, "m": 0}
+endpoint = {"p": 0, "m": 1 if int(os.environ["BODY"]) else 0}
 if os.environ["COST_FROM"]:
     endpoint["cost_from"] = {"json": "body_bytes"}
-json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
+json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET", "POST"], "paths": ["/users/{id}"],
            "endpoints": [endpoint], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -54,7 +56,7 @@ instructions() {
     --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  CLOSE=${CLOSE:-} PAD=${PAD:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
+  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 headers = {"X-Api-Key": "key-0001"}
@@ -65,7 +67,10 @@ if os.environ["CLOSE"]:
 for i in range(int(sys.argv[2])):
     if os.environ["CLOSE"]:
         c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
-    c.request("GET", "/users/42", headers=headers)
+    if int(os.environ["BODY"]):
+        c.request("POST", "/users/42", body=b"b" * int(os.environ["BODY"]), headers=headers)
+    else:
+        c.request("GET", "/users/42", headers=headers)
     r = c.getresponse(); r.read()
     assert r.status == (200 if i == 0 else int(os.environ["EXPECT"])), r.status
 PY
@@ -75,6 +80,7 @@ PY
 }
 
 few=$(instructions 500 "$@")
+if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT.few"; fi
 many=$(instructions 2500 "$@")
 if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT"; fi
 echo "instructions per request: $(( (many - few) / 2000 ))"

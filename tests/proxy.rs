@@ -623,6 +623,45 @@ async fn bodies_stream_both_ways_and_are_size_limited() {
 }
 
 #[tokio::test]
+async fn small_bodies_are_read_whole_before_the_upstream_sees_them() {
+    use tokio::io::AsyncWriteExt;
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let client = http1_client();
+    // Read whole (64 KiB at most), then sent with the gateway's own exchange; one byte more
+    // streams through hyper's client. Both arrive as sent, with their length.
+    for len in [1, 1000, 64 * 1024, 64 * 1024 + 1] {
+        let body = Bytes::from(vec![b'x'; len]);
+        let r = send(&client, "POST", &gw.url("/users"), &[KEY], body).await;
+        assert_eq!(r.status, 200, "{len}");
+        let seen = up.last();
+        assert_eq!(seen.body_len, len);
+        assert_eq!(seen.headers["content-length"], len.to_string().as_str());
+    }
+    // A body cut short is the client's fault (400), and the upstream never hears of it: it is
+    // read before a connection is taken.
+    let before = up.requests().len();
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /users HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nContent-Length: 100\r\n\r\nhalf of it",
+    )
+    .await
+    .unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut out),
+    )
+    .await
+    .expect("the gateway answers and closes")
+    .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert_eq!(up.requests().len(), before, "nothing reached the upstream");
+}
+
+#[tokio::test]
 async fn chunked_bodies_past_the_limit_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = Upstream::start().await;

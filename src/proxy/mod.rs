@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::header::HOST;
 use http::request::Parts;
 use http::{HeaderName, Request, Response};
-use http_body_util::{Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
@@ -236,7 +236,10 @@ impl Proxy {
                 // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
                 // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
                 let max = self.policy.max_body_bytes as usize;
-                let req = Box::new(Request::from_parts(parts, Limited::new(body, max)));
+                let req = Box::new(Request::from_parts(
+                    parts,
+                    upstream::Outgoing::new(body, max),
+                ));
                 self.forward(req, peer, target, record, grpc).await
             };
             let elapsed = started.elapsed();

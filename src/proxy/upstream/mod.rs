@@ -3,7 +3,9 @@
 //! Each request goes to one target ([`balance`]: round robin or the less busy of two, skipping
 //! targets that are out), over a keep-alive connection from that target's pool on the current
 //! worker ([`pool`]): HTTP/1.1, or HTTP/2 when ALPN agrees or the request is gRPC
-//! ([`connect::Speak`]). Bodies stream both ways with backpressure; nothing is buffered whole.
+//! ([`connect::Speak`]). Bodies stream both ways with backpressure, but for a request body of at
+//! most [`outgoing::WHOLE_MAX`] bytes with a known length that goes through the gateway's own
+//! exchange: it is read whole first ([`outgoing`]).
 //! Redirects are passed back, never followed. A connection that fails before any byte of the
 //! request was sent is tried on another target (`upstream.retries`); nothing else is retried. The
 //! connect timeout gives 502 and the response-header timeout 504.
@@ -12,6 +14,7 @@ pub mod balance;
 pub mod connect;
 mod h1;
 pub mod health;
+mod outgoing;
 pub mod pool;
 mod raw;
 pub mod settings;
@@ -24,8 +27,7 @@ use std::time::{Duration, Instant};
 use http::header::HOST;
 use http::{Request, Response, Uri, Version};
 
-use http_body_util::{LengthLimitError, Limited};
-use hyper::body::Incoming;
+use http_body_util::LengthLimitError;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,11 +37,12 @@ use prometheus_client::registry::Registry;
 use crate::config::{Balance, UpstreamProtocol};
 use balance::{Failed, Health, Standing, Succeeded};
 use connect::{ClientTls, ConnectError, Connector, Sender, Speak};
+pub use outgoing::Outgoing;
 use pool::{Idle, InFlight, PooledBody};
 pub use settings::{TargetUrl, UpstreamSettings};
 
 /// Request body sent upstream: the client's body, cut off at the configured size.
-pub type UpstreamBody = Limited<Incoming>;
+pub type UpstreamBody = Outgoing;
 
 /// Why forwarding failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,7 +378,7 @@ impl Upstream {
                 && !t.url.tls
                 && !needs.upgrade
                 && req.method() != http::Method::CONNECT
-                && http_body::Body::is_end_stream(req.body())
+                && req.body().fits_whole()
                 // gRPC asks for trailers (`TE: trailers`, the only `TE` forwarded).
                 && !needs.grpc
             {
@@ -427,7 +430,8 @@ impl Upstream {
     }
 
     /// One attempt on one target through the gateway's own HTTP/1.1 exchange ([`raw`]): a
-    /// request with no body, no upgrade and no trailers asked for, to a cleartext target.
+    /// request with no body or a small one of known length ([`Outgoing::fits_whole`]), no
+    /// upgrade and no trailers asked for, to a cleartext target.
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
@@ -436,10 +440,23 @@ impl Upstream {
         &self,
         t: &Target,
         idle: &Arc<Idle<UpstreamBody>>,
-        req: Box<Request<UpstreamBody>>,
+        mut req: Box<Request<UpstreamBody>>,
         flight: InFlight,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
+            // Read before a connection is taken: a slow client holds none. Whole, the request
+            // can go again on a new connection, or to another target, as it is.
+            if !http_body::Body::is_end_stream(req.body()) {
+                if let Err(e) = req.body_mut().read_whole().await {
+                    return Err(Attempt::Failed(client_body_error(&*e)));
+                }
+                // The length the client sent is the body's (hyper read it by that length), but
+                // the head must say what is sent whatever the client said.
+                let len = http::HeaderValue::from(req.body().whole().len());
+                if req.headers().get(http::header::CONTENT_LENGTH) != Some(&len) {
+                    req.headers_mut().insert(http::header::CONTENT_LENGTH, len);
+                }
+            }
             // The target's Host and the origin form are written by the exchange itself.
             let max_head = self.connector.max_header_bytes.max(8192);
             // As with hyper's client: a request that a reused connection could not take (the
@@ -456,7 +473,10 @@ impl Upstream {
                         }
                     }
                 };
-                match conn.exchange(&req, &t.url.host, max_head).await {
+                match conn
+                    .exchange(&req, req.body().whole(), &t.url.host, max_head)
+                    .await
+                {
                     Ok(head) => {
                         let body = raw::RawBody::new(&head, conn, max_head);
                         let body = PooledBody::raw(body, idle.clone(), flight);
@@ -644,17 +664,29 @@ fn for_h2<B>(req: &mut Request<B>, t: &TargetUrl) {
 
 /// What a failed exchange means for the client.
 fn classify(e: &hyper::Error) -> UpstreamError {
-    let mut chain = std::iter::once(e as &(dyn StdError + 'static)).chain(sources(e));
-    if chain.any(|s| s.is::<LengthLimitError>()) {
-        return UpstreamError::BodyTooLarge;
-    }
     // The body sent upstream is the client's: a failure to read it is a user-body error of the
     // exchange, not the upstream's failure.
-    if e.is_user() {
-        return UpstreamError::BadRequestBody;
+    if is_too_large(e) || e.is_user() {
+        return client_body_error(e);
     }
     tracing::debug!(error = %e, "upstream exchange failed");
     UpstreamError::Broken
+}
+
+/// What a failure to read the client's body means for the client: 413 past the size limit,
+/// 400 otherwise (cut short, bad framing).
+fn client_body_error(e: &(dyn StdError + 'static)) -> UpstreamError {
+    match is_too_large(e) {
+        true => UpstreamError::BodyTooLarge,
+        false => UpstreamError::BadRequestBody,
+    }
+}
+
+/// `e` is, or comes from, the client's body passing its size limit.
+fn is_too_large(e: &(dyn StdError + 'static)) -> bool {
+    std::iter::once(e)
+        .chain(sources(e))
+        .any(|s| s.is::<LengthLimitError>())
 }
 
 /// The errors behind `e`, nearest first.

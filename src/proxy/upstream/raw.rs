@@ -1,9 +1,9 @@
 //! raw: the gateway's own HTTP/1.1 exchange with a cleartext target, for the common request: no
-//! body, no upgrade, no trailers asked for. The request's own task writes the head and reads
+//! body or a small one read whole ([`super::outgoing`]), no upgrade, no trailers asked for. The request's own task writes the head and reads
 //! the response on the connection; hyper's client runs each connection as a task of its own
 //! that requests reach through a channel, a wake-up and a copy of the request each way (about a
 //! third of a proxied request's instructions, callgrind: docs/benchmarks.md). Everything else
-//! (bodies, upgrades, TLS, HTTP/2) still goes through hyper's client. The wire rules are in
+//! (streamed bodies, upgrades, TLS, HTTP/2) still goes through hyper's client. The wire rules are in
 //! [`super::h1`].
 
 use std::pin::Pin;
@@ -59,20 +59,23 @@ impl RawConn {
         !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`) and reads the
-    /// response's head; the body's first bytes stay in the buffer.
+    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`) and `body` (the
+    /// length its head gives), and reads the response's head; the body's first bytes stay in
+    /// the buffer.
     pub async fn exchange<B>(
         &mut self,
         req: &Request<B>,
+        body: &[u8],
         host: &http::HeaderValue,
         max_head: usize,
     ) -> Result<Head, Failure> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         h1::encode_request(req.method(), target, host, req.headers(), &mut self.out);
-        self.io
-            .write_all(&self.out)
-            .await
-            .map_err(Failure::NotSent)?;
+        match body.is_empty() {
+            true => self.io.write_all(&self.out).await,
+            false => write_both(&mut self.io, &self.out, body).await,
+        }
+        .map_err(Failure::NotSent)?;
         let head_request = req.method() == http::Method::HEAD;
         loop {
             match h1::parse_response(&mut self.buf, head_request, max_head, &mut self.lines) {
@@ -92,6 +95,23 @@ impl RawConn {
             }
         }
     }
+}
+
+/// Writes `a` then `b`, together where the socket takes both (one system call for a head and a
+/// small body).
+async fn write_both(io: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let n = io
+            .write_vectored(&[std::io::IoSlice::new(a), std::io::IoSlice::new(b)])
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
 }
 
 /// Why a response body could not be read to its end.

@@ -1,0 +1,122 @@
+//! outgoing: a request's body on its way upstream. Most bodies stream from the client as they
+//! arrive; a small one with a known length that goes through the gateway's own exchange
+//! ([`super::raw`]) is read whole first, as nginx's request buffering does, so that its head and
+//! body go in one write and a request that a reused connection could not take can be sent again
+//! on a new one (a streamed body cannot: its bytes are gone).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+/// The largest request body read whole before it is sent, in bytes (64 KiB). A larger one, or
+/// one without a `Content-Length`, streams through hyper's client.
+pub const WHOLE_MAX: u64 = 64 * 1024;
+
+/// Request body sent upstream: the client's body, cut off at the configured size.
+pub enum Outgoing {
+    /// Read from the client as it is sent on.
+    Streaming(Limited<Incoming>),
+    /// Read whole ([`Outgoing::read_whole`]); `None` once sent.
+    Whole(Option<Bytes>),
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Outgoing {
+    /// The client's `body`, at most `max` bytes of it.
+    pub fn new(body: Incoming, max: usize) -> Outgoing {
+        Outgoing::Streaming(Limited::new(body, max))
+    }
+
+    /// Whether the body can be sent by the gateway's own exchange: none, already whole, or a
+    /// length of at most [`WHOLE_MAX`].
+    pub fn fits_whole(&self) -> bool {
+        match self {
+            Outgoing::Whole(_) => true,
+            Outgoing::Streaming(b) => {
+                b.is_end_stream() || b.size_hint().exact().is_some_and(|n| n <= WHOLE_MAX)
+            }
+        }
+    }
+
+    /// Reads the rest of a streaming body, so that it is whole; the error is the client's body's
+    /// (cut short, past the size limit).
+    pub async fn read_whole(&mut self) -> Result<(), BoxError> {
+        if let Outgoing::Streaming(b) = self {
+            let bytes = match b.is_end_stream() {
+                true => Bytes::new(),
+                false => b.collect().await?.to_bytes(),
+            };
+            *self = Outgoing::Whole(Some(bytes));
+        }
+        Ok(())
+    }
+
+    /// The bytes of a whole body (empty for a streaming one).
+    pub fn whole(&self) -> &[u8] {
+        match self {
+            Outgoing::Whole(Some(b)) => b,
+            _ => &[],
+        }
+    }
+}
+
+impl Body for Outgoing {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Outgoing::Streaming(b) => Pin::new(b).poll_frame(cx),
+            Outgoing::Whole(b) => Poll::Ready(
+                b.take()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| Ok(Frame::data(b))),
+            ),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Outgoing::Streaming(b) => b.is_end_stream(),
+            Outgoing::Whole(b) => b.as_ref().is_none_or(Bytes::is_empty),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Outgoing::Streaming(b) => b.size_hint(),
+            Outgoing::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_whole_body_is_sent_once_with_its_length() {
+        let mut body = Outgoing::Whole(Some(Bytes::from_static(b"hello")));
+        assert!(body.fits_whole());
+        assert_eq!(body.whole(), b"hello");
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!body.is_end_stream());
+        assert!(
+            body.read_whole().await.is_ok(),
+            "a whole body stays as it is"
+        );
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"hello"));
+        assert!(body.is_end_stream());
+        assert!(body.frame().await.is_none());
+        assert_eq!(body.size_hint().exact(), Some(0));
+    }
+}
