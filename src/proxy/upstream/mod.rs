@@ -487,11 +487,7 @@ impl Upstream {
                         return Ok(resp);
                     }
                     Err(raw::Failure::NotSent(_)) if !fresh => fresh = true,
-                    Err(raw::Failure::NotSent(e)) => {
-                        tracing::debug!(error = %e, "upstream exchange failed");
-                        return Err(Attempt::Failed(UpstreamError::Broken));
-                    }
-                    Err(raw::Failure::Failed(e)) => {
+                    Err(e) => {
                         tracing::debug!(error = %e, "upstream exchange failed");
                         return Err(Attempt::Failed(UpstreamError::Broken));
                     }

@@ -27,12 +27,65 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::raw::{BodyError as RawBodyError, RawBody, RawConn};
 
+/// A connection that can tell, without a wait, that its peer closed it.
+trait Conn {
+    fn is_closed(&self) -> bool;
+}
+
+impl<B> Conn for SendRequest<B> {
+    fn is_closed(&self) -> bool {
+        SendRequest::is_closed(self)
+    }
+}
+
+impl Conn for RawConn {
+    fn is_closed(&self) -> bool {
+        RawConn::is_closed(self)
+    }
+}
+
+/// Idle connections of one kind, most recently used last: the likeliest to be still open.
+struct Stack<C>(Mutex<Vec<(C, Instant)>>);
+
+impl<C: Conn> Stack<C> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(C, Instant)>> {
+        // Nothing here can leave the list half-changed, so a poisoned lock is used as is.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used connection that is not closed.
+    fn take(&self) -> Option<C> {
+        let mut idle = self.lock();
+        while let Some((conn, _)) = idle.pop() {
+            if !conn.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` if fewer than `max` are kept; whether it was.
+    fn put(&self, conn: C, max: usize) -> bool {
+        let mut idle = self.lock();
+        if idle.len() >= max {
+            return false;
+        }
+        idle.push((conn, Instant::now()));
+        true
+    }
+
+    /// Closes those closed by their peer or idle for `timeout`.
+    fn reap(&self, timeout: Duration) {
+        self.lock()
+            .retain(|(c, since)| !c.is_closed() && since.elapsed() < timeout);
+    }
+}
+
 /// Idle connections of one worker to one target.
 pub struct Idle<B> {
-    /// Most recently used last: the likeliest to be still open.
-    senders: Mutex<Vec<(SendRequest<B>, Instant)>>,
+    senders: Stack<SendRequest<B>>,
     /// The same, for the gateway's own exchange ([`super::raw`]).
-    raw: Mutex<Vec<(RawConn, Instant)>>,
+    raw: Stack<RawConn>,
     /// The HTTP/2 connection requests share, once one is open.
     h2: Mutex<Option<http2::SendRequest<B>>>,
     /// Idle connections kept at most.
@@ -46,8 +99,8 @@ pub struct Idle<B> {
 impl<B: Send + 'static> Idle<B> {
     pub fn new(max: usize, timeout: Duration) -> Arc<Idle<B>> {
         Arc::new(Idle {
-            senders: Mutex::new(Vec::new()),
-            raw: Mutex::new(Vec::new()),
+            senders: Stack(Mutex::new(Vec::new())),
+            raw: Stack(Mutex::new(Vec::new())),
             h2: Mutex::new(None),
             max,
             timeout,
@@ -55,48 +108,22 @@ impl<B: Send + 'static> Idle<B> {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<B>, Instant)>> {
-        // Nothing here can leave the list half-changed, so a poisoned lock is used as is.
-        self.senders.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The most recently used idle connection that is not closed.
     pub fn take(&self) -> Option<SendRequest<B>> {
-        let mut idle = self.lock();
-        while let Some((sender, _)) = idle.pop() {
-            if !sender.is_closed() {
-                return Some(sender);
-            }
-        }
-        None
-    }
-
-    fn lock_raw(&self) -> std::sync::MutexGuard<'_, Vec<(RawConn, Instant)>> {
-        self.raw.lock().unwrap_or_else(|e| e.into_inner())
+        self.senders.take()
     }
 
     /// The most recently used idle connection of the gateway's own exchange that is not closed.
     pub fn take_raw(&self) -> Option<RawConn> {
-        let mut idle = self.lock_raw();
-        while let Some((conn, _)) = idle.pop() {
-            if !conn.is_closed() {
-                return Some(conn);
-            }
-        }
-        None
+        self.raw.take()
     }
 
     /// Keeps a connection of the gateway's own exchange whose response is finished, if there
     /// is room.
     pub fn put_raw(self: &Arc<Self>, conn: RawConn) {
-        {
-            let mut idle = self.lock_raw();
-            if idle.len() >= self.max || self.timeout.is_zero() {
-                return;
-            }
-            idle.push((conn, Instant::now()));
+        if !self.timeout.is_zero() && self.raw.put(conn, self.max) {
+            self.reap();
         }
-        self.reap();
     }
 
     /// Starts the task that closes idle connections, once.
@@ -130,17 +157,9 @@ impl<B: Send + 'static> Idle<B> {
 
     /// Keeps a connection whose last response is finished, if there is room.
     fn put(self: &Arc<Self>, sender: SendRequest<B>) {
-        if sender.is_closed() {
-            return;
+        if !sender.is_closed() && !self.timeout.is_zero() && self.senders.put(sender, self.max) {
+            self.reap();
         }
-        {
-            let mut idle = self.lock();
-            if idle.len() >= self.max || self.timeout.is_zero() {
-                return;
-            }
-            idle.push((sender, Instant::now()));
-        }
-        self.reap();
     }
 }
 
@@ -154,11 +173,8 @@ async fn reap<B: Send + 'static>(idle: Weak<Idle<B>>) {
         let Some(idle) = idle.upgrade() else {
             return;
         };
-        let timeout = idle.timeout;
-        idle.lock()
-            .retain(|(s, since)| !s.is_closed() && since.elapsed() < timeout);
-        idle.lock_raw()
-            .retain(|(c, since)| !c.is_closed() && since.elapsed() < timeout);
+        idle.senders.reap(idle.timeout);
+        idle.raw.reap(idle.timeout);
     }
 }
 

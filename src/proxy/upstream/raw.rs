@@ -41,6 +41,15 @@ pub enum Failure {
     Failed(String),
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::NotSent(e) => write!(f, "the request could not be written: {e}"),
+            Failure::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 impl RawConn {
     pub fn new(io: TcpStream) -> RawConn {
         RawConn {
