@@ -1,9 +1,10 @@
 //! The header rules: removing hop-by-hop fields (and those `Connection` names) never removes the
-//! API key header, and setting the forwarding fields never panics, whatever the client sent.
+//! API key header, and setting the forwarding fields never panics and gives the same fields as
+//! writing them after the client's (the gateway's own exchange), whatever the client sent.
 #![no_main]
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use quotagate::proxy::headers::{set_forwarded, strip_hop_by_hop};
+use quotagate::proxy::headers::{Forwarded, strip_hop_by_hop};
 
 fuzz_target!(|data: &[u8]| {
     let mut headers = HeaderMap::new();
@@ -33,5 +34,21 @@ fuzz_target!(|data: &[u8]| {
     ] {
         assert!(!headers.contains_key(hop), "{hop} survived");
     }
-    set_forwarded(&mut headers, [127, 0, 0, 1].into(), host);
+    // The two ways the forwarding fields are applied agree: set in the map, or written after
+    // the fields they do not replace (the gateway's own exchange).
+    let fwd = Forwarded::new([127, 0, 0, 1].into(), host);
+    let mut written: Vec<(HeaderName, HeaderValue)> = headers
+        .iter()
+        .filter(|(n, _)| !Forwarded::replaces(n))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    for (n, v) in fwd.fields(&headers) {
+        written.extend(v.map(|v| (n, v)));
+    }
+    fwd.set(&mut headers);
+    let mut set: Vec<_> = headers.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    let key = |(n, v): &(HeaderName, HeaderValue)| (n.to_string(), v.as_bytes().to_vec());
+    set.sort_by_key(key);
+    written.sort_by_key(key);
+    assert_eq!(set, written);
 });

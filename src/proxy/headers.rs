@@ -124,36 +124,84 @@ fn client_value(client: IpAddr) -> HeaderValue {
     })
 }
 
-/// Sets the `X-Forwarded-*` fields for a request from `client` that was sent to `host` (the
-/// client's `Host` value itself, or its HTTP/2 authority: no copy of it is made).
-pub fn set_forwarded(headers: &mut HeaderMap, client: IpAddr, host: Option<HeaderValue>) {
-    let ip = client_value(client);
-    let xff = match headers.entry(X_FORWARDED_FOR) {
-        http::header::Entry::Vacant(e) => {
-            e.insert(ip);
-            None
-        }
-        http::header::Entry::Occupied(e) => {
-            let prior: Vec<&str> = e.iter().filter_map(|v| v.to_str().ok()).collect();
-            let mut list = prior.join(", ");
-            if !list.is_empty() {
-                list.push_str(", ");
-            }
-            list.push_str(ip.to_str().unwrap_or_default());
-            Some(list)
-        }
-    };
-    if let Some(list) = xff {
-        headers.remove(&X_FORWARDED_FOR);
-        if let Ok(v) = HeaderValue::try_from(list) {
-            headers.insert(X_FORWARDED_FOR, v);
+/// The `X-Forwarded-*` fields of a request from a client that was sent to a host (the client's
+/// `Host` value itself, or its HTTP/2 authority: no copy of it is made). They replace what the
+/// client sent, but for `X-Forwarded-For`, whose list the client's address ends. Set in a
+/// request's header map ([`Forwarded::set`]), or written after its other fields by the
+/// gateway's own exchange ([`Forwarded::fields`], skipping those that [`Forwarded::replaces`]),
+/// which spares the map three insertions and often its growth.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    ip: HeaderValue,
+    host: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    pub fn new(client: IpAddr, host: Option<HeaderValue>) -> Forwarded {
+        Forwarded {
+            ip: client_value(client),
+            host,
         }
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    match host {
-        Some(v) => headers.insert(X_FORWARDED_HOST, v),
-        None => headers.remove(&X_FORWARDED_HOST),
-    };
+
+    /// The client's field `name` is one of these (replaced, or folded into the new
+    /// `X-Forwarded-For`).
+    pub fn replaces(name: &HeaderName) -> bool {
+        // A length first: most names are none of the three.
+        matches!(name.as_str().len(), 15..=17)
+            && (*name == X_FORWARDED_FOR || *name == X_FORWARDED_PROTO || *name == X_FORWARDED_HOST)
+    }
+
+    /// The fields as they go upstream after the client's `headers` (`None`: not sent).
+    pub fn fields(&self, headers: &HeaderMap) -> [(HeaderName, Option<HeaderValue>); 3] {
+        let prior = headers.get_all(X_FORWARDED_FOR);
+        let xff = match prior.iter().next() {
+            None => Some(self.ip.clone()),
+            Some(_) => self.forwarded_for(prior.iter()),
+        };
+        [
+            (X_FORWARDED_FOR, xff),
+            (X_FORWARDED_PROTO, Some(HeaderValue::from_static("http"))),
+            (X_FORWARDED_HOST, self.host.clone()),
+        ]
+    }
+
+    /// `X-Forwarded-For` after the client's own field lines `prior`: their list (values that are
+    /// not visible ASCII dropped), then the client's address.
+    fn forwarded_for<'a>(
+        &self,
+        prior: impl Iterator<Item = &'a HeaderValue>,
+    ) -> Option<HeaderValue> {
+        let prior: Vec<&str> = prior.filter_map(|v| v.to_str().ok()).collect();
+        let mut list = prior.join(", ");
+        if !list.is_empty() {
+            list.push_str(", ");
+        }
+        list.push_str(self.ip.to_str().unwrap_or_default());
+        HeaderValue::try_from(list).ok()
+    }
+
+    /// Sets the fields in `headers`, replacing the client's.
+    pub fn set(self, headers: &mut HeaderMap) {
+        let xff = match headers.entry(X_FORWARDED_FOR) {
+            http::header::Entry::Vacant(e) => {
+                e.insert(self.ip.clone());
+                None
+            }
+            http::header::Entry::Occupied(e) => Some(self.forwarded_for(e.iter())),
+        };
+        if let Some(list) = xff {
+            headers.remove(&X_FORWARDED_FOR);
+            if let Some(v) = list {
+                headers.insert(X_FORWARDED_FOR, v);
+            }
+        }
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        match self.host {
+            Some(v) => headers.insert(X_FORWARDED_HOST, v),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+    }
 }
 
 fn num(n: u64) -> HeaderValue {
@@ -341,18 +389,68 @@ mod tests {
             ("x-forwarded-host", "evil"),
             ("x-forwarded-proto", "https"),
         ]);
-        set_forwarded(
-            &mut h,
+        Forwarded::new(
             "10.0.0.9".parse().unwrap(),
             Some(HeaderValue::from_static("api.example:8080")),
-        );
+        )
+        .set(&mut h);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
         assert_eq!(h["x-forwarded-host"], "api.example:8080");
         assert_eq!(h["x-forwarded-proto"], "http");
         let mut h = HeaderMap::new();
-        set_forwarded(&mut h, "::1".parse().unwrap(), None);
+        Forwarded::new("::1".parse().unwrap(), None).set(&mut h);
         assert_eq!(h["x-forwarded-for"], "::1");
         assert!(!h.contains_key("x-forwarded-host"));
+    }
+
+    #[test]
+    fn forwarded_fields_are_the_same_set_in_a_map_or_written_after_it() {
+        let cases: [&[(&str, &str)]; 5] = [
+            &[],
+            &[("accept", "*/*")],
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("x-forwarded-for", "2.2.2.2"),
+            ],
+            &[
+                ("x-forwarded-host", "evil"),
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-port", "1"),
+            ],
+            &[("x-forwarded-for", "")],
+        ];
+        for case in cases {
+            for host in [None, Some(HeaderValue::from_static("api.example"))] {
+                let client = map(case);
+                let fwd = Forwarded::new("10.0.0.9".parse().unwrap(), host);
+                let mut set = client.clone();
+                fwd.clone().set(&mut set);
+                // What the own exchange writes: the client's fields but those replaced, then these.
+                let mut written: Vec<(HeaderName, HeaderValue)> = client
+                    .iter()
+                    .filter(|(n, _)| !Forwarded::replaces(n))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect();
+                for (n, v) in fwd.fields(&client) {
+                    written.extend(v.map(|v| (n, v)));
+                }
+                let mut from_map: Vec<_> =
+                    set.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+                let key =
+                    |(n, v): &(HeaderName, HeaderValue)| (n.to_string(), v.as_bytes().to_vec());
+                from_map.sort_by_key(key);
+                written.sort_by_key(key);
+                assert_eq!(from_map, written, "{case:?}");
+            }
+        }
+        for name in ["x-forwarded-for", "X-Forwarded-Proto", "x-forwarded-host"] {
+            assert!(Forwarded::replaces(
+                &HeaderName::from_bytes(name.as_bytes()).unwrap()
+            ));
+        }
+        for name in ["x-forwarded-port", "x-forwarded-fox", "accept", "x-real-ip"] {
+            assert!(!Forwarded::replaces(&HeaderName::from_static(name)));
+        }
     }
 
     fn one(name: &'static str, q: &Quota) -> Rate<'static> {

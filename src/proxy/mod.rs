@@ -492,7 +492,7 @@ impl Proxy {
             if let Some((_, protocol)) = &upgrade {
                 upgrade::restore(headers, protocol.clone());
             }
-            headers::set_forwarded(headers, peer.ip(), host);
+            let forwarded = headers::Forwarded::new(peer.ip(), host);
             if grpc {
                 // gRPC servers ask for it; it is hop-by-hop, so it was removed above.
                 headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
@@ -506,7 +506,7 @@ impl Proxy {
                 grpc,
                 upgrade: upgrade.is_some(),
             };
-            match self.upstream.send(req, needs).await {
+            match self.upstream.send(req, needs, forwarded).await {
                 Ok(mut resp) => {
                     if self.upstream_failing.load(Ordering::Relaxed)
                         && self.upstream_failing.swap(false, Ordering::Relaxed)

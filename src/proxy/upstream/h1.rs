@@ -9,14 +9,22 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 /// Header lines a response head may have at most (hyper's client allows as many).
 pub const MAX_HEADERS: usize = 100;
 
+/// Fields written after a request's own, in place of those of its own that `replaces` names
+/// (`None`: a field not sent).
+pub struct After<'a> {
+    pub fields: &'a [(HeaderName, Option<HeaderValue>)],
+    pub replaces: fn(&HeaderName) -> bool,
+}
+
 /// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
-/// `Host` of its own. The `http` types hold no CR, LF or other control byte, so nothing here
-/// can split a line.
+/// `Host` of its own and those `after` replaces, then `after`'s. The `http` types hold no CR,
+/// LF or other control byte, so nothing here can split a line.
 pub fn encode_request(
     method: &Method,
     target: &str,
     host: &HeaderValue,
     headers: &HeaderMap,
+    after: Option<&After<'_>>,
     out: &mut Vec<u8>,
 ) {
     out.clear();
@@ -26,14 +34,24 @@ pub fn encode_request(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        if name == http::header::HOST {
-            continue;
-        }
+    let mut line = |name: &HeaderName, value: &HeaderValue| {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    };
+    let nothing: fn(&HeaderName) -> bool = |_| false;
+    let replaced = after.map_or(nothing, |a| a.replaces);
+    for (name, value) in headers {
+        if name == http::header::HOST || replaced(name) {
+            continue;
+        }
+        line(name, value);
+    }
+    for (name, value) in after.map_or(&[][..], |a| a.fields) {
+        if let Some(value) = value {
+            line(name, value);
+        }
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -366,10 +384,35 @@ mod tests {
         headers.append("x-a", HeaderValue::from_static("2"));
         let mut out = Vec::new();
         let host = HeaderValue::from_static("up:8080");
-        encode_request(&Method::GET, "/users/1?q=2", &host, &headers, &mut out);
+        encode_request(
+            &Method::GET,
+            "/users/1?q=2",
+            &host,
+            &headers,
+            None,
+            &mut out,
+        );
         assert_eq!(
             out,
             b"GET /users/1?q=2 HTTP/1.1\r\nhost: up:8080\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
+        );
+        // Fields written after: those of the request they replace are left out.
+        headers.append("x-b", HeaderValue::from_static("3"));
+        let fields = [
+            (
+                HeaderName::from_static("x-a"),
+                Some(HeaderValue::from_static("new")),
+            ),
+            (HeaderName::from_static("x-c"), None),
+        ];
+        let after = After {
+            fields: &fields,
+            replaces: |n| n == "x-a" || n == "x-c",
+        };
+        encode_request(&Method::POST, "/", &host, &headers, Some(&after), &mut out);
+        assert_eq!(
+            out,
+            b"POST / HTTP/1.1\r\nhost: up:8080\r\nx-b: 3\r\nx-a: new\r\n\r\n"
         );
     }
 

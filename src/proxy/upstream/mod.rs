@@ -35,6 +35,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::config::{Balance, UpstreamProtocol};
+use crate::proxy::headers::Forwarded;
 use balance::{Failed, Health, Standing, Succeeded};
 use connect::{ClientTls, ConnectError, Connector, Sender, Speak};
 pub use outgoing::Outgoing;
@@ -253,8 +254,12 @@ impl Upstream {
         &self,
         mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
+        forwarded: Forwarded,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, UpstreamError>> + Send {
         async move {
+            // Set in the request's map by the first attempt that goes through hyper's client;
+            // the own exchange writes them after the request's fields instead.
+            let mut forwarded = Some(forwarded);
             // The target being tried, read when the response timeout cuts the attempt short.
             let trying = AtomicUsize::new(usize::MAX);
             let exchange = async {
@@ -264,7 +269,7 @@ impl Upstream {
                     let i = self.pick(skip);
                     trying.store(i, Ordering::Relaxed);
                     let t = &self.targets[i];
-                    match self.send_to(t, req, needs).await {
+                    match self.send_to(t, req, needs, &mut forwarded).await {
                         Ok(resp) => {
                             self.succeeded(t);
                             return Ok(resp);
@@ -368,6 +373,7 @@ impl Upstream {
         t: &Target,
         mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
+        forwarded: &mut Option<Forwarded>,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
             let speak = self.speak(t, needs);
@@ -382,7 +388,12 @@ impl Upstream {
                 // gRPC asks for trailers (`TE: trailers`, the only `TE` forwarded).
                 && !needs.grpc
             {
-                return self.send_raw(t, idle, req, flight).await;
+                return self
+                    .send_raw(t, idle, req, flight, forwarded.as_ref())
+                    .await;
+            }
+            if let Some(f) = forwarded.take() {
+                f.set(req.headers_mut());
             }
             if speak != Speak::Http1 {
                 // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
@@ -442,6 +453,7 @@ impl Upstream {
         idle: &Arc<Idle<UpstreamBody>>,
         mut req: Box<Request<UpstreamBody>>,
         flight: InFlight,
+        forwarded: Option<&Forwarded>,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
             // Read before a connection is taken: a slow client holds none. Whole, the request
@@ -457,7 +469,13 @@ impl Upstream {
                     req.headers_mut().insert(http::header::CONTENT_LENGTH, len);
                 }
             }
-            // The target's Host and the origin form are written by the exchange itself.
+            // The target's Host and the origin form are written by the exchange itself, and the
+            // forwarding fields after the request's own.
+            let fields = forwarded.map(|f| f.fields(req.headers()));
+            let after = fields.as_ref().map(|fields| h1::After {
+                fields,
+                replaces: Forwarded::replaces,
+            });
             let max_head = self.connector.max_header_bytes.max(8192);
             // As with hyper's client: a request that a reused connection could not take (the
             // upstream closed it while idle) goes once more, on a new connection.
@@ -474,7 +492,13 @@ impl Upstream {
                     }
                 };
                 match conn
-                    .exchange(&req, req.body().whole(), &t.url.host, max_head)
+                    .exchange(
+                        &req,
+                        req.body().whole(),
+                        &t.url.host,
+                        after.as_ref(),
+                        max_head,
+                    )
                     .await
                 {
                     Ok(head) => {

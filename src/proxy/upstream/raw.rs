@@ -68,18 +68,20 @@ impl RawConn {
         !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`) and `body` (the
-    /// length its head gives), and reads the response's head; the body's first bytes stay in
-    /// the buffer.
+    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`, `after` its own
+    /// fields) and `body` (the length its head gives), and reads the response's head; the
+    /// body's first bytes stay in the buffer.
     pub async fn exchange<B>(
         &mut self,
         req: &Request<B>,
         body: &[u8],
         host: &http::HeaderValue,
+        after: Option<&h1::After<'_>>,
         max_head: usize,
     ) -> Result<Head, Failure> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        h1::encode_request(req.method(), target, host, req.headers(), &mut self.out);
+        let headers = req.headers();
+        h1::encode_request(req.method(), target, host, headers, after, &mut self.out);
         match body.is_empty() {
             true => self.io.write_all(&self.out).await,
             false => write_both(&mut self.io, &self.out, body).await,
