@@ -42,9 +42,8 @@ fuzz_target!(|data: &[u8]| {
         .filter(|(n, _)| !Forwarded::replaces(n))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
-    for (n, v) in fwd.fields(&headers) {
-        written.extend(v.map(|v| (n, v)));
-    }
+    let replaced = headers.keys().any(Forwarded::replaces);
+    fwd.each(&headers, replaced, |n, v| written.push((n.clone(), v.clone())));
     fwd.set(&mut headers);
     let mut set: Vec<_> = headers.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
     let key = |(n, v): &(HeaderName, HeaderValue)| (n.to_string(), v.as_bytes().to_vec());

@@ -33,6 +33,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.
+const HTTP: HeaderValue = HeaderValue::from_static("http");
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
@@ -152,18 +154,31 @@ impl Forwarded {
             && (*name == X_FORWARDED_FOR || *name == X_FORWARDED_PROTO || *name == X_FORWARDED_HOST)
     }
 
-    /// The fields as they go upstream after the client's `headers` (`None`: not sent).
-    pub fn fields(&self, headers: &HeaderMap) -> [(HeaderName, Option<HeaderValue>); 3] {
-        let prior = headers.get_all(X_FORWARDED_FOR);
-        let xff = match prior.iter().next() {
-            None => Some(self.ip.clone()),
-            Some(_) => self.forwarded_for(prior.iter()),
+    /// Gives the fields to `line` as they go upstream after the client's `headers`, less those
+    /// that [`Forwarded::replaces`]; `replaced`: the client sent such a field (otherwise its
+    /// headers are not looked at again).
+    pub fn each(
+        &self,
+        headers: &HeaderMap,
+        replaced: bool,
+        mut line: impl FnMut(&HeaderName, &HeaderValue),
+    ) {
+        let prior = match replaced {
+            true => Some(headers.get_all(X_FORWARDED_FOR)),
+            false => None,
         };
-        [
-            (X_FORWARDED_FOR, xff),
-            (X_FORWARDED_PROTO, Some(HeaderValue::from_static("http"))),
-            (X_FORWARDED_HOST, self.host.clone()),
-        ]
+        match prior.filter(|p| p.iter().next().is_some()) {
+            None => line(&X_FORWARDED_FOR, &self.ip),
+            Some(prior) => {
+                if let Some(v) = self.forwarded_for(prior.iter()) {
+                    line(&X_FORWARDED_FOR, &v);
+                }
+            }
+        }
+        line(&X_FORWARDED_PROTO, &HTTP);
+        if let Some(host) = &self.host {
+            line(&X_FORWARDED_HOST, host);
+        }
     }
 
     /// `X-Forwarded-For` after the client's own field lines `prior`: their list (values that are
@@ -196,7 +211,7 @@ impl Forwarded {
                 headers.insert(X_FORWARDED_FOR, v);
             }
         }
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO, HTTP);
         match self.host {
             Some(v) => headers.insert(X_FORWARDED_HOST, v),
             None => headers.remove(&X_FORWARDED_HOST),
@@ -405,7 +420,7 @@ mod tests {
 
     #[test]
     fn forwarded_fields_are_the_same_set_in_a_map_or_written_after_it() {
-        let cases: [&[(&str, &str)]; 5] = [
+        let cases: [&[(&str, &str)]; 6] = [
             &[],
             &[("accept", "*/*")],
             &[
@@ -418,6 +433,7 @@ mod tests {
                 ("x-forwarded-port", "1"),
             ],
             &[("x-forwarded-for", "")],
+            &[("x-forwarded-for", "é"), ("x-forwarded-for", "3.3.3.3")],
         ];
         for case in cases {
             for host in [None, Some(HeaderValue::from_static("api.example"))] {
@@ -431,9 +447,10 @@ mod tests {
                     .filter(|(n, _)| !Forwarded::replaces(n))
                     .map(|(n, v)| (n.clone(), v.clone()))
                     .collect();
-                for (n, v) in fwd.fields(&client) {
-                    written.extend(v.map(|v| (n, v)));
-                }
+                let replaced = client.keys().any(Forwarded::replaces);
+                fwd.each(&client, replaced, |n, v| {
+                    written.push((n.clone(), v.clone()))
+                });
                 let mut from_map: Vec<_> =
                     set.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
                 let key =

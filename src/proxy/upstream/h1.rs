@@ -9,11 +9,28 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 /// Header lines a response head may have at most (hyper's client allows as many).
 pub const MAX_HEADERS: usize = 100;
 
-/// Fields written after a request's own, in place of those of its own that `replaces` names
-/// (`None`: a field not sent).
-pub struct After<'a> {
-    pub fields: &'a [(HeaderName, Option<HeaderValue>)],
-    pub replaces: fn(&HeaderName) -> bool,
+/// Fields written after a request's own, in place of some of them.
+pub trait After {
+    /// The request's field `name` is one of these: it is left out.
+    fn replaces(&self, name: &HeaderName) -> bool;
+    /// Gives these to `line`, for a request with `headers`; `replaced`: it had a field that
+    /// [`After::replaces`].
+    fn write(
+        &self,
+        headers: &HeaderMap,
+        replaced: bool,
+        line: impl FnMut(&HeaderName, &HeaderValue),
+    );
+}
+
+#[inline(always)]
+fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    let (name, value) = (name.as_str().as_bytes(), value.as_bytes());
+    out.reserve(name.len() + value.len() + 4);
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
@@ -24,7 +41,7 @@ pub fn encode_request(
     target: &str,
     host: &HeaderValue,
     headers: &HeaderMap,
-    after: Option<&After<'_>>,
+    after: &impl After,
     out: &mut Vec<u8>,
 ) {
     out.clear();
@@ -34,25 +51,18 @@ pub fn encode_request(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
-    let mut line = |name: &HeaderName, value: &HeaderValue| {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    };
-    let nothing: fn(&HeaderName) -> bool = |_| false;
-    let replaced = after.map_or(nothing, |a| a.replaces);
+    let mut replaced = false;
     for (name, value) in headers {
-        if name == http::header::HOST || replaced(name) {
+        if name == http::header::HOST {
             continue;
         }
-        line(name, value);
-    }
-    for (name, value) in after.map_or(&[][..], |a| a.fields) {
-        if let Some(value) = value {
-            line(name, value);
+        if after.replaces(name) {
+            replaced = true;
+            continue;
         }
+        line(out, name, value);
     }
+    after.write(headers, replaced, |name, value| line(out, name, value));
     out.extend_from_slice(b"\r\n");
 }
 
@@ -376,6 +386,16 @@ mod tests {
         parse_response(&mut buf(text.as_bytes()), false, 8192, &mut Vec::new())
     }
 
+    /// No fields after.
+    struct Nothing;
+
+    impl After for Nothing {
+        fn replaces(&self, _: &HeaderName) -> bool {
+            false
+        }
+        fn write(&self, _: &HeaderMap, _: bool, _: impl FnMut(&HeaderName, &HeaderValue)) {}
+    }
+
     #[test]
     fn a_request_head_is_its_line_and_its_headers() {
         let mut headers = HeaderMap::new();
@@ -389,7 +409,7 @@ mod tests {
             "/users/1?q=2",
             &host,
             &headers,
-            None,
+            &Nothing,
             &mut out,
         );
         assert_eq!(
@@ -398,18 +418,25 @@ mod tests {
         );
         // Fields written after: those of the request they replace are left out.
         headers.append("x-b", HeaderValue::from_static("3"));
-        let fields = [
-            (
-                HeaderName::from_static("x-a"),
-                Some(HeaderValue::from_static("new")),
-            ),
-            (HeaderName::from_static("x-c"), None),
-        ];
-        let after = After {
-            fields: &fields,
-            replaces: |n| n == "x-a" || n == "x-c",
-        };
-        encode_request(&Method::POST, "/", &host, &headers, Some(&after), &mut out);
+        struct NewA;
+        impl After for NewA {
+            fn replaces(&self, name: &HeaderName) -> bool {
+                name == "x-a" || name == "x-c"
+            }
+            fn write(
+                &self,
+                _: &HeaderMap,
+                replaced: bool,
+                mut line: impl FnMut(&HeaderName, &HeaderValue),
+            ) {
+                assert!(replaced);
+                line(
+                    &HeaderName::from_static("x-a"),
+                    &HeaderValue::from_static("new"),
+                );
+            }
+        }
+        encode_request(&Method::POST, "/", &host, &headers, &NewA, &mut out);
         assert_eq!(
             out,
             b"POST / HTTP/1.1\r\nhost: up:8080\r\nx-b: 3\r\nx-a: new\r\n\r\n"

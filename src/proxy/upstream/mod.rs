@@ -470,12 +470,7 @@ impl Upstream {
                 }
             }
             // The target's Host and the origin form are written by the exchange itself, and the
-            // forwarding fields after the request's own.
-            let fields = forwarded.map(|f| f.fields(req.headers()));
-            let after = fields.as_ref().map(|fields| h1::After {
-                fields,
-                replaces: Forwarded::replaces,
-            });
+            // forwarding fields after the request's own (unless an earlier attempt set them).
             let max_head = self.connector.max_header_bytes.max(8192);
             // As with hyper's client: a request that a reused connection could not take (the
             // upstream closed it while idle) goes once more, on a new connection.
@@ -496,7 +491,7 @@ impl Upstream {
                         &req,
                         req.body().whole(),
                         &t.url.host,
-                        after.as_ref(),
+                        &Fields(forwarded),
                         max_head,
                     )
                     .await
@@ -645,6 +640,27 @@ impl balance::Targets for Now<'_> {
     }
     fn busy(&self, i: usize) -> usize {
         self.0.targets[i].in_flight.get().max(0) as usize
+    }
+}
+
+/// The forwarding fields, as the own exchange writes them (`None`: already in the request's
+/// map).
+struct Fields<'a>(Option<&'a Forwarded>);
+
+impl h1::After for Fields<'_> {
+    fn replaces(&self, name: &http::HeaderName) -> bool {
+        self.0.is_some() && Forwarded::replaces(name)
+    }
+
+    fn write(
+        &self,
+        headers: &http::HeaderMap,
+        replaced: bool,
+        line: impl FnMut(&http::HeaderName, &http::HeaderValue),
+    ) {
+        if let Some(f) = self.0 {
+            f.each(headers, replaced, line);
+        }
     }
 }
 

@@ -76,7 +76,7 @@ impl RawConn {
         req: &Request<B>,
         body: &[u8],
         host: &http::HeaderValue,
-        after: Option<&h1::After<'_>>,
+        after: &impl h1::After,
         max_head: usize,
     ) -> Result<Head, Failure> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
