@@ -142,9 +142,11 @@ pub fn parse_response(
         // zeroed every time).
         let base = buf.as_ptr() as usize;
         lines.clear();
+        let mut framed_by = Seen::default();
         for h in resp.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| BadHead("invalid header name"))?;
+            framed_by.note(&name);
             let at = h.value.as_ptr() as usize - base;
             lines.push((name, at..at + h.value.len()));
         }
@@ -155,7 +157,23 @@ pub fn parse_response(
                 .map_err(|_| BadHead("invalid header value"))?;
             headers.append(name, value);
         }
-        return frame(status, version, headers, head_request).map(Some);
+        return frame(status, version, headers, framed_by, head_request).map(Some);
+    }
+}
+
+/// Which of the fields that frame a response it has: the others are not looked up.
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    connection: bool,
+    transfer_encoding: bool,
+    content_length: bool,
+}
+
+impl Seen {
+    fn note(&mut self, name: &HeaderName) {
+        self.connection |= name == CONNECTION;
+        self.transfer_encoding |= name == TRANSFER_ENCODING;
+        self.content_length |= name == CONTENT_LENGTH;
     }
 }
 
@@ -165,23 +183,25 @@ fn frame(
     status: StatusCode,
     version: Version,
     mut headers: HeaderMap,
+    seen: Seen,
     head_request: bool,
 ) -> Result<Head, BadHead> {
     let mut reusable = version == Version::HTTP_11
-        && !headers
-            .get_all(CONNECTION)
-            .iter()
-            .any(|v| has_token(v.as_bytes(), b"close"));
+        && !(seen.connection
+            && headers
+                .get_all(CONNECTION)
+                .iter()
+                .any(|v| has_token(v.as_bytes(), b"close")));
     let framing =
         if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             Framing::Empty
-        } else if headers.contains_key(TRANSFER_ENCODING) {
+        } else if seen.transfer_encoding {
             if version != Version::HTTP_11 {
                 return Err(BadHead("Transfer-Encoding in an HTTP/1.0 response"));
             }
             // With a Content-Length too, the coding wins (the length is not passed on: a message
             // must not carry both) and the connection ends with the body.
-            if headers.remove(CONTENT_LENGTH).is_some() {
+            if seen.content_length && headers.remove(CONTENT_LENGTH).is_some() {
                 reusable = false;
             }
             let last = headers.get_all(TRANSFER_ENCODING).iter().next_back();
@@ -194,7 +214,7 @@ fn frame(
                     Framing::Close
                 }
             }
-        } else if headers.contains_key(CONTENT_LENGTH) {
+        } else if seen.content_length {
             Framing::Length(content_length(&headers)?)
         } else {
             reusable = false;
