@@ -9,6 +9,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 /// Header lines a response head may have at most (hyper's client allows as many).
 pub const MAX_HEADERS: usize = 100;
 
+/// Room a response's header map is made with beyond its own fields: for those the gateway adds
+/// (`headers::set_rate_limit`: at most six), which would otherwise grow it, twice for five.
+const ROOM: usize = 6;
+
 /// Fields written after a request's own, in place of some of them.
 pub trait After {
     /// The request's field `name` is one of these: it is left out.
@@ -151,7 +155,7 @@ pub fn parse_response(
             lines.push((name, at..at + h.value.len()));
         }
         let bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(lines.len());
+        let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
         for (name, value) in lines.drain(..) {
             let value = HeaderValue::from_maybe_shared(bytes.slice(value))
                 .map_err(|_| BadHead("invalid header value"))?;
