@@ -641,6 +641,16 @@ async fn small_bodies_are_read_whole_before_the_upstream_sees_them() {
         assert_eq!(seen.body_len, len);
         assert_eq!(seen.headers["content-length"], len.to_string().as_str());
     }
+    // From an HTTP/2 client too (its length from `content-length`), to the HTTP/1.1 upstream.
+    let body = Bytes::from(vec![b'y'; 3000]);
+    let r = send(&http2_client(), "POST", &gw.url("/users"), &[KEY], body).await;
+    assert_eq!(r.status, 200);
+    let seen = up.last();
+    assert_eq!(
+        (seen.body_len, seen.version),
+        (3000, http::Version::HTTP_11)
+    );
+    assert_eq!(seen.headers["content-length"], "3000");
     // A body cut short is the client's fault (400), and the upstream never hears of it: it is
     // read before a connection is taken.
     let before = up.requests().len();
