@@ -130,7 +130,7 @@ fn client_value(client: IpAddr) -> HeaderValue {
 /// `Host` value itself, or its HTTP/2 authority: no copy of it is made). They replace what the
 /// client sent, but for `X-Forwarded-For`, whose list the client's address ends. Set in a
 /// request's header map ([`Forwarded::set`]), or written after its other fields by the
-/// gateway's own exchange ([`Forwarded::fields`], skipping those that [`Forwarded::replaces`]),
+/// gateway's own exchange ([`Forwarded::each`], skipping those that [`Forwarded::replaces`]),
 /// which spares the map three insertions and often its growth.
 #[derive(Debug, Clone)]
 pub struct Forwarded {
@@ -163,11 +163,10 @@ impl Forwarded {
         replaced: bool,
         mut line: impl FnMut(&HeaderName, &HeaderValue),
     ) {
-        let prior = match replaced {
-            true => Some(headers.get_all(X_FORWARDED_FOR)),
-            false => None,
-        };
-        match prior.filter(|p| p.iter().next().is_some()) {
+        let prior = replaced
+            .then(|| headers.get_all(X_FORWARDED_FOR))
+            .filter(|p| p.iter().next().is_some());
+        match prior {
             None => line(&X_FORWARDED_FOR, &self.ip),
             Some(prior) => {
                 if let Some(v) = self.forwarded_for(prior.iter()) {
@@ -196,26 +195,22 @@ impl Forwarded {
         HeaderValue::try_from(list).ok()
     }
 
-    /// Sets the fields in `headers`, replacing the client's.
+    /// Sets the fields in `headers`, replacing the client's: what [`Forwarded::each`] gives,
+    /// and none of a field it does not give.
     pub fn set(self, headers: &mut HeaderMap) {
-        let xff = match headers.entry(X_FORWARDED_FOR) {
-            http::header::Entry::Vacant(e) => {
-                e.insert(self.ip.clone());
-                None
+        let mut new: [Option<HeaderValue>; 3] = [None, None, None];
+        let names = [X_FORWARDED_FOR, X_FORWARDED_PROTO, X_FORWARDED_HOST];
+        self.each(headers, true, |name, value| {
+            if let Some(i) = names.iter().position(|n| n == name) {
+                new[i] = Some(value.clone());
             }
-            http::header::Entry::Occupied(e) => Some(self.forwarded_for(e.iter())),
-        };
-        if let Some(list) = xff {
-            headers.remove(&X_FORWARDED_FOR);
-            if let Some(v) = list {
-                headers.insert(X_FORWARDED_FOR, v);
-            }
+        });
+        for (name, value) in names.into_iter().zip(new) {
+            match value {
+                Some(v) => headers.insert(name, v),
+                None => headers.remove(&name),
+            };
         }
-        headers.insert(X_FORWARDED_PROTO, HTTP);
-        match self.host {
-            Some(v) => headers.insert(X_FORWARDED_HOST, v),
-            None => headers.remove(&X_FORWARDED_HOST),
-        };
     }
 }
 

@@ -47,11 +47,7 @@ impl Outgoing {
     /// (cut short, past the size limit).
     pub async fn read_whole(&mut self) -> Result<(), BoxError> {
         if let Outgoing::Streaming(b) = self {
-            let bytes = match b.is_end_stream() {
-                true => Bytes::new(),
-                false => b.collect().await?.to_bytes(),
-            };
-            *self = Outgoing::Whole(Some(bytes));
+            *self = Outgoing::Whole(Some(b.collect().await?.to_bytes()));
         }
         Ok(())
     }
