@@ -90,6 +90,33 @@ pub fn bucket_end_ms(limits: &[Limit], at_ms: u64) -> u64 {
         .unwrap_or(at_ms)
 }
 
+/// The lease-clock instant (microseconds) before which a lease Redis counted by its own clock may
+/// be spent: the call left here at `sent_us`, Redis read its clock after that (`redis_now_ms`,
+/// with `micros`, the microseconds of its `TIME`, when it sent them) and counted the lease in a
+/// bucket ending at Unix `end_ms` there. Counted from the microsecond Redis read, not its
+/// millisecond: from the millisecond a lease was spent up to 1 ms into the next bucket, where its
+/// units were not counted (a window one unit over, seen across three instances).
+pub fn until_on_redis_clock(
+    sent_us: i64,
+    redis_now_ms: i64,
+    micros: Option<i64>,
+    end_ms: i64,
+) -> i64 {
+    // Without the microseconds, the millisecond's last: never before Redis read its clock.
+    let read_us = match micros {
+        Some(us) => redis_now_ms.div_euclid(1000) * 1_000_000 + us,
+        None => redis_now_ms * 1000 + 999,
+    };
+    sent_us + (end_ms * 1000 - read_us)
+}
+
+/// The lease-clock instant before which a fixed window's lease may be spent: the call left here
+/// at `sent_us` and Redis answered its key's `PTTL` (whole milliseconds, from a millisecond clock,
+/// so up to 1 ms more than is left), spent for at most a second.
+pub fn until_of_ttl(sent_us: i64, pttl_ms: i64) -> i64 {
+    sent_us + (pttl_ms - 1).clamp(0, 1000) * 1000
+}
+
 /// The shortest bucket of `limits`, in microseconds: the period of a counter's rate. A fixed
 /// window's or a calendar period's lease is spent for at most a second: its rate is counted per
 /// second.
@@ -766,6 +793,25 @@ mod tests {
         assert_eq!(bucket_end_ms(&[lim(5, 3600)], 1_000_123), 1_020_000);
         // 90 s: 1.5 s buckets, exact to the millisecond.
         assert_eq!(bucket_end_ms(&[lim(5, 90)], 1_500), 3_000);
+    }
+
+    #[test]
+    fn a_lease_on_redis_clock_ends_before_its_bucket_does_there() {
+        // The call left at 5 s on the lease clock, Unix 1_000_099.850 ms; Redis read its clock
+        // at 1_000_099.900 (the 900 µs of its `TIME`); the 100 ms bucket ends at 1_000_100.
+        // 100 µs are left there, so 100 µs here from the call's leaving (it reached Redis later).
+        let sent_us = 5_000_000;
+        let until = until_on_redis_clock(sent_us, 1_000_099, Some(99_900), 1_000_100);
+        assert_eq!(until, sent_us + 100);
+        // Without the microseconds: as if Redis read at the millisecond's last one.
+        assert_eq!(
+            until_on_redis_clock(sent_us, 1_000_099, None, 1_000_100),
+            sent_us + 1
+        );
+        // A TTL read from a millisecond clock is up to 1 ms more than is left; at most a second.
+        assert_eq!(until_of_ttl(sent_us, 40), sent_us + 39_000);
+        assert_eq!(until_of_ttl(sent_us, 5_000), sent_us + 1_000_000);
+        assert_eq!(until_of_ttl(sent_us, 1), sent_us);
     }
 
     /// The call a request makes in its turn (it must not be decided here).

@@ -23,7 +23,7 @@ use super::connect::{Conn, Connector, RedisTarget};
 use super::keys::{self, CounterKey, api_key_pattern};
 use super::lease::{
     Answer, GiveBack, Granted, LeaseMode, Leases, LimitSet, Plan, Seen, StoreStats, Turn,
-    bucket_end_ms,
+    bucket_end_ms, until_of_ttl, until_on_redis_clock,
 };
 use super::memory::check_parts;
 use super::script::{
@@ -165,6 +165,8 @@ struct Called {
     /// Units granted as a lease (0: none).
     grant: u64,
     redis_now_ms: i64,
+    /// The microseconds of Redis' `TIME` (`None`: the caller gave the time).
+    micros: Option<i64>,
     resets_ms: [i64; MAX_LIMITS],
     /// Each limit's room, also where the cost did not fit ([`WindowReply::Decided`]).
     rooms: [Option<u64>; MAX_LIMITS],
@@ -711,7 +713,7 @@ impl RedisStore {
                 TimeSource::Local => end_ms * 1000,
                 // Redis read its clock after the call left: the lease ends here no later than
                 // its bucket ends there.
-                TimeSource::Redis => sent_us + (end_ms - at_ms) * 1000,
+                TimeSource::Redis => until_on_redis_clock(sent_us, at_ms, called.micros, end_ms),
             };
             Granted {
                 units: called.grant,
@@ -967,6 +969,7 @@ impl RedisStore {
                         outcome: Outcome::new(false, false, &[]),
                         grant: 0,
                         redis_now_ms,
+                        micros: None,
                         resets_ms: [0; MAX_LIMITS],
                         rooms: [None; MAX_LIMITS],
                     });
@@ -1008,6 +1011,7 @@ impl RedisStore {
                         outcome,
                         grant,
                         redis_now_ms,
+                        micros,
                         resets_ms,
                         rooms,
                     });
@@ -1074,12 +1078,12 @@ impl RedisStore {
         self.stats().decided_by_redis.inc();
         // The window ends there no sooner than its TTL from the reply's arrival here.
         let reply_us = leases.elapsed_us();
-        let granted = (grant > 0 && pttl_ms > 0).then(|| Granted {
+        let granted = (grant > 0 && pttl_ms > 1).then(|| Granted {
             units: grant,
             at_ms: expiry_ms,
             // Redis read its clock after the call left: the lease ends here before the window
             // ends there.
-            until_us: sent_us + pttl_ms.min(1000) * 1000,
+            until_us: until_of_ttl(sent_us, pttl_ms),
         });
         let mut rooms = [None; MAX_LIMITS];
         rooms[0] = Some(d.credit);
