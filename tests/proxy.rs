@@ -400,6 +400,21 @@ async fn upstream_response_headers_are_cleaned_and_ours_win() {
     assert_eq!(r.header("ratelimit-limit"), Some("100"));
     assert_eq!(r.header("ratelimit"), Some(r#""GET /hop";r=99;t=60"#));
     assert_eq!(r.header("retry-after"), None);
+    // The upstream's own `Retry-After` where it speaks of the upstream (its unavailability, a
+    // limit of its own, a redirect's delay) reaches the client; beside quotagate's fields.
+    for (status, kept) in [
+        (503, true),
+        (429, true),
+        (307, true),
+        (500, false),
+        (404, false),
+    ] {
+        let r = get(&gw.url(&format!("/hop?status={status}")), &[KEY]).await;
+        assert_eq!(r.status, status);
+        let want = kept.then_some("5");
+        assert_eq!(r.header("retry-after"), want, "{status}");
+        assert_eq!(r.header("ratelimit-limit"), Some("100"), "{status}");
+    }
 }
 
 #[tokio::test]

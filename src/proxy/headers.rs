@@ -272,7 +272,8 @@ fn push_sf_item(v: &mut String, name: &str, l: &Limit, a: &str, x: u64, b: &str,
 
 /// Writes the rate-limit fields of one answer: every enforced policy in `RateLimit-Policy` and
 /// `RateLimit`, the most restrictive in the legacy trio, and `Retry-After` on a refusal that
-/// waiting can cure. Shadow limits add nothing.
+/// waiting can cure (an upstream's is the forwarding's to keep or remove:
+/// [`keeps_upstream_retry_after`]). Shadow limits add nothing.
 pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
     let quotas = rate.outcome.quotas();
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
@@ -309,14 +310,19 @@ pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
         headers.insert(RATELIMIT_REMAINING, num(d.remaining));
         headers.insert(RATELIMIT_RESET, num(d.reset));
     }
-    match rate.outcome.retry_after(&rate.limits) {
-        Some(s) => {
-            headers.insert(header::RETRY_AFTER, num(s));
-        }
-        None => {
-            headers.remove(header::RETRY_AFTER);
-        }
+    if let Some(s) = rate.outcome.retry_after(&rate.limits) {
+        headers.insert(header::RETRY_AFTER, num(s));
     }
+}
+
+/// Whether the upstream's own `Retry-After` stays on a forwarded answer of `status`: where it
+/// tells of the upstream itself (a 503's unavailability, a 429 of its own, a redirect's delay:
+/// RFC 9110 §10.2.3, RFC 6585 §4), so a client does not ask again at once. Elsewhere it is
+/// removed: beside quotagate's rate-limit fields it would read as quotagate's.
+pub fn keeps_upstream_retry_after(status: http::StatusCode) -> bool {
+    status.is_redirection()
+        || status == http::StatusCode::TOO_MANY_REQUESTS
+        || status == http::StatusCode::SERVICE_UNAVAILABLE
 }
 
 #[cfg(test)]
@@ -601,7 +607,7 @@ mod tests {
             reset: 42,
             retry_after: None,
         };
-        let mut h = map(&[("ratelimit-limit", "999"), ("retry-after", "5")]);
+        let mut h = map(&[("ratelimit-limit", "999")]);
         set_rate_limit(&mut h, HeaderSet::Both, &one("GET /users/{id}", &ok));
         assert_eq!(h["ratelimit-policy"], r#""GET /users/{id}";q=20;w=60"#);
         assert_eq!(h["ratelimit"], r#""GET /users/{id}";r=7;t=42"#);
@@ -615,7 +621,7 @@ mod tests {
         );
         assert!(
             !h.contains_key("retry-after"),
-            "the upstream's Retry-After does not survive an allowed decision"
+            "none on an allowed decision"
         );
 
         let no = Quota {
@@ -639,6 +645,18 @@ mod tests {
         let mut h = HeaderMap::new();
         set_rate_limit(&mut h, HeaderSet::None, &one("GET /a", &no));
         assert_eq!(h.len(), 1, "only Retry-After");
+    }
+
+    #[test]
+    fn the_upstreams_retry_after_stays_where_it_speaks_of_the_upstream() {
+        for (status, kept) in [(200, false), (204, false), (301, true), (307, true)] {
+            let s = http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(keeps_upstream_retry_after(s), kept, "{status}");
+        }
+        for (status, kept) in [(404, false), (429, true), (500, false), (503, true)] {
+            let s = http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(keeps_upstream_retry_after(s), kept, "{status}");
+        }
     }
 
     #[test]

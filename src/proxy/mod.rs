@@ -560,6 +560,9 @@ impl Proxy {
                     };
                     headers::strip_hop_by_hop(&mut head.headers, None);
                     if let Some(rate) = &target.limit {
+                        if !headers::keeps_upstream_retry_after(head.status) {
+                            head.headers.remove(http::header::RETRY_AFTER);
+                        }
                         headers::set_rate_limit(&mut head.headers, self.policy.headers, rate);
                     }
                     if let Some(protocol) = switched {

@@ -244,8 +244,8 @@ type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 
 /// A real HTTP upstream on port 0 that records every request. Paths with special behaviour:
 /// `/slow/..` answers after 2 s, `/hold/<ms>` after ms milliseconds; `/redirect` answers 302;
-/// `/hop` answers with hop-by-hop and
-/// rate-limit fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
+/// `/hop[?status=N]` answers (200 or N) with hop-by-hop, rate-limit and `Retry-After`
+/// fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
 /// report a cost of n in a header, a JSON body (about 1 kB) or at the end of an event stream,
 /// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/slow/<n>` pauses 300 ms
 /// before it, `/tokens/none` reports nothing.
@@ -369,7 +369,9 @@ async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> 
         return r;
     }
     if path == "/hop" {
-        let mut r = full(200, "hop");
+        // `?status=N` answers N.
+        let status = parts.uri.query().and_then(|q| q.strip_prefix("status="));
+        let mut r = full(status.map_or(200, |s| s.parse().unwrap()), "hop");
         for (k, v) in [
             ("connection", "x-up-secret"),
             ("x-up-secret", "1"),
