@@ -233,12 +233,26 @@ async fn accept_loop<S, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut inherits = None;
+    // One wait for the stop, registered once: a new one per connection locked the token's list
+    // twice (to join it, then to leave), and a permit is mostly there to be taken at once.
+    let stop = stopped.cancelled();
+    tokio::pin!(stop);
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            () = stopped.cancelled() => break,
+        if stopped.is_cancelled() {
+            break;
+        }
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => break,
+            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                () = &mut stop => break,
+            },
         };
+        // The stop is looked at (one load) before each accept, and waited for only while no
+        // connection comes: a stop still ends a loop that always has one ready.
         let (tcp, peer) = tokio::select! {
+            biased;
             res = listener.accept() => match res {
                 Ok(c) => c,
                 Err(e) => {
@@ -248,7 +262,7 @@ async fn accept_loop<S, Fut>(
                     continue;
                 }
             },
-            () = stopped.cancelled() => break,
+            () = &mut stop => break,
         };
         // Small answers go out at once (no Nagle). An accepted socket inherits the option from a
         // listener that has it (Linux; `start::bind` and `per_worker` set it): then no system
