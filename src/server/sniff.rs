@@ -9,7 +9,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 /// HTTP/2's connection preface: a connection that starts with it speaks HTTP/2.
@@ -43,34 +43,35 @@ pub fn version(first: &[u8]) -> Option<Version> {
 /// ([`Replay`]). `None` when the connection ends before its first byte.
 pub async fn first_bytes<S: AsyncRead + Unpin>(
     io: &mut S,
-) -> std::io::Result<Option<(Version, Bytes)>> {
+) -> std::io::Result<Option<(Version, BytesMut)>> {
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     loop {
         if io.read_buf(&mut buf).await? == 0 {
             // Ended within a preface's first bytes: hyper answers what it can of them.
-            return Ok((!buf.is_empty()).then(|| (Version::H1, buf.freeze())));
+            return Ok((!buf.is_empty()).then_some((Version::H1, buf)));
         }
         if let Some(v) = version(&buf) {
-            return Ok(Some((v, buf.freeze())));
+            return Ok(Some((v, buf)));
         }
     }
 }
 
 /// One read of what the client has sent (empty: the connection ended first).
-pub async fn read_some<S: AsyncRead + Unpin>(io: &mut S) -> std::io::Result<Bytes> {
+pub async fn read_some<S: AsyncRead + Unpin>(io: &mut S) -> std::io::Result<BytesMut> {
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     io.read_buf(&mut buf).await?;
-    Ok(buf.freeze())
+    Ok(buf)
 }
 
-/// A connection whose first bytes, already read, are read again before the rest.
+/// A connection whose first bytes, already read, are read again before the rest. (Kept as read:
+/// freezing them into `Bytes` allocated a second time per connection.)
 pub struct Replay<S> {
-    first: Bytes,
+    first: BytesMut,
     io: S,
 }
 
 impl<S> Replay<S> {
-    pub fn new(first: Bytes, io: S) -> Replay<S> {
+    pub fn new(first: BytesMut, io: S) -> Replay<S> {
         Replay { first, io }
     }
 }
@@ -90,7 +91,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
         this.first.advance(n);
         if this.first.is_empty() {
             // Let the allocation go now: the connection may live for minutes.
-            this.first = Bytes::new();
+            this.first = BytesMut::new();
         }
         Poll::Ready(Ok(()))
     }
