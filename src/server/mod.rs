@@ -332,10 +332,15 @@ impl Http {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         async move {
+            // One wait for the drain for the connection's life (each new one joins, then leaves,
+            // a waiter list every connection shares, under its lock).
+            let drain = draining.changed();
+            tokio::pin!(drain);
             // A connection that has sent nothing yet has nothing to finish when the drain begins.
             let first = tokio::select! {
+                biased;
                 first = sniff::first_bytes(&mut io) => first,
-                _ = draining.changed() => return,
+                _ = &mut drain => return,
             };
             let Ok(Some((version, first))) = first else {
                 return;
@@ -344,26 +349,27 @@ impl Http {
             match version {
                 sniff::Version::H1 => {
                     let conn = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
-                    until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+                    until_drained(conn, drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
                 sniff::Version::H2 => {
                     let conn = std::pin::pin!(self.h2.serve_connection(io, svc));
-                    until_drained(conn, &mut draining, |c| c.graceful_shutdown()).await;
+                    until_drained(conn, drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
             }
         }
     }
 }
 
-/// Drives `conn` to its end; if `draining` changes first, asks it (`shut`) to finish what it has.
-async fn until_drained<C: Future>(
+/// Drives `conn` to its end; if `drain` comes first, asks it (`shut`) to finish what it has.
+async fn until_drained<C: Future, D: Future>(
     mut conn: Pin<&mut C>,
-    draining: &mut tokio::sync::watch::Receiver<()>,
+    drain: Pin<&mut D>,
     shut: impl FnOnce(Pin<&mut C>),
 ) {
     tokio::select! {
+        biased;
         _ = conn.as_mut() => return,
-        _ = draining.changed() => shut(conn.as_mut()),
+        _ = drain => shut(conn.as_mut()),
     }
     let _ = conn.await;
 }
