@@ -222,7 +222,8 @@ fn num(n: u64) -> HeaderValue {
 /// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
 fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
-    if s.contains(['"', '\\']) {
+    // Bytes, not a `char` pattern: that decodes each character (twice a limited answer).
+    if s.bytes().any(|b| b == b'"' || b == b'\\') {
         for c in s.chars() {
             if c == '"' || c == '\\' {
                 out.push('\\');
