@@ -95,7 +95,7 @@ pub struct Head {
 }
 
 /// Why a response head is refused (the exchange then fails: 502).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadHead(pub &'static str);
 
 /// A head's header lines, while it is read; kept from one response to the next on a connection,
@@ -199,7 +199,7 @@ pub fn parse_response(
                     }
                 }
             }
-            framed_by.note(&lines[i].name);
+            framed_by.note(&lines[i].name, h.value);
         }
         lines.truncate(resp.headers.len());
         let bytes = buf.split_to(len).freeze();
@@ -213,19 +213,41 @@ pub fn parse_response(
     }
 }
 
-/// Which of the fields that frame a response it has: the others are not looked up.
-#[derive(Default, Clone, Copy)]
+/// Which of the fields that frame a response it has (the others are not looked up), and the
+/// length its `Content-Length` values give, read as they come.
+#[derive(Clone, Copy)]
 struct Seen {
     connection: bool,
     transfer_encoding: bool,
     content_length: bool,
+    /// The one length every `Content-Length` value gives (a list of equal values is one
+    /// length); its fault, told only if the length frames the body.
+    length: Result<Option<u64>, BadHead>,
+}
+
+impl Default for Seen {
+    fn default() -> Seen {
+        Seen {
+            connection: false,
+            transfer_encoding: false,
+            content_length: false,
+            length: Ok(None),
+        }
+    }
 }
 
 impl Seen {
-    fn note(&mut self, name: &HeaderName) {
+    fn note(&mut self, name: &HeaderName, value: &[u8]) {
         self.connection |= name == CONNECTION;
         self.transfer_encoding |= name == TRANSFER_ENCODING;
-        self.content_length |= name == CONTENT_LENGTH;
+        if name == CONTENT_LENGTH {
+            self.content_length = true;
+            if let Ok(length) = &mut self.length
+                && let Err(e) = add_length(length, value)
+            {
+                self.length = Err(e);
+            }
+        }
     }
 }
 
@@ -267,7 +289,7 @@ fn frame(
                 }
             }
         } else if seen.content_length {
-            Framing::Length(content_length(&headers)?)
+            Framing::Length(seen.length?.ok_or(BadHead("invalid Content-Length"))?)
         } else {
             reusable = false;
             Framing::Close
@@ -281,25 +303,22 @@ fn frame(
     })
 }
 
-/// The one length every `Content-Length` value gives (a list of equal values is one length).
-fn content_length(headers: &HeaderMap) -> Result<u64, BadHead> {
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let digits = part.trim_ascii();
-            if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-                return Err(BadHead("invalid Content-Length"));
-            }
-            let n = digits
-                .iter()
-                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-            if length.is_some_and(|l| l != n) {
-                return Err(BadHead("differing Content-Length values"));
-            }
-            length = Some(n);
+/// Takes in one `Content-Length` value: every length it lists must be the one seen so far.
+fn add_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), BadHead> {
+    for part in value.split(|&b| b == b',') {
+        let digits = part.trim_ascii();
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(BadHead("invalid Content-Length"));
         }
+        let n = digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if length.is_some_and(|l| l != n) {
+            return Err(BadHead("differing Content-Length values"));
+        }
+        *length = Some(n);
     }
-    length.ok_or(BadHead("invalid Content-Length"))
+    Ok(())
 }
 
 /// `list` (a comma-separated header value) has `token`, in any case.
@@ -556,6 +575,28 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Framing::Length(4));
+        for (lengths, why) in [
+            ("content-length: 3, 4", "differing Content-Length values"),
+            (
+                "content-length: 3\r\ncontent-length: 4",
+                "differing Content-Length values",
+            ),
+            ("content-length: x", "invalid Content-Length"),
+            ("content-length: -1", "invalid Content-Length"),
+            ("content-length: 3,", "invalid Content-Length"),
+            (
+                "content-length: 3\r\ncontent-length: 3, y",
+                "invalid Content-Length",
+            ),
+        ] {
+            let text = format!("HTTP/1.1 200 OK\r\n{lengths}\r\n\r\n");
+            assert_eq!(head(&text).err(), Some(BadHead(why)), "{lengths}");
+        }
+        // A length that does not frame the body is not read.
+        let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: x\r\n\r\n");
+        assert_eq!(h.unwrap().unwrap().framing, Framing::Chunked);
+        let h = head("HTTP/1.1 304 Not Modified\r\ncontent-length: 1, 2\r\n\r\n");
+        assert_eq!(h.unwrap().unwrap().framing, Framing::Empty);
         let mut b = buf(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n");
         let h = parse_response(&mut b, true, 8192, &mut Vec::new())
             .unwrap()
