@@ -12,7 +12,7 @@
 
 pub mod balance;
 pub mod connect;
-mod h1;
+pub mod h1;
 pub mod health;
 mod outgoing;
 pub mod pool;
