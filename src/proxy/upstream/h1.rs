@@ -215,25 +215,13 @@ pub fn parse_response(
 
 /// Which of the fields that frame a response it has (the others are not looked up), and the
 /// length its `Content-Length` values give, read as they come.
-#[derive(Clone, Copy)]
+#[derive(Default, Clone, Copy)]
 struct Seen {
     connection: bool,
     transfer_encoding: bool,
-    content_length: bool,
     /// The one length every `Content-Length` value gives (a list of equal values is one
-    /// length); its fault, told only if the length frames the body.
-    length: Result<Option<u64>, BadHead>,
-}
-
-impl Default for Seen {
-    fn default() -> Seen {
-        Seen {
-            connection: false,
-            transfer_encoding: false,
-            content_length: false,
-            length: Ok(None),
-        }
-    }
+    /// length), or their fault, told only if the length frames the body; `None`: none came.
+    length: Option<Result<u64, BadHead>>,
 }
 
 impl Seen {
@@ -241,12 +229,11 @@ impl Seen {
         self.connection |= name == CONNECTION;
         self.transfer_encoding |= name == TRANSFER_ENCODING;
         if name == CONTENT_LENGTH {
-            self.content_length = true;
-            if let Ok(length) = &mut self.length
-                && let Err(e) = add_length(length, value)
-            {
-                self.length = Err(e);
-            }
+            self.length = Some(match self.length {
+                Some(Err(e)) => Err(e),
+                Some(Ok(n)) => length_of(value, Some(n)),
+                None => length_of(value, None),
+            });
         }
     }
 }
@@ -275,7 +262,7 @@ fn frame(
             }
             // With a Content-Length too, the coding wins (the length is not passed on: a message
             // must not carry both) and the connection ends with the body.
-            if seen.content_length && headers.remove(CONTENT_LENGTH).is_some() {
+            if seen.length.is_some() && headers.remove(CONTENT_LENGTH).is_some() {
                 reusable = false;
             }
             let last = headers.get_all(TRANSFER_ENCODING).iter().next_back();
@@ -288,8 +275,8 @@ fn frame(
                     Framing::Close
                 }
             }
-        } else if seen.content_length {
-            Framing::Length(seen.length?.ok_or(BadHead("invalid Content-Length"))?)
+        } else if let Some(length) = seen.length {
+            Framing::Length(length?)
         } else {
             reusable = false;
             Framing::Close
@@ -303,8 +290,9 @@ fn frame(
     })
 }
 
-/// Takes in one `Content-Length` value: every length it lists must be the one seen so far.
-fn add_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), BadHead> {
+/// The length one `Content-Length` value gives: every length it lists must be the one seen so
+/// far (`seen`).
+fn length_of(value: &[u8], mut seen: Option<u64>) -> Result<u64, BadHead> {
     for part in value.split(|&b| b == b',') {
         let digits = part.trim_ascii();
         if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
@@ -313,12 +301,13 @@ fn add_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), BadHead> {
         let n = digits
             .iter()
             .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-        if length.is_some_and(|l| l != n) {
+        if seen.is_some_and(|l| l != n) {
             return Err(BadHead("differing Content-Length values"));
         }
-        *length = Some(n);
+        seen = Some(n);
     }
-    Ok(())
+    // A value is one part at least, and an empty one is refused above.
+    seen.ok_or(BadHead("invalid Content-Length"))
 }
 
 /// `list` (a comma-separated header value) has `token`, in any case.
