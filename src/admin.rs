@@ -16,11 +16,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::server::RequestBody;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
@@ -132,7 +132,7 @@ impl Admin {
     }
 
     /// `GET /status/history[?since=MS]`.
-    fn history(&self, req: &Request<Incoming>) -> serde_json::Value {
+    fn history(&self, req: &Request<RequestBody>) -> serde_json::Value {
         let since = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
             .find(|(k, _)| k == "since")
             .and_then(|(_, v)| v.parse().ok())
@@ -172,7 +172,7 @@ impl Admin {
     pub async fn handle(
         self: Arc<Self>,
         _peer: SocketAddr,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Response<Full<Bytes>> {
         if req.uri().path().starts_with("/limits") {
             return self.limits(&req).await;
@@ -226,7 +226,7 @@ fn refusal(status: StatusCode, error: &str) -> Response<Full<Bytes>> {
 
 impl Admin {
     /// `GET /limits` and `POST /limits/reset`.
-    async fn limits(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn limits(&self, req: &Request<RequestBody>) -> Response<Full<Bytes>> {
         let Some(proxy) = &self.proxy else {
             return refusal(StatusCode::NOT_FOUND, "no gateway runs here");
         };
@@ -295,7 +295,7 @@ impl Admin {
 
     /// `None` when this request may change state: the listener is on loopback, or it carries the
     /// configured secret.
-    fn may_change_state(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    fn may_change_state(&self, req: &Request<RequestBody>) -> Option<Response<Full<Bytes>>> {
         if self.settings.listen.ip().is_loopback() {
             return None;
         }

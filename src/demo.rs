@@ -6,16 +6,16 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+use crate::server::RequestBody;
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 /// Largest body the example upstream reads. Default: 1 MiB.
 const MAX_BODY: usize = 1024 * 1024;
 
 /// Handles one request to the example upstream.
-pub async fn echo(_peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+pub async fn echo(_peer: SocketAddr, req: Request<RequestBody>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let body_bytes = match Limited::new(body, MAX_BODY).collect().await {
         Ok(b) => serde_json::json!(b.to_bytes().len()),

@@ -689,6 +689,66 @@ async fn small_bodies_are_read_whole_before_the_upstream_sees_them() {
     assert_eq!(up.requests().len(), before, "nothing reached the upstream");
 }
 
+/// Requests pipelined on one connection, each answered in order: plain ones by the gateway's own
+/// HTTP/1.1 server, and from the first that is not plain (a chunked body) on, by hyper's, which
+/// reads it from its first byte. HTTP/1.0 is hyper's too, and answered in HTTP/1.0.
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_across_the_hand_over_to_hyper() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /users HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nContent-Length: 3\r\n\r\none\
+          POST /users HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nthree\r\n0\r\n\r\n\
+          GET /items/7 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    let seen: Vec<_> = up
+        .requests()
+        .iter()
+        .map(|r| (r.method.clone(), r.path_and_query.clone(), r.body_len))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("POST".to_owned(), "/users".to_owned(), 3),
+            ("POST".to_owned(), "/users".to_owned(), 5),
+            ("GET".to_owned(), "/items/7".to_owned(), 0)
+        ]
+    );
+    // HTTP/1.0, and a head that does not parse: hyper's answers, as before.
+    for (ask, answer) in [
+        (
+            &b"GET /items/8 HTTP/1.0\r\nX-Api-Key: k1\r\n\r\n"[..],
+            "HTTP/1.0 200 OK\r\n",
+        ),
+        (
+            b"GET /items/8 HTTP/1.1\r\nBad Name: k1\r\n\r\n",
+            "HTTP/1.1 400 Bad Request\r\n",
+        ),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        tcp.write_all(ask).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out))
+            .await
+            .expect("answered and closed")
+            .unwrap();
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with(answer), "{out}");
+    }
+}
+
 #[tokio::test]
 async fn chunked_bodies_past_the_limit_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -2531,7 +2591,7 @@ impl Collector {
             listener,
             Default::default(),
             Default::default(),
-            move |_, req: http::Request<hyper::body::Incoming>| {
+            move |_, req: http::Request<quotagate::server::RequestBody>| {
                 let seen = seen.clone();
                 async move {
                     assert_eq!(

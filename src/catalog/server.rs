@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::server::RequestBody;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -457,7 +457,7 @@ impl CatalogServer {
         })
     }
 
-    fn authorized(&self, req: &Request<Incoming>) -> bool {
+    fn authorized(&self, req: &Request<RequestBody>) -> bool {
         let Some(secret) = &self.secret else {
             return true;
         };
@@ -472,7 +472,7 @@ impl CatalogServer {
     pub async fn handle(
         self: Arc<Self>,
         _peer: SocketAddr,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Response<Full<Bytes>> {
         if !self.authorized(&req) {
             self.stats.unauthorized.fetch_add(1, Ordering::Relaxed);

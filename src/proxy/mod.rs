@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::server::RequestBody;
 use bytes::Bytes;
 use http::header::HOST;
 use http::request::Parts;
 use http::{HeaderName, Request, Response};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::catalog::live::Live;
 use crate::metrics::{ClassLabels, Metrics, status_class};
@@ -178,7 +178,7 @@ impl Proxy {
     pub fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
         // Taken apart here, not in the future: a request captured whole would keep its place in
         // the future after it was taken apart (docs/benchmarks.md, "A request's future").

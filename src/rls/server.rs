@@ -8,8 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::server::RequestBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tonic::codegen::Service;
 use tonic_health::ServingStatus;
@@ -63,7 +63,7 @@ pub async fn serve(
         .set_service_status(HEALTH_NAME, ServingStatus::Serving)
         .await;
     let door = RateLimitServiceServer::new(Door(rls));
-    let route = move |_peer, req: Request<Incoming>| -> Answer {
+    let route = move |_peer, req: Request<RequestBody>| -> Answer {
         if req.uri().path().starts_with("/grpc.health.v1.Health/") {
             let mut health = health.clone();
             Box::pin(async move { health.call(req).await.unwrap_or_else(|e| match e {}) })

@@ -5,8 +5,12 @@
 //! accepting at once, lets in-flight requests finish (idle keep-alive connections are closed), and
 //! gives up after the drain timeout.
 
+mod body;
+pub mod h1;
 pub mod idle;
 mod sniff;
+
+pub use body::RequestBody;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -155,7 +159,7 @@ pub async fn serve<H, F, B>(
     shutdown: impl Future<Output = ()>,
 ) -> bool
 where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
@@ -178,16 +182,11 @@ where
                 keep_alive: settings.keep_alive_timeout,
                 header_read: settings.header_read_timeout,
             };
-            let busy = activity.clone();
-            let svc = service_fn(move |req| {
-                let request = busy.begin();
-                // `map`, not `async move { fut.await }`: an async block would hold the handler's
-                // future twice (captured, then awaited), and hyper keeps this future per stream and,
-                // for HTTP/1, in a slot per connection.
-                futures_util::FutureExt::map(h(peer, req), move |resp| {
-                    Ok::<_, Infallible>(request.respond(resp))
-                })
-            });
+            let conn = Conn {
+                handler: h,
+                peer,
+                activity,
+            };
             // Subscribed now, not when the connection's task first runs: a drain that begins in
             // between still waits for this connection.
             let (http, draining, gauge) = (
@@ -207,19 +206,13 @@ where
                     // `Timed` bounds the wait for the first head from now, so a client that
                     // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
-                        let io = idle::Timed::new(Lingering(Some(tcp)), activity, bounds);
-                        Box::pin(http.serve(io, svc, draining)).await;
+                        let io =
+                            idle::Timed::new(Lingering(Some(tcp)), conn.activity.clone(), bounds);
+                        Box::pin(http.serve(io, conn, draining)).await;
                     }
                     Some(acceptor) => {
-                        let tls = serve_tls(
-                            tcp,
-                            acceptor,
-                            first_byte,
-                            &http,
-                            svc,
-                            draining,
-                            (activity, bounds),
-                        );
+                        let tls =
+                            serve_tls(tcp, acceptor, first_byte, &http, conn, draining, bounds);
                         Box::pin(tls).await;
                     }
                 }
@@ -251,19 +244,18 @@ where
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
 )]
-fn serve_tls<S, B>(
+fn serve_tls<H, F, B>(
     tcp: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     first_byte: Duration,
     http: &Http,
-    svc: S,
+    conn: Conn<H>,
     draining: tokio::sync::watch::Receiver<()>,
-    (activity, bounds): (Arc<idle::Activity>, idle::Bounds),
+    bounds: idle::Bounds,
 ) -> impl Future<Output = ()> + Send
 where
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -281,16 +273,73 @@ where
         }
         let handshake = acceptor.accept(sniff::Replay::new(first, tcp));
         if let Ok(Ok(stream)) = tokio::time::timeout(first_byte, handshake).await {
-            let io = idle::Timed::new(stream, activity, bounds);
-            http.serve(io, svc, draining).await;
+            let io = idle::Timed::new(stream, conn.activity.clone(), bounds);
+            http.serve(io, conn, draining).await;
         }
     }
+}
+
+/// A connection's handler, peer and activity.
+struct Conn<H> {
+    handler: Arc<H>,
+    peer: SocketAddr,
+    activity: Arc<idle::Activity>,
+}
+
+impl<H> Conn<H> {
+    /// hyper's service for this connection's requests.
+    fn service<F, B>(
+        &self,
+    ) -> impl hyper::service::HttpService<
+        Incoming,
+        ResBody = idle::Tracked<B>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<idle::Tracked<B>>, Infallible>> + Send + 'static,
+    > + Send
+    + 'static
+    where
+        H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
+        F: Future<Output = Response<B>> + Send + 'static,
+        B: Body + Send + 'static,
+    {
+        service(self.handler.clone(), self.peer, self.activity.clone())
+    }
+}
+
+/// hyper's service for a connection's requests: `h`'s, each counted in `busy`.
+fn service<H, F, B>(
+    h: Arc<H>,
+    peer: SocketAddr,
+    busy: Arc<idle::Activity>,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<idle::Tracked<B>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<idle::Tracked<B>>, Infallible>> + Send,
+> + Send
++ 'static
+where
+    H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body + Send + 'static,
+{
+    service_fn(move |req: Request<Incoming>| {
+        let request = busy.begin();
+        // `map`, not `async move { fut.await }`: an async block would hold the handler's
+        // future twice (captured, then awaited), and hyper keeps this future per stream and,
+        // for HTTP/1, in a slot per connection.
+        futures_util::FutureExt::map(h(peer, req.map(RequestBody::Hyper)), move |resp| {
+            Ok::<_, Infallible>(request.respond(resp))
+        })
+    })
 }
 
 /// hyper's HTTP/1 and HTTP/2 servers, set up once for a listener.
 struct Http {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
+    /// `server.max_header_bytes`, at least 8 KiB (hyper's read buffer's bound).
+    max_head: usize,
 }
 
 impl Http {
@@ -307,7 +356,11 @@ impl Http {
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-        Http { h1, h2 }
+        Http {
+            h1,
+            h2,
+            max_head: settings.max_header_bytes.max(8192),
+        }
     }
 
     /// Serves one connection, in the HTTP its first bytes tell, until it closes; once `draining`
@@ -316,17 +369,16 @@ impl Http {
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
     )]
-    fn serve<I, S, B>(
+    fn serve<I, H, F, B>(
         &self,
         mut io: I,
-        svc: S,
+        conn: Conn<H>,
         mut draining: tokio::sync::watch::Receiver<()>,
     ) -> impl Future<Output = ()> + Send
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-        S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
+        F: Future<Output = Response<B>> + Send + 'static,
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -345,15 +397,27 @@ impl Http {
             let Ok(Some((version, first))) = first else {
                 return;
             };
-            let io = TokioIo::new(sniff::Replay::new(first, io));
             match version {
                 sniff::Version::H1 => {
-                    let conn = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
-                    until_drained(conn, drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    let own = h1::Conn {
+                        handler: &*conn.handler,
+                        peer: conn.peer,
+                        activity: &conn.activity,
+                        max_head: self.max_head,
+                    };
+                    let h1::End::Hyper(rest, io) = h1::serve(io, first, own, drain.as_mut()).await
+                    else {
+                        return;
+                    };
+                    let io = TokioIo::new(sniff::Replay::new(rest, io));
+                    let svc = conn.service();
+                    let c = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
+                    until_drained(c, drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
                 sniff::Version::H2 => {
-                    let conn = std::pin::pin!(self.h2.serve_connection(io, svc));
-                    until_drained(conn, drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    let io = TokioIo::new(sniff::Replay::new(first, io));
+                    let c = std::pin::pin!(self.h2.serve_connection(io, conn.service()));
+                    until_drained(c, drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
             }
         }

@@ -219,11 +219,12 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use quotagate::app::App;
 use quotagate::catalog::Snapshot;
 use quotagate::config::Config;
 use quotagate::gateway::Gateway;
+use quotagate::server::RequestBody;
 use quotagate::settings::Settings;
 use quotagate_engine::clock::FakeClock;
 use tokio_util::sync::CancellationToken;
@@ -282,7 +283,7 @@ impl Upstream {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let token = CancellationToken::new();
         let log = seen.clone();
-        let handler = move |_peer: SocketAddr, req: Request<Incoming>| {
+        let handler = move |_peer: SocketAddr, req: Request<RequestBody>| {
             let log = log.clone();
             async move { upstream_answer(log, req).await }
         };
@@ -326,7 +327,10 @@ impl Drop for Upstream {
     }
 }
 
-async fn upstream_answer(log: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response<UpBody> {
+async fn upstream_answer(
+    log: Arc<Mutex<Vec<Seen>>>,
+    req: Request<RequestBody>,
+) -> Response<UpBody> {
     let at = std::time::SystemTime::now();
     let (parts, body) = req.into_parts();
     let body_len = body
@@ -747,7 +751,7 @@ impl FaultyCatalogServer {
         let mode = Arc::new(Mutex::new(mode));
         let token = CancellationToken::new();
         let m = mode.clone();
-        let handler = move |_peer: SocketAddr, req: Request<Incoming>| {
+        let handler = move |_peer: SocketAddr, req: Request<RequestBody>| {
             let fault = m.lock().unwrap().clone();
             async move { fault_answer(fault, req.uri().path().to_owned()).await }
         };

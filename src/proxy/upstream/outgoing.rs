@@ -7,10 +7,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::server::RequestBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 /// The largest request body read whole before it is sent, in bytes (64 KiB). A larger one, or
 /// one without a `Content-Length`, streams through hyper's client.
@@ -19,7 +19,7 @@ pub const WHOLE_MAX: u64 = 64 * 1024;
 /// Request body sent upstream: the client's body, cut off at the configured size.
 pub enum Outgoing {
     /// Read from the client as it is sent on.
-    Streaming(Limited<Incoming>),
+    Streaming(Limited<RequestBody>),
     /// Read whole ([`Outgoing::read_whole`]); `None` once sent.
     Whole(Option<Bytes>),
 }
@@ -28,7 +28,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Outgoing {
     /// The client's `body`, at most `max` bytes of it.
-    pub fn new(body: Incoming, max: usize) -> Outgoing {
+    pub fn new(body: RequestBody, max: usize) -> Outgoing {
         Outgoing::Streaming(Limited::new(body, max))
     }
 

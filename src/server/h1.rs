@@ -1,0 +1,903 @@
+//! h1: the gateway's own HTTP/1.1 server for the common request, with hyper's for the rest.
+//!
+//! Why: hyper's HTTP/1 server costs about a third of a proxied request's instructions (its
+//! dispatcher, its body channel, its encoder: docs/benchmarks.md, "The gateway's own HTTP/1.1
+//! server"). Most API requests are plain: HTTP/1.1, no body or a small one of known length, no
+//! upgrade, no `Expect`. Those are read and answered here; the first request that is anything
+//! else (or that does not parse) hands the connection, with every byte read so far, to hyper's
+//! server, which serves it from then on, answering errors as it always did. So what is served
+//! here is a strict subset of what hyper accepts, read by the same parser (`httparse`, hyper's
+//! settings), and the request-smuggling surface is not widened: a request with
+//! `Transfer-Encoding`, or with `Content-Length` written in any way but one plain number, is
+//! hyper's.
+//!
+//! The rules kept from hyper: keep-alive unless the client or the handler says `close` (then the
+//! answer says `connection: close`); a `date` header; the body framed by its known length, else
+//! chunked; no body on `HEAD`, 204 and 304; a client that closes before its answer drops the
+//! handler's future (nothing is forwarded for a client that is gone).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::pin::{Pin, pin};
+use std::task::Poll;
+use std::time::SystemTime;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::RequestBody;
+
+/// The largest request body read whole here, in bytes (64 KiB, the proxy's
+/// `outgoing::WHOLE_MAX`): a longer one is hyper's, which streams it.
+pub const BODY_MAX: u64 = 64 * 1024;
+
+/// Header lines a request may have (hyper's default): more is hyper's to refuse.
+const MAX_HEADERS: usize = 100;
+
+/// The longest request target (hyper's limit): longer is hyper's to refuse (414).
+const MAX_URI: usize = u16::MAX as usize - 1;
+
+/// What a connection's buffered bytes hold.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not a whole head yet.
+    Partial,
+    /// A request served here: its head is `len` bytes; its header lines are in the `lines` given.
+    Own(Head),
+    /// A request for hyper's server (or bytes that are not a request: hyper answers them).
+    Hyper,
+}
+
+/// A request head read here.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Head {
+    /// The head's length in bytes, its blank line included.
+    pub len: usize,
+    pub method: Method,
+    /// Where the request target is in the head.
+    pub target: Range<usize>,
+    /// The body's length (`Content-Length`; 0 without one).
+    pub body: u64,
+    /// The client asked to close after this request (`Connection: close`).
+    pub close: bool,
+}
+
+/// A request's header line: its name, where its value is, and the name as written (up to
+/// [`RAW`] bytes), so that the next request on the connection that writes it the same way at
+/// the same place takes the name as it is (clients send the same lines every time; making a
+/// name costs a lookup, and an allocation for one that is not standard).
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub name: HeaderName,
+    pub value: Range<usize>,
+    raw: [u8; RAW],
+    raw_len: u8,
+}
+
+/// The longest name kept as written, in bytes.
+const RAW: usize = 24;
+
+impl Line {
+    fn written_as(&self, name: &[u8]) -> bool {
+        usize::from(self.raw_len) == name.len() && self.raw[..name.len()] == *name
+    }
+}
+
+/// Reads the request head at the start of `buf`, if it is whole; its header lines go to `lines`
+/// (which hold the connection's last request's, reused where written the same). `max_head`
+/// bounds a head's length.
+pub fn parse(buf: &[u8], max_head: usize, lines: &mut Vec<Line>) -> Parsed {
+    let mut headers =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut req,
+        buf,
+        &mut headers,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() < max_head => return Parsed::Partial,
+        _ => return Parsed::Hyper,
+    };
+    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+        return Parsed::Hyper;
+    };
+    if len > max_head || target.len() > MAX_URI {
+        return Parsed::Hyper;
+    }
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Hyper;
+    };
+    if method == Method::CONNECT {
+        return Parsed::Hyper;
+    }
+    let start = buf.as_ptr() as usize;
+    let at = |s: &[u8]| {
+        let from = s.as_ptr() as usize - start;
+        from..from + s.len()
+    };
+    let (mut body, mut close) = (None, false);
+    for (i, h) in req.headers.iter().enumerate() {
+        let written = h.name.as_bytes();
+        if lines.get(i).is_some_and(|l| l.written_as(written)) {
+            lines[i].value = at(h.value);
+        } else {
+            let Ok(name) = HeaderName::from_bytes(written) else {
+                lines.clear();
+                return Parsed::Hyper;
+            };
+            let mut line = Line {
+                name,
+                value: at(h.value),
+                raw: [0; RAW],
+                raw_len: 0,
+            };
+            if written.len() <= RAW {
+                line.raw[..written.len()].copy_from_slice(written);
+                line.raw_len = written.len() as u8;
+            }
+            if i < lines.len() {
+                lines[i] = line;
+            } else {
+                lines.push(line);
+            }
+        }
+        match lines[i].name {
+            header::CONTENT_LENGTH => match (length(h.value), body) {
+                (Some(n), None) => body = Some(n),
+                (Some(n), Some(m)) if n == m => {}
+                _ => return Parsed::Hyper,
+            },
+            header::CONNECTION => {
+                if h.value.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if !h.value.eq_ignore_ascii_case(b"keep-alive") {
+                    // `upgrade`, or a list: hyper's.
+                    return Parsed::Hyper;
+                }
+            }
+            header::TRANSFER_ENCODING | header::UPGRADE | header::EXPECT | header::TE => {
+                return Parsed::Hyper;
+            }
+            _ => {}
+        }
+    }
+    lines.truncate(req.headers.len());
+    let body = body.unwrap_or(0);
+    if body > BODY_MAX {
+        return Parsed::Hyper;
+    }
+    Parsed::Own(Head {
+        len,
+        method,
+        target: at(target.as_bytes()),
+        body,
+        close,
+    })
+}
+
+/// A `Content-Length` value written as one plain number (no sign, no list, no spaces).
+fn length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// How a response's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// This many bytes (`content-length`; 0 also where no body may be sent).
+    Length(u64),
+    Chunked,
+}
+
+/// What [`encode_head`] needs of a response's body.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyHint {
+    /// It has ended already (no bytes).
+    pub ended: bool,
+    /// Its length, when known.
+    pub exact: Option<u64>,
+}
+
+/// Writes a response's head to `out` (hyper's rules, above): the framing of its body, and
+/// whether the connection closes after it (`keep` false, or the handler's `Connection: close`).
+pub fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: BodyHint,
+    head_request: bool,
+    keep: bool,
+    date: &[u8],
+) -> (Framing, bool) {
+    let may_have_body =
+        !(head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED);
+    let may_have_length = !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let (mut close, mut said_close, mut dated) = (!keep, false, false);
+    let mut given_length = None;
+    for (name, value) in headers {
+        match *name {
+            header::CONTENT_LENGTH => {
+                given_length = given_length.or(Some(value));
+                continue;
+            }
+            // Framing is the body's, decided below.
+            header::TRANSFER_ENCODING => continue,
+            header::CONNECTION if has_token(value.as_bytes(), b"close") => {
+                (close, said_close) = (true, true);
+            }
+            header::DATE => dated = true,
+            _ => {}
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let length = if body.ended {
+        Some(0)
+    } else {
+        body.exact
+            .or_else(|| given_length.and_then(|v| length(v.as_bytes())))
+    };
+    let framing = match length {
+        // A HEAD's answer tells the length a GET's would have, as the handler wrote it.
+        _ if head_request => {
+            if let Some(v) = given_length {
+                write_length(out, v.as_bytes());
+            } else if let Some(n) = length.filter(|&n| n > 0) {
+                write_length(out, itoa::Buffer::new().format(n).as_bytes());
+            }
+            Framing::Length(0)
+        }
+        _ if !may_have_length => Framing::Length(0),
+        Some(n) => {
+            write_length(out, itoa::Buffer::new().format(n).as_bytes());
+            Framing::Length(n)
+        }
+        None if may_have_body => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Chunked
+        }
+        None => Framing::Length(0),
+    };
+    if close && !said_close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !dated {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(date);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    let framing = if may_have_body {
+        framing
+    } else {
+        Framing::Length(0)
+    };
+    (framing, close)
+}
+
+fn write_length(out: &mut Vec<u8>, n: &[u8]) {
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `value`, a comma-separated list, has `token` (any case).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Today's `date` header value, made once a second per thread.
+fn date() -> [u8; 29] {
+    thread_local! {
+        static DATE: std::cell::Cell<(u64, [u8; 29])> = const { std::cell::Cell::new((0, [0; 29])) };
+    }
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let (at, v) = d.get();
+        if at == secs && at != 0 {
+            return v;
+        }
+        let mut v = [b' '; 29];
+        let s = httpdate::fmt_http_date(now);
+        let n = s.len().min(29);
+        v[..n].copy_from_slice(&s.as_bytes()[..n]);
+        d.set((secs, v));
+        v
+    })
+}
+
+/// How a connection left this server.
+pub enum End<I> {
+    /// It is closed (or to be dropped).
+    Closed,
+    /// hyper's server serves it from here: these bytes were read and not used.
+    Hyper(BytesMut, I),
+}
+
+/// What serving needs of a connection besides its socket.
+pub struct Conn<'a, H> {
+    pub handler: &'a H,
+    pub peer: SocketAddr,
+    pub activity: &'a std::sync::Arc<super::idle::Activity>,
+    /// `server.max_header_bytes` (at least 8 KiB).
+    pub max_head: usize,
+}
+
+/// Serves HTTP/1.1 requests on `io` (whose first bytes, already read, are `buf`) until it
+/// closes, `drain` completes between requests, or a request is hyper's ([`End::Hyper`]; `drain`
+/// has not completed then).
+pub async fn serve<I, H, F, B, D>(
+    mut io: I,
+    mut buf: BytesMut,
+    conn: Conn<'_, H>,
+    mut drain: Pin<&mut D>,
+) -> End<I>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(SocketAddr, Request<RequestBody>) -> F,
+    F: Future<Output = Response<B>>,
+    B: Body,
+    B::Data: Buf,
+    D: Future,
+{
+    // Room for a usual request's lines from the start (grown one by one, they moved four times).
+    let mut lines = Vec::with_capacity(16);
+    let mut out = Vec::new();
+    let mut spare = HeaderMap::new();
+    let mut draining = false;
+    loop {
+        let head = loop {
+            if !buf.is_empty() {
+                match parse(&buf, conn.max_head, &mut lines) {
+                    Parsed::Own(head) => break head,
+                    Parsed::Hyper if draining => return End::Closed,
+                    Parsed::Hyper => return End::Hyper(buf, io),
+                    Parsed::Partial => {}
+                }
+            }
+            buf.reserve(READ);
+            let read = if draining {
+                io.read_buf(&mut buf).await
+            } else {
+                tokio::select! {
+                    biased;
+                    read = io.read_buf(&mut buf) => read,
+                    _ = drain.as_mut() => {
+                        // Idle: nothing to finish. Within a head: answer it, then close.
+                        draining = true;
+                        if buf.is_empty() {
+                            return End::Closed;
+                        }
+                        continue;
+                    }
+                }
+            };
+            if !matches!(read, Ok(n) if n > 0) {
+                return End::Closed;
+            }
+        };
+        let head_bytes = buf.split_to(head.len).freeze();
+        let Some(parts) = request(&head, &head_bytes, &lines, std::mem::take(&mut spare)) else {
+            // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
+            return again(&head_bytes, buf, io, draining);
+        };
+        let request_in_flight = conn.activity.begin();
+        let body = head.body as usize;
+        while buf.len() < body {
+            buf.reserve(body - buf.len());
+            if !matches!(io.read_buf(&mut buf).await, Ok(n) if n > 0) {
+                // Cut short: hyper's, which hands the handler a body that fails (its answer, 400,
+                // is the handler's).
+                drop(request_in_flight);
+                return again(&head_bytes, buf, io, draining);
+            }
+        }
+        let mut req = Request::new(RequestBody::whole(buf.split_to(body).freeze()));
+        *req.method_mut() = parts.0;
+        *req.uri_mut() = parts.1;
+        *req.headers_mut() = parts.2;
+        let head_request = req.method() == Method::HEAD;
+        let mut answer = pin!((conn.handler)(conn.peer, req));
+        // While the answer is made, a client that closes is gone: its request is dropped.
+        let resp = loop {
+            if buf.len() >= conn.max_head {
+                break answer.as_mut().await;
+            }
+            buf.reserve(READ);
+            tokio::select! {
+                biased;
+                resp = answer.as_mut() => break resp,
+                read = io.read_buf(&mut buf) => if !matches!(read, Ok(n) if n > 0) {
+                    return End::Closed;
+                },
+            }
+        };
+        let resp = request_in_flight.respond(resp);
+        if !draining && futures_util::poll!(drain.as_mut()).is_ready() {
+            draining = true;
+        }
+        let keep = !head.close && !draining;
+        let (parts, body) = resp.into_parts();
+        let sent = respond(&mut io, &mut out, &parts, body, head_request, keep).await;
+        // The answer's map, emptied, holds the next request's fields (hyper does the same).
+        spare = parts.headers;
+        spare.clear();
+        match sent {
+            Ok(true) => {}
+            _ => {
+                let _ = io.shutdown().await;
+                return End::Closed;
+            }
+        }
+    }
+}
+
+/// The connection for hyper's server from the request whose head is `head` (`rest` read after
+/// it), as if nothing had been read; closed instead if it is draining.
+fn again<I>(head: &[u8], rest: BytesMut, io: I, draining: bool) -> End<I> {
+    if draining {
+        return End::Closed;
+    }
+    let mut again = BytesMut::with_capacity(head.len() + rest.len());
+    again.extend_from_slice(head);
+    again.extend_from_slice(&rest);
+    End::Hyper(again, io)
+}
+
+/// What a read asks room for, in bytes.
+const READ: usize = 4096;
+
+/// The request's method, target and header map, from its head's bytes (values are slices of
+/// them). `None` if the target is not a `Uri`.
+fn request(
+    head: &Head,
+    bytes: &Bytes,
+    lines: &[Line],
+    mut headers: HeaderMap,
+) -> Option<(Method, http::Uri, HeaderMap)> {
+    let uri = http::Uri::from_maybe_shared(bytes.slice(head.target.clone())).ok()?;
+    headers.reserve(lines.len());
+    for l in lines {
+        headers.append(
+            l.name.clone(),
+            HeaderValue::from_maybe_shared(bytes.slice(l.value.clone())).ok()?,
+        );
+    }
+    Some((head.method.clone(), uri, headers))
+}
+
+/// Writes `resp` (its head, then its body as it comes: bytes are sent whenever the body has no
+/// more ready). `Ok(false)`: the connection must close (asked, or the body broke its framing).
+async fn respond<I, B>(
+    io: &mut I,
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: B,
+    head_request: bool,
+    keep: bool,
+) -> std::io::Result<bool>
+where
+    I: AsyncWrite + Unpin,
+    B: Body,
+    B::Data: Buf,
+{
+    let mut body = pin!(body);
+    let status = if parts.status.is_informational() {
+        // No 1xx answer is a whole answer (hyper's rule).
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        parts.status
+    };
+    let hint = BodyHint {
+        ended: body.is_end_stream() || status != parts.status,
+        exact: body.size_hint().exact(),
+    };
+    out.clear();
+    let (framing, close) = encode_head(
+        out,
+        status,
+        &parts.headers,
+        hint,
+        head_request,
+        keep,
+        &date(),
+    );
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        Framing::Chunked => u64::MAX,
+    };
+    let mut whole = !hint.ended;
+    while whole {
+        // The body's error is dropped as it is read: it is not `Send`, and only tells that the
+        // connection must end.
+        let ready = std::future::poll_fn(|cx| {
+            Poll::Ready(body.as_mut().poll_frame(cx).map(|f| f.map(Result::ok)))
+        })
+        .await;
+        let frame = match ready {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                if !out.is_empty() {
+                    io.write_all(out).await?;
+                    io.flush().await?;
+                    out.clear();
+                }
+                std::future::poll_fn(|cx| body.as_mut().poll_frame(cx).map(|f| f.map(Result::ok)))
+                    .await
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(None) => {
+                whole = false;
+                break;
+            }
+            Some(Some(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+        };
+        let n = data.remaining();
+        if n == 0 {
+            continue;
+        }
+        match framing {
+            Framing::Chunked => {
+                let mut size = [0u8; 18];
+                let hex = hex(n, &mut size);
+                out.extend_from_slice(hex);
+                out.extend_from_slice(b"\r\n");
+                put(out, data, n);
+                out.extend_from_slice(b"\r\n");
+            }
+            Framing::Length(_) => {
+                let take = (n as u64).min(left) as usize;
+                left -= take as u64;
+                put(out, data, take);
+                if take < n {
+                    // More than it said: what it said is sent, and the connection ends.
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if out.len() >= 64 * 1024 {
+            io.write_all(out).await?;
+            out.clear();
+        }
+    }
+    match framing {
+        Framing::Chunked if whole => out.extend_from_slice(b"0\r\n\r\n"),
+        Framing::Length(_) if left > 0 && left != u64::MAX => whole = false,
+        _ => {}
+    }
+    if !out.is_empty() {
+        io.write_all(out).await?;
+        out.clear();
+    }
+    io.flush().await?;
+    Ok(whole && !close)
+}
+
+/// Copies `n` bytes of `data` to `out`.
+fn put(out: &mut Vec<u8>, mut data: impl Buf, mut n: usize) {
+    while n > 0 {
+        let chunk = data.chunk();
+        let take = chunk.len().min(n);
+        out.extend_from_slice(&chunk[..take]);
+        data.advance(take);
+        n -= take;
+    }
+}
+
+/// `n` in hexadecimal, in `buf`.
+fn hex(mut n: usize, buf: &mut [u8; 18]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[n & 15];
+        n >>= 4;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own(s: &str) -> Head {
+        match parse(s.as_bytes(), 8192, &mut Vec::new()) {
+            Parsed::Own(h) => h,
+            other => panic!("{s:?}: {other:?}"),
+        }
+    }
+
+    fn hyper(s: &str) {
+        assert_eq!(
+            parse(s.as_bytes(), 8192, &mut Vec::new()),
+            Parsed::Hyper,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn plain_requests_are_read_here_with_their_lines() {
+        let mut lines = Vec::new();
+        let s = "GET /users/42?x=1 HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\n\r\nGET /next";
+        let Parsed::Own(h) = parse(s.as_bytes(), 8192, &mut lines) else {
+            panic!()
+        };
+        assert_eq!(h.len, s.find("GET /next").unwrap());
+        assert_eq!(h.method, Method::GET);
+        assert_eq!(&s[h.target.clone()], "/users/42?x=1");
+        assert_eq!((h.body, h.close), (0, false));
+        let lines: Vec<_> = lines
+            .iter()
+            .map(|l| (l.name.as_str(), &s[l.value.clone()]))
+            .collect();
+        assert_eq!(lines, [("host", "a"), ("x-api-key", "k")]);
+        let h = own(
+            "POST / HTTP/1.1\r\ncontent-length: 12\r\nContent-Length: 12\r\nConnection: Close\r\n\r\n",
+        );
+        assert_eq!((h.body, h.close), (12, true));
+        assert!(!own("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n").close);
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 8192, &mut Vec::new()),
+            Parsed::Partial
+        );
+    }
+
+    #[test]
+    fn a_connections_names_are_reused_only_where_written_the_same() {
+        let mut lines = Vec::new();
+        let names = |s: &str, lines: &mut Vec<Line>| -> Vec<(String, String)> {
+            assert!(matches!(parse(s.as_bytes(), 8192, lines), Parsed::Own(_)));
+            lines
+                .iter()
+                .map(|l| (l.name.as_str().to_owned(), s[l.value.clone()].to_owned()))
+                .collect()
+        };
+        let first = names(
+            "GET / HTTP/1.1\r\nX-Api-Key: a\r\nHost: h\r\n\r\n",
+            &mut lines,
+        );
+        assert_eq!(
+            first,
+            [
+                ("x-api-key".into(), "a".into()),
+                ("host".into(), "h".into())
+            ]
+        );
+        // Same place, same bytes: reused (with this request's value); elsewhere made anew.
+        let second = names(
+            "GET / HTTP/1.1\r\nX-Api-Key: b\r\nX-Api-Kez: c\r\nContent-Length: 0\r\n\r\n",
+            &mut lines,
+        );
+        assert_eq!(
+            second,
+            [
+                ("x-api-key".into(), "b".into()),
+                ("x-api-kez".into(), "c".into()),
+                ("content-length".into(), "0".into())
+            ]
+        );
+        let third = names("GET / HTTP/1.1\r\nhost: h\r\n\r\n", &mut lines);
+        assert_eq!(third, [("host".into(), "h".into())]);
+        // A long name is made each time, and read the same.
+        let long = format!("GET / HTTP/1.1\r\n{}: v\r\n\r\n", "N".repeat(40));
+        for _ in 0..2 {
+            assert_eq!(names(&long, &mut lines)[0].0, "n".repeat(40));
+        }
+    }
+
+    #[test]
+    fn anything_but_a_plain_request_is_hypers() {
+        for s in [
+            "GET / HTTP/1.0\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+            "PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+            "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+            "GET\0 / HTTP/1.1\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\n",
+        ] {
+            hyper(s);
+        }
+        // A head longer than the bound, whole or not.
+        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "x".repeat(9000));
+        hyper(&long);
+        hyper(&long[..8500]);
+    }
+
+    fn head(
+        status: StatusCode,
+        headers: &[(&str, &str)],
+        hint: BodyHint,
+        head_req: bool,
+        keep: bool,
+    ) -> (String, Framing, bool) {
+        let mut map = HeaderMap::new();
+        for (n, v) in headers {
+            map.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let mut out = Vec::new();
+        let (f, close) = encode_head(
+            &mut out,
+            status,
+            &map,
+            hint,
+            head_req,
+            keep,
+            b"Sat, 28 Nov 2026 21:00:00 GMT",
+        );
+        (String::from_utf8(out).unwrap(), f, close)
+    }
+
+    const SIZED: BodyHint = BodyHint {
+        ended: false,
+        exact: Some(5),
+    };
+    const ENDED: BodyHint = BodyHint {
+        ended: true,
+        exact: Some(0),
+    };
+    const STREAM: BodyHint = BodyHint {
+        ended: false,
+        exact: None,
+    };
+    const DATE: &str = "date: Sat, 28 Nov 2026 21:00:00 GMT\r\n";
+
+    #[test]
+    fn a_response_head_frames_its_body_as_hyper_did() {
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("x-a", "1"), ("content-length", "5")],
+                SIZED,
+                false,
+                true
+            ),
+            (
+                format!("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\n{DATE}\r\n"),
+                Framing::Length(5),
+                false
+            )
+        );
+        assert_eq!(
+            head(StatusCode::TOO_MANY_REQUESTS, &[], ENDED, false, false),
+            (
+                format!(
+                    "HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\nconnection: close\r\n{DATE}\r\n"
+                ),
+                Framing::Length(0),
+                true
+            )
+        );
+        // Unknown length: chunked, or the length the handler wrote.
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("transfer-encoding", "chunked")],
+                STREAM,
+                false,
+                true
+            ),
+            (
+                format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n{DATE}\r\n"),
+                Framing::Chunked,
+                false
+            )
+        );
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("content-length", "7")],
+                STREAM,
+                false,
+                true
+            )
+            .1,
+            Framing::Length(7)
+        );
+        // HEAD: the length as written, no body; 204 and 304: neither.
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("content-length", "7")],
+                ENDED,
+                true,
+                true
+            ),
+            (
+                format!("HTTP/1.1 200 OK\r\ncontent-length: 7\r\n{DATE}\r\n"),
+                Framing::Length(0),
+                false
+            )
+        );
+        assert_eq!(
+            head(
+                StatusCode::NO_CONTENT,
+                &[("content-length", "0")],
+                ENDED,
+                false,
+                true
+            ),
+            (
+                format!("HTTP/1.1 204 No Content\r\n{DATE}\r\n"),
+                Framing::Length(0),
+                false
+            )
+        );
+        assert_eq!(
+            head(StatusCode::NOT_MODIFIED, &[], STREAM, false, true).1,
+            Framing::Length(0)
+        );
+        // The handler's own close and date are kept, once.
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("connection", "close"), ("date", "then")],
+                ENDED,
+                false,
+                false
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ndate: then\r\ncontent-length: 0\r\n\r\n"
+                    .to_owned(),
+                Framing::Length(0),
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn lengths_are_plain_numbers_and_sizes_hex() {
+        assert_eq!(length(b"0"), Some(0));
+        assert_eq!(length(b"65536"), Some(65536));
+        for bad in [&b""[..], b"-1", b"1 ", b"0x10", b"99999999999999999999"] {
+            assert_eq!(length(bad), None);
+        }
+        let mut buf = [0; 18];
+        assert_eq!(hex(0, &mut buf), b"0");
+        assert_eq!(hex(0x1f4a, &mut buf), b"1f4a");
+        assert_eq!(date().len(), 29);
+    }
+}
