@@ -529,8 +529,11 @@ where
         Framing::Length(n) => n,
         Framing::Chunked => u64::MAX,
     };
-    let mut whole = !hint.ended;
-    while whole {
+    // `whole`: the body was sent as framed. A body that may have none (HEAD, 204, 304) is not
+    // read: what it holds is not sent, and the connection stays.
+    let mut whole = true;
+    let mut more = !hint.ended && framing != Framing::Length(0);
+    while more {
         // The body's error is dropped as it is read: it is not `Send`, and only tells that the
         // connection must end.
         let ready = std::future::poll_fn(|cx| {
@@ -552,8 +555,8 @@ where
         let data = match frame {
             None => break,
             Some(None) => {
-                whole = false;
-                break;
+                (whole, more) = (false, false);
+                continue;
             }
             Some(Some(frame)) => match frame.into_data() {
                 Ok(data) => data,
@@ -579,8 +582,7 @@ where
                 put(out, data, take);
                 if take < n {
                     // More than it said: what it said is sent, and the connection ends.
-                    whole = false;
-                    break;
+                    (whole, more) = (false, false);
                 }
             }
         }
@@ -591,7 +593,8 @@ where
     }
     match framing {
         Framing::Chunked if whole => out.extend_from_slice(b"0\r\n\r\n"),
-        Framing::Length(_) if left > 0 && left != u64::MAX => whole = false,
+        // Less than it said: the client cannot tell where the next answer starts.
+        Framing::Length(_) if left > 0 => whole = false,
         _ => {}
     }
     if !out.is_empty() {
@@ -884,6 +887,101 @@ mod tests {
                     .to_owned(),
                 Framing::Length(0),
                 true
+            )
+        );
+    }
+
+    /// What `respond` writes for a body of `frames` (an `Err` breaks it) of known length or not,
+    /// and whether the connection may carry on.
+    async fn sent(
+        status: u16,
+        frames: &[Result<&'static str, ()>],
+        known: bool,
+        head_request: bool,
+        keep: bool,
+    ) -> (String, bool) {
+        use http_body_util::{BodyExt, Full, StreamBody};
+        let frames: Vec<Result<http_body::Frame<Bytes>, ()>> = frames
+            .iter()
+            .map(|f| f.map(|s| http_body::Frame::data(Bytes::from_static(s.as_bytes()))))
+            .collect();
+        let body = if known {
+            let all: String = frames
+                .iter()
+                .flatten()
+                .map(|f| std::str::from_utf8(f.data_ref().unwrap()).unwrap())
+                .collect();
+            Full::new(Bytes::from(all))
+                .map_err(|e| match e {})
+                .boxed_unsync()
+        } else {
+            StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync()
+        };
+        let (parts, _) = Response::builder()
+            .status(status)
+            .header("date", "d")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let (mut io, mut out) = (Vec::new(), Vec::new());
+        let carry_on = respond(&mut io, &mut out, &parts, body, head_request, keep)
+            .await
+            .unwrap();
+        (String::from_utf8(io).unwrap(), carry_on)
+    }
+
+    #[tokio::test]
+    async fn answers_are_framed_and_keep_the_connection_unless_they_cannot() {
+        assert_eq!(
+            sent(200, &[Ok("hello")], true, false, true).await,
+            (
+                "HTTP/1.1 200 OK\r\ndate: d\r\ncontent-length: 5\r\n\r\nhello".into(),
+                true
+            )
+        );
+        // No body: a length of 0, and the connection carries on.
+        assert_eq!(
+            sent(200, &[], true, false, true).await,
+            (
+                "HTTP/1.1 200 OK\r\ndate: d\r\ncontent-length: 0\r\n\r\n".into(),
+                true
+            )
+        );
+        assert_eq!(
+            sent(204, &[], true, false, true).await,
+            ("HTTP/1.1 204 No Content\r\ndate: d\r\n\r\n".into(), true)
+        );
+        // HEAD: the length, not the body; the connection carries on.
+        assert_eq!(
+            sent(200, &[Ok("hello")], true, true, true).await,
+            (
+                "HTTP/1.1 200 OK\r\ndate: d\r\ncontent-length: 5\r\n\r\n".into(),
+                true
+            )
+        );
+        // Unknown length: chunked.
+        assert_eq!(
+            sent(200, &[Ok("hello"), Ok(""), Ok("world!")], false, false, true).await,
+            (
+                "HTTP/1.1 200 OK\r\ndate: d\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n".into(),
+                true
+            )
+        );
+        // A body that breaks: what came is sent, unfinished, and the connection ends.
+        assert_eq!(
+            sent(200, &[Ok("hello"), Err(())], false, false, true).await,
+            (
+                "HTTP/1.1 200 OK\r\ndate: d\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+                    .into(),
+                false
+            )
+        );
+        // Closing: said, and done.
+        assert_eq!(
+            sent(429, &[Ok("no")], true, false, false).await,
+            (
+                "HTTP/1.1 429 Too Many Requests\r\ndate: d\r\ncontent-length: 2\r\nconnection: close\r\n\r\nno".into(),
+                false
             )
         );
     }
