@@ -29,7 +29,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 impl Outgoing {
     /// The client's `body`, at most `max` bytes of it.
     pub fn new(body: RequestBody, max: usize) -> Outgoing {
-        Outgoing::Streaming(Limited::new(body, max))
+        match body {
+            // Read whole by the gateway's own server already: nothing to wait for.
+            RequestBody::Whole(b) if b.as_ref().is_none_or(|b| b.len() <= max) => {
+                Outgoing::Whole(Some(b.unwrap_or_default()))
+            }
+            body => Outgoing::Streaming(Limited::new(body, max)),
+        }
     }
 
     /// Whether the body can be sent by the gateway's own exchange: none, already whole, or a
@@ -97,6 +103,17 @@ impl Body for Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_body_read_whole_by_the_server_is_whole_within_its_limit() {
+        let b = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abc")), 3);
+        assert!(matches!(&b, Outgoing::Whole(Some(w)) if w == "abc"));
+        let none = Outgoing::new(RequestBody::whole(Bytes::new()), 3);
+        assert!(none.is_end_stream() && none.fits_whole());
+        // Over the limit: it fails as a streamed one would (413).
+        let mut over = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abcd")), 3);
+        assert!(over.read_whole().await.is_err());
+    }
 
     #[tokio::test]
     async fn a_whole_body_is_sent_once_with_its_length() {
