@@ -365,7 +365,7 @@ where
 {
     // Room for a usual request's lines from the start (grown one by one, they moved four times).
     let mut lines = Vec::with_capacity(16);
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(OUT_KEPT);
     let mut spare = HeaderMap::new();
     let mut draining = false;
     loop {
@@ -467,6 +467,15 @@ fn again<I>(head: &[u8], rest: BytesMut, io: I, draining: bool) -> End<I> {
     End::Hyper(again, io)
 }
 
+/// An answer's bytes are gathered in the connection's buffer (its head with a small body goes
+/// in one write) up to this many, in bytes.
+const WRITE_AT: usize = 64 * 1024;
+/// A body's chunk larger than this many bytes is written where it is, not copied.
+const COPY_MAX: usize = 16 * 1024;
+/// The room a connection's write buffer keeps between answers, in bytes: an API answer's head
+/// and body fit (it grew five times on each new connection from nothing).
+const OUT_KEPT: usize = 4096;
+
 /// What a read asks room for, in bytes.
 const READ: usize = 4096;
 
@@ -567,26 +576,38 @@ where
         if n == 0 {
             continue;
         }
-        match framing {
+        let take = match framing {
             Framing::Chunked => {
                 let mut size = [0u8; 18];
-                let hex = hex(n, &mut size);
-                out.extend_from_slice(hex);
+                out.extend_from_slice(hex(n, &mut size));
                 out.extend_from_slice(b"\r\n");
-                put(out, data, n);
-                out.extend_from_slice(b"\r\n");
+                n
             }
             Framing::Length(_) => {
                 let take = (n as u64).min(left) as usize;
                 left -= take as u64;
-                put(out, data, take);
                 if take < n {
                     // More than it said: what it said is sent, and the connection ends.
                     (whole, more) = (false, false);
                 }
+                take
+            }
+        };
+        if take <= COPY_MAX {
+            put(out, data, take);
+        } else {
+            // Written where it is: copied, it would grow the connection's buffer for good.
+            io.write_all(out).await?;
+            out.clear();
+            let mut data = data.take(take);
+            while data.has_remaining() {
+                io.write_buf(&mut data).await?;
             }
         }
-        if out.len() >= 64 * 1024 {
+        if framing == Framing::Chunked {
+            out.extend_from_slice(b"\r\n");
+        }
+        if out.len() >= WRITE_AT {
             io.write_all(out).await?;
             out.clear();
         }
@@ -602,6 +623,10 @@ where
         out.clear();
     }
     io.flush().await?;
+    if out.capacity() > OUT_KEPT {
+        // A large answer's room is not kept by an idle connection.
+        *out = Vec::with_capacity(OUT_KEPT);
+    }
     Ok(whole && !close)
 }
 
@@ -967,6 +992,13 @@ mod tests {
                 true
             )
         );
+        // A chunk larger than what is copied: written where it is, in order.
+        let big: &'static str = Box::leak("b".repeat(COPY_MAX + 1).into_boxed_str());
+        let (bytes, carry_on) = sent(200, &[Ok("a"), Ok(big), Ok("c")], false, false, true).await;
+        let body = format!("1\r\na\r\n{:x}\r\n{big}\r\n1\r\nc\r\n0\r\n\r\n", big.len());
+        assert!(carry_on && bytes.ends_with(&format!("chunked\r\n\r\n{body}")));
+        let (bytes, carry_on) = sent(200, &[Ok("a"), Ok(big)], true, false, true).await;
+        assert!(carry_on && bytes.ends_with(&format!("\r\n\r\na{big}")));
         // A body that breaks: what came is sent, unfinished, and the connection ends.
         assert_eq!(
             sent(200, &[Ok("hello"), Err(())], false, false, true).await,
