@@ -411,13 +411,15 @@ impl Http {
                     };
                     let io = TokioIo::new(sniff::Replay::new(rest, io));
                     let svc = conn.service();
-                    let c = std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
-                    until_drained(c, drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    // Boxed, as below: held inline, hyper's connection would make every
+                    // connection's future larger, and it is copied whole into its box.
+                    let mut c = Box::pin(self.h1.serve_connection(io, svc).with_upgrades());
+                    until_drained(c.as_mut(), drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
                 sniff::Version::H2 => {
                     let io = TokioIo::new(sniff::Replay::new(first, io));
-                    let c = std::pin::pin!(self.h2.serve_connection(io, conn.service()));
-                    until_drained(c, drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    let mut c = Box::pin(self.h2.serve_connection(io, conn.service()));
+                    until_drained(c.as_mut(), drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
             }
         }
