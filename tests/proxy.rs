@@ -976,6 +976,53 @@ async fn shutdown_stops_accepting_and_drains_in_flight_requests() {
     assert!((&mut gw.done).await.unwrap(), "drained within the timeout");
 }
 
+/// On shutdown an idle keep-alive connection is closed at once, and one with a request in flight
+/// gets its answer, saying `connection: close`, then is closed.
+#[tokio::test]
+async fn shutdown_closes_idle_connections_and_answers_busy_ones_with_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn read_answer(tcp: &mut tokio::net::TcpStream) -> String {
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+    let up = Upstream::start().await;
+    let gw = gateway(config(&up)).await;
+    let mut idle = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    idle.write_all(b"GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    let first = read_answer(&mut idle).await;
+    assert!(
+        first.starts_with("HTTP/1.1 200 OK\r\n") && !first.contains("connection: close"),
+        "{first}"
+    );
+    let mut busy = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    busy.write_all(b"GET /slow/1 HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\n\r\n")
+        .await
+        .unwrap();
+    support::eventually(Duration::from_secs(5), || {
+        let n = up
+            .requests()
+            .iter()
+            .filter(|r| r.path_and_query == "/slow/1")
+            .count();
+        async move { n == 1 }
+    })
+    .await;
+    gw.token.cancel();
+    assert_eq!(read_answer(&mut idle).await, "", "the idle one is closed");
+    let answer = read_answer(&mut busy).await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    assert_eq!(read_answer(&mut busy).await, "", "then closed");
+    let mut gw = gw;
+    assert!((&mut gw.done).await.unwrap(), "drained within the timeout");
+}
+
 // ---- operating it: metrics and health over HTTP ----
 
 #[tokio::test]
