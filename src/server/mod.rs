@@ -286,26 +286,6 @@ struct Conn<H> {
     activity: Arc<idle::Activity>,
 }
 
-impl<H> Conn<H> {
-    /// hyper's service for this connection's requests.
-    fn service<F, B>(
-        &self,
-    ) -> impl hyper::service::HttpService<
-        Incoming,
-        ResBody = idle::Tracked<B>,
-        Error = Infallible,
-        Future = impl Future<Output = Result<Response<idle::Tracked<B>>, Infallible>> + Send + 'static,
-    > + Send
-    + 'static
-    where
-        H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
-        F: Future<Output = Response<B>> + Send + 'static,
-        B: Body + Send + 'static,
-    {
-        service(self.handler.clone(), self.peer, self.activity.clone())
-    }
-}
-
 /// hyper's service for a connection's requests: `h`'s, each counted in `busy`.
 fn service<H, F, B>(
     h: Arc<H>,
@@ -410,7 +390,7 @@ impl Http {
                         return;
                     };
                     let io = TokioIo::new(sniff::Replay::new(rest, io));
-                    let svc = conn.service();
+                    let svc = service(conn.handler, conn.peer, conn.activity);
                     // Boxed, as below: held inline, hyper's connection would make every
                     // connection's future larger, and it is copied whole into its box.
                     let mut c = Box::pin(self.h1.serve_connection(io, svc).with_upgrades());
@@ -418,7 +398,8 @@ impl Http {
                 }
                 sniff::Version::H2 => {
                     let io = TokioIo::new(sniff::Replay::new(first, io));
-                    let mut c = Box::pin(self.h2.serve_connection(io, conn.service()));
+                    let svc = service(conn.handler, conn.peer, conn.activity);
+                    let mut c = Box::pin(self.h2.serve_connection(io, svc));
                     until_drained(c.as_mut(), drain.as_mut(), |c| c.graceful_shutdown()).await;
                 }
             }
