@@ -214,8 +214,32 @@ impl Forwarded {
     }
 }
 
-fn num(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
+/// Where an answer's rate-limit fields go: its header map, or the lines the gateway's own
+/// HTTP/1.1 server sends as they are ([`Lines`]).
+pub trait Fields {
+    /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
+    fn set(&mut self, name: HeaderName, value: &[u8]);
+}
+
+impl Fields for HeaderMap {
+    fn set(&mut self, name: HeaderName, value: &[u8]) {
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            self.insert(name, v);
+        }
+    }
+}
+
+/// Fields written as lines ([`crate::server::Written`]), taken out of the answer's map.
+pub struct Lines<'a> {
+    pub map: &'a mut HeaderMap,
+    pub written: &'a mut crate::server::Written,
+}
+
+impl Fields for Lines<'_> {
+    fn set(&mut self, name: HeaderName, value: &[u8]) {
+        self.map.remove(&name);
+        self.written.push(&name, value);
+    }
 }
 
 /// Appends `s` as a Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped.
@@ -275,7 +299,7 @@ fn push_sf_item(v: &mut String, name: &str, l: &Limit, a: &str, x: u64, b: &str,
 /// `RateLimit`, the most restrictive in the legacy trio, and `Retry-After` on a refusal that
 /// waiting can cure (an upstream's is the forwarding's to keep or remove:
 /// [`keeps_upstream_retry_after`]). Shadow limits add nothing.
-pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
+pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
     let quotas = rate.outcome.quotas();
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
         // Room for the usual single policy, so that neither string grows.
@@ -296,23 +320,22 @@ pub fn set_rate_limit(headers: &mut HeaderMap, set: HeaderSet, rate: &Rate) {
             push_sf_item(&mut policy, name, l, "q", q.limit, "w", w);
             push_sf_item(&mut state, name, l, "r", q.remaining, "t", q.reset);
         }
-        if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state))
-            && !p.is_empty()
-        {
-            headers.insert(RATELIMIT_POLICY, p);
-            headers.insert(RATELIMIT, s);
+        if !policy.is_empty() {
+            headers.set(RATELIMIT_POLICY, policy.as_bytes());
+            headers.set(RATELIMIT, state.as_bytes());
         }
     }
+    let mut digits = itoa::Buffer::new();
     if matches!(set, HeaderSet::Both | HeaderSet::Legacy)
         && let Some(i) = rate.outcome.most_restrictive(&rate.limits)
     {
         let d = &quotas[i];
-        headers.insert(RATELIMIT_LIMIT, num(d.limit));
-        headers.insert(RATELIMIT_REMAINING, num(d.remaining));
-        headers.insert(RATELIMIT_RESET, num(d.reset));
+        headers.set(RATELIMIT_LIMIT, digits.format(d.limit).as_bytes());
+        headers.set(RATELIMIT_REMAINING, digits.format(d.remaining).as_bytes());
+        headers.set(RATELIMIT_RESET, digits.format(d.reset).as_bytes());
     }
     if let Some(s) = rate.outcome.retry_after(&rate.limits) {
-        headers.insert(header::RETRY_AFTER, num(s));
+        headers.set(header::RETRY_AFTER, digits.format(s).as_bytes());
     }
 }
 
@@ -618,7 +641,11 @@ mod tests {
                 &h["ratelimit-remaining"],
                 &h["ratelimit-reset"]
             ),
-            (&num(20), &num(7), &num(42))
+            (
+                &HeaderValue::from(20),
+                &HeaderValue::from(7),
+                &HeaderValue::from(42)
+            )
         );
         assert!(
             !h.contains_key("retry-after"),
@@ -646,6 +673,48 @@ mod tests {
         let mut h = HeaderMap::new();
         set_rate_limit(&mut h, HeaderSet::None, &one("GET /a", &no));
         assert_eq!(h.len(), 1, "only Retry-After");
+    }
+
+    /// Written as lines for the own server, the fields are the map's, and the answer's map
+    /// loses the names written (an upstream's own `RateLimit-*` and `Retry-After`), keeping the
+    /// rest.
+    #[test]
+    fn rate_limit_fields_written_as_lines_are_the_maps() {
+        let no = Quota {
+            allowed: false,
+            limit: 20,
+            remaining: 0,
+            reset: 13,
+            retry_after: Some(13),
+        };
+        for set in [
+            HeaderSet::Both,
+            HeaderSet::Ietf,
+            HeaderSet::Legacy,
+            HeaderSet::None,
+        ] {
+            let upstream = [
+                ("ratelimit-limit", "999"),
+                ("retry-after", "5"),
+                ("x-a", "1"),
+            ];
+            let mut as_map = map(&upstream);
+            set_rate_limit(&mut as_map, set, &one("GET /a", &no));
+            let mut own = map(&upstream);
+            let mut written = crate::server::Written::default();
+            set_rate_limit(
+                &mut Lines {
+                    map: &mut own,
+                    written: &mut written,
+                },
+                set,
+                &one("GET /a", &no),
+            );
+            assert!(!own.contains_key("retry-after"), "{set:?}: {own:?}");
+            assert_eq!(own["x-a"], "1");
+            written.set_in(&mut own);
+            assert_eq!(own, as_map, "{set:?}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::SystemTime;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -205,12 +205,18 @@ pub struct BodyHint {
     pub exact: Option<u64>,
 }
 
-/// Writes a response's head to `out` (hyper's rules, above): the framing of its body, and
-/// whether the connection closes after it (`keep` false, or the handler's `Connection: close`).
+/// Writes a response's head to `out` (hyper's rules, above), its `headers` then the lines
+/// `written` (`super::Written`): the framing of its body, and whether the connection closes
+/// after it (`keep` false, or the handler's `Connection: close`).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is one part of the head; a struct would only name them again"
+)]
 pub fn encode_head(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
+    written: &[u8],
     body: BodyHint,
     head_request: bool,
     keep: bool,
@@ -249,6 +255,7 @@ pub fn encode_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    out.extend_from_slice(written);
     let length = if body.ended {
         Some(0)
     } else {
@@ -349,7 +356,7 @@ pub struct Conn<'a, H> {
 /// Serves HTTP/1.1 requests on `io` (whose first bytes, already read, are `buf`) until it
 /// closes, `drain` completes between requests, or a request is hyper's ([`End::Hyper`]; `drain`
 /// has not completed then).
-pub async fn serve<I, H, F, B, D>(
+pub async fn serve<I, H, F, A, B, D>(
     mut io: I,
     mut buf: BytesMut,
     conn: Conn<'_, H>,
@@ -358,7 +365,8 @@ pub async fn serve<I, H, F, B, D>(
 where
     I: AsyncRead + AsyncWrite + Unpin,
     H: Fn(SocketAddr, Request<RequestBody>) -> F,
-    F: Future<Output = Response<B>>,
+    F: Future<Output = A>,
+    A: super::Answer<Body = B>,
     B: Body,
     B::Data: Buf,
     D: Future,
@@ -435,13 +443,23 @@ where
                 },
             }
         };
+        let (resp, written) = resp.split();
         let resp = request_in_flight.respond(resp);
         if !draining && futures_util::poll!(drain.as_mut()).is_ready() {
             draining = true;
         }
         let keep = !head.close && !draining;
         let (parts, body) = resp.into_parts();
-        let sent = respond(&mut io, &mut out, &parts, body, head_request, keep).await;
+        let sent = respond(
+            &mut io,
+            &mut out,
+            &parts,
+            &written,
+            body,
+            head_request,
+            keep,
+        )
+        .await;
         // The answer's map, emptied, holds the next request's fields (hyper does the same).
         spare = parts.headers;
         spare.clear();
@@ -504,6 +522,7 @@ async fn respond<I, B>(
     io: &mut I,
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
+    written: &super::Written,
     body: B,
     head_request: bool,
     keep: bool,
@@ -529,6 +548,7 @@ where
         out,
         status,
         &parts.headers,
+        written.as_bytes(),
         hint,
         head_request,
         keep,
@@ -657,6 +677,7 @@ fn hex(mut n: usize, buf: &mut [u8; 18]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Response;
 
     fn own(s: &str) -> Head {
         match parse(s.as_bytes(), 8192, &mut Vec::new()) {
@@ -779,18 +800,28 @@ mod tests {
         head_req: bool,
         keep: bool,
     ) -> (String, Framing, bool) {
-        let mut map = HeaderMap::new();
+        // A name written `+name` is one of the fields written already.
+        let (mut map, mut written) = (HeaderMap::new(), super::super::Written::default());
         for (n, v) in headers {
-            map.append(
-                HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
+            match n.strip_prefix('+') {
+                Some(n) => {
+                    written.push(&HeaderName::from_bytes(n.as_bytes()).unwrap(), v.as_bytes())
+                }
+                None => {
+                    map.append(
+                        HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                        v.parse().unwrap(),
+                    );
+                }
+            }
         }
+        let written = written.as_bytes();
         let mut out = Vec::new();
         let (f, close) = encode_head(
             &mut out,
             status,
             &map,
+            written,
             hint,
             head_req,
             keep,
@@ -898,6 +929,20 @@ mod tests {
             head(StatusCode::NOT_MODIFIED, &[], STREAM, false, true).1,
             Framing::Length(0)
         );
+        // Fields written already follow the map's; one that could split the head is left out.
+        assert_eq!(
+            head(
+                StatusCode::OK,
+                &[("x-a", "1"), ("+ratelimit", "r=1"), ("+x-bad", "a\r\nb: c")],
+                ENDED,
+                false,
+                true
+            )
+            .0,
+            format!(
+                "HTTP/1.1 200 OK\r\nx-a: 1\r\nratelimit: r=1\r\ncontent-length: 0\r\n{DATE}\r\n"
+            )
+        );
         // The handler's own close and date are kept, once.
         assert_eq!(
             head(
@@ -949,9 +994,17 @@ mod tests {
             .unwrap()
             .into_parts();
         let (mut io, mut out) = (Vec::new(), Vec::new());
-        let carry_on = respond(&mut io, &mut out, &parts, body, head_request, keep)
-            .await
-            .unwrap();
+        let carry_on = respond(
+            &mut io,
+            &mut out,
+            &parts,
+            &Default::default(),
+            body,
+            head_request,
+            keep,
+        )
+        .await
+        .unwrap();
         (String::from_utf8(io).unwrap(), carry_on)
     }
 

@@ -29,6 +29,68 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::config::{ConfigError, ServerConfig, positive_ms};
 use crate::workers::{self, Workers};
 
+/// What a handler answers: its response, and header fields it wrote out already ([`Written`]).
+/// A `Response` is an answer with none.
+pub trait Answer: Send + 'static {
+    type Body;
+    fn split(self) -> (Response<Self::Body>, Written);
+}
+
+impl<B: Send + 'static> Answer for Response<B> {
+    type Body = B;
+    fn split(self) -> (Response<B>, Written) {
+        (self, Written::default())
+    }
+}
+
+/// Header fields written as they go on the wire, `name: value\r\n` each (names in lower case),
+/// sent after the response's own: the gateway's own HTTP/1.1 server copies them as they are,
+/// where a header map would hash, allocate and copy each (the rate-limit fields cost the
+/// memory store's path 13% that way: docs/benchmarks.md). For hyper's servers they are set in
+/// the response's map. The response's map must not hold their names.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Written(Vec<u8>);
+
+impl Written {
+    /// Adds `name: value`; a value with a byte no field may hold (a control character) is left
+    /// out, as a `HeaderValue` would refuse it.
+    pub fn push(&mut self, name: &http::HeaderName, value: &[u8]) {
+        if !value
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        {
+            return;
+        }
+        self.0.extend_from_slice(name.as_str().as_bytes());
+        self.0.extend_from_slice(b": ");
+        self.0.extend_from_slice(value);
+        self.0.extend_from_slice(b"\r\n");
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Sets each field in `headers`, replacing what it held of that name.
+    pub fn set_in(&self, headers: &mut http::HeaderMap) {
+        for line in self.0.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                continue;
+            };
+            let value = line[colon + 1..]
+                .strip_prefix(b" ")
+                .unwrap_or(&line[colon + 1..]);
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(&line[..colon]),
+                http::HeaderValue::from_bytes(value),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+    }
+}
+
 /// Connection-level limits of an HTTP listener.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
@@ -151,7 +213,7 @@ fn tls_settings(c: &ServerConfig) -> Result<Option<crate::tls::TlsSettings>, Con
 
 /// Serves `handler` on `listener` until `shutdown` completes, then drains. Returns `false` if the
 /// drain timeout passed with requests still in flight.
-pub async fn serve<H, F, B>(
+pub async fn serve<H, F, A, B>(
     listener: TcpListener,
     settings: HttpSettings,
     executor: Executor,
@@ -160,7 +222,8 @@ pub async fn serve<H, F, B>(
 ) -> bool
 where
     H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
+    F: Future<Output = A> + Send + 'static,
+    A: Answer<Body = B>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -244,7 +307,7 @@ where
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
 )]
-fn serve_tls<H, F, B>(
+fn serve_tls<H, F, A, B>(
     tcp: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     first_byte: Duration,
@@ -255,7 +318,8 @@ fn serve_tls<H, F, B>(
 ) -> impl Future<Output = ()> + Send
 where
     H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
+    F: Future<Output = A> + Send + 'static,
+    A: Answer<Body = B>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -287,7 +351,7 @@ struct Conn<H> {
 }
 
 /// hyper's service for a connection's requests: `h`'s, each counted in `busy`.
-fn service<H, F, B>(
+fn service<H, F, A, B>(
     h: Arc<H>,
     peer: SocketAddr,
     busy: Arc<idle::Activity>,
@@ -300,7 +364,8 @@ fn service<H, F, B>(
 + 'static
 where
     H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
+    F: Future<Output = A> + Send + 'static,
+    A: Answer<Body = B>,
     B: Body + Send + 'static,
 {
     service_fn(move |req: Request<Incoming>| {
@@ -308,7 +373,9 @@ where
         // `map`, not `async move { fut.await }`: an async block would hold the handler's
         // future twice (captured, then awaited), and hyper keeps this future per stream and,
         // for HTTP/1, in a slot per connection.
-        futures_util::FutureExt::map(h(peer, req.map(RequestBody::Hyper)), move |resp| {
+        futures_util::FutureExt::map(h(peer, req.map(RequestBody::Hyper)), move |answer| {
+            let (mut resp, written) = answer.split();
+            written.set_in(resp.headers_mut());
             Ok::<_, Infallible>(request.respond(resp))
         })
     })
@@ -349,7 +416,7 @@ impl Http {
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
     )]
-    fn serve<I, H, F, B>(
+    fn serve<I, H, F, A, B>(
         &self,
         mut io: I,
         conn: Conn<H>,
@@ -358,7 +425,8 @@ impl Http {
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         H: Fn(SocketAddr, Request<RequestBody>) -> F + Send + Sync + 'static,
-        F: Future<Output = Response<B>> + Send + 'static,
+        F: Future<Output = A> + Send + 'static,
+        A: Answer<Body = B>,
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
