@@ -584,10 +584,8 @@ impl Proxy {
                         if !headers::keeps_upstream_retry_after(head.status) {
                             head.headers.remove(http::header::RETRY_AFTER);
                         }
-                        let mut fields = headers::Lines {
-                            map: &mut head.headers,
-                            written: &mut record.written,
-                        };
+                        let mut fields =
+                            headers::Lines::new(&mut head.headers, &mut record.written);
                         headers::set_rate_limit(&mut fields, self.policy.headers, rate);
                     }
                     if let Some(protocol) = switched {
