@@ -63,9 +63,10 @@ bench_workdir() {
   trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 }
 
-# nginx_conf SERVERS LISTEN [SERVER_LINES]: writes $WORK/nginx/nginx.conf: one worker, no logs,
-# proxy_pass with keep-alive to the upstream block's SERVERS, listening on LISTEN (e.g.
-# "127.0.0.1:8080 ssl"), with SERVER_LINES (certificates) in the server block.
+# nginx_conf SERVERS LISTEN [SERVER_LINES] [HTTP_LINES]: writes $WORK/nginx/nginx.conf: one
+# worker, no logs, proxy_pass with keep-alive to the upstream block's SERVERS, listening on
+# LISTEN (e.g. "127.0.0.1:8080 ssl"), with SERVER_LINES (certificates, limit_req) in the server
+# block and HTTP_LINES (limit_req_zone) in the http block.
 nginx_conf() {
   mkdir -p "$WORK/nginx"
   cat > "$WORK/nginx/nginx.conf" <<CONF
@@ -78,6 +79,7 @@ http {
   access_log off;
   client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
   fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  ${4:-}
   upstream api { $1 keepalive 128; }
   server {
     listen $2;

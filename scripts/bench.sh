@@ -14,7 +14,7 @@
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, one hot key, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
 # requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
-# the upstream; HAProxy: 1 thread; Envoy: 1 worker, when the `envoy` command is there). Two rows each for nginx and quotagate balance over two upstream
+# the upstream, and with `limit_req` on a per-key zone, the memory store's peer; HAProxy: 1 thread; Envoy: 1 worker, when the `envoy` command is there). Two rows each for nginx and quotagate balance over two upstream
 # targets (a second example upstream), beside their one-target rows. Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
 # idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
@@ -114,12 +114,12 @@ gateway() {
   stop_gateway
 }
 
-# start_nginx [SERVERS]: starts nginx (1 worker) in front of the upstream (or the upstream block's
-# SERVERS, round robin); sets NGINX_PID and NGINX_PORT.
+# start_nginx [SERVERS] [SERVER_LINES] [HTTP_LINES]: starts nginx (1 worker) in front of the
+# upstream (or the upstream block's SERVERS, round robin); sets NGINX_PID and NGINX_PORT.
 start_nginx() {
   local servers=${1:-"server 127.0.0.1:$UP_PORT;"}
   NGINX_PORT=$(free_port)
-  nginx_conf "$servers" "127.0.0.1:$NGINX_PORT"
+  nginx_conf "$servers" "127.0.0.1:$NGINX_PORT" "${2:-}" "${3:-}"
   "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGINX_PID=$!
   wait_port "$NGINX_PORT"
 }
@@ -130,6 +130,17 @@ nginx_row() {
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
   start_nginx "server 127.0.0.1:$UP_PORT; server 127.0.0.1:$UP2_PORT;"
   measure "nginx proxy_pass (1 worker), 2 targets round robin" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
+  kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
+  nginx_limit_row
+}
+
+# nginx_limit_row: nginx's own per-key limit (`limit_req` on a zone keyed by the API key, a rate
+# no key reaches), the per-key peer of the memory store's rows. A burst: without one, a key's
+# second request in the same millisecond is refused whatever the rate.
+nginx_limit_row() {
+  start_nginx "server 127.0.0.1:$UP_PORT;" "limit_req zone=keys burst=1000 nodelay;" \
+    "limit_req_zone \$http_x_api_key zone=keys:10m rate=1000000000r/s;"
+  measure "nginx limit_req, per-key zone (1 worker)" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
 }
 
