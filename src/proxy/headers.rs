@@ -639,6 +639,15 @@ mod tests {
         assert!(h.is_empty(), "a dry run adds no field: {h:?}");
     }
 
+    /// A refusal of a limit of 20 whose window has room in 13 s.
+    const REFUSED: Quota = Quota {
+        allowed: false,
+        limit: 20,
+        remaining: 0,
+        reset: 13,
+        retry_after: Some(13),
+    };
+
     #[test]
     fn rate_limit_fields_on_allowed_and_rejected() {
         let ok = Quota {
@@ -669,13 +678,7 @@ mod tests {
             "none on an allowed decision"
         );
 
-        let no = Quota {
-            allowed: false,
-            limit: 20,
-            remaining: 0,
-            reset: 13,
-            retry_after: Some(13),
-        };
+        let no = REFUSED;
         let mut h = HeaderMap::new();
         set_rate_limit(&mut h, HeaderSet::Ietf, &one("GET /a", &no));
         assert_eq!(h["ratelimit"], r#""GET /a";r=0;t=13"#);
@@ -697,13 +700,7 @@ mod tests {
     /// rest.
     #[test]
     fn rate_limit_fields_written_as_lines_are_the_maps() {
-        let no = Quota {
-            allowed: false,
-            limit: 20,
-            remaining: 0,
-            reset: 13,
-            retry_after: Some(13),
-        };
+        let no = REFUSED;
         let theirs: [&[(&str, &str)]; 3] = [
             &[
                 ("ratelimit-limit", "999"),
