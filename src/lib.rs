@@ -26,6 +26,7 @@ pub mod files;
 pub mod gateway;
 pub mod glob;
 pub mod history;
+pub mod http1;
 pub mod metrics;
 pub mod otel;
 pub mod problem;

@@ -24,15 +24,15 @@ use std::task::Poll;
 use std::time::SystemTime;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
+use http::header;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::RequestBody;
 
-/// The largest request body read whole here, in bytes (64 KiB, the proxy's
-/// `outgoing::WHOLE_MAX`): a longer one is hyper's, which streams it.
+/// The largest request body read whole here, in bytes (64 KiB; the proxy's
+/// `outgoing::WHOLE_MAX` is this one): a longer one is hyper's, which streams it.
 pub const BODY_MAX: u64 = 64 * 1024;
 
 /// Header lines a request may have (hyper's default): more is hyper's to refuse.
@@ -66,31 +66,13 @@ pub struct Head {
     pub close: bool,
 }
 
-/// A request's header line: its name, where its value is, and the name as written (up to
-/// [`RAW`] bytes), so that the next request on the connection that writes it the same way at
-/// the same place takes the name as it is (clients send the same lines every time; making a
-/// name costs a lookup, and an allocation for one that is not standard).
-#[derive(Debug, Clone)]
-pub struct Line {
-    pub name: HeaderName,
-    pub value: Range<usize>,
-    raw: [u8; RAW],
-    raw_len: u8,
-}
-
-/// The longest name kept as written, in bytes.
-const RAW: usize = 24;
-
-impl Line {
-    fn written_as(&self, name: &[u8]) -> bool {
-        usize::from(self.raw_len) == name.len() && self.raw[..name.len()] == *name
-    }
-}
+pub use crate::http1::{Line, Lines};
+use crate::http1::{has_token, plain_number};
 
 /// Reads the request head at the start of `buf`, if it is whole; its header lines go to `lines`
 /// (which hold the connection's last request's, reused where written the same). `max_head`
 /// bounds a head's length.
-pub fn parse(buf: &[u8], max_head: usize, lines: &mut Vec<Line>) -> Parsed {
+pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
     let mut headers =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
@@ -122,32 +104,11 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Vec<Line>) -> Parsed {
     };
     let (mut body, mut close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
-        let written = h.name.as_bytes();
-        if lines.get(i).is_some_and(|l| l.written_as(written)) {
-            lines[i].value = at(h.value);
-        } else {
-            let Ok(name) = HeaderName::from_bytes(written) else {
-                lines.clear();
-                return Parsed::Hyper;
-            };
-            let mut line = Line {
-                name,
-                value: at(h.value),
-                raw: [0; RAW],
-                raw_len: 0,
-            };
-            if written.len() <= RAW {
-                line.raw[..written.len()].copy_from_slice(written);
-                line.raw_len = written.len() as u8;
-            }
-            if i < lines.len() {
-                lines[i] = line;
-            } else {
-                lines.push(line);
-            }
-        }
-        match lines[i].name {
-            header::CONTENT_LENGTH => match (length(h.value), body) {
+        let Some(name) = crate::http1::set_line(lines, i, h.name.as_bytes(), at(h.value)) else {
+            return Parsed::Hyper;
+        };
+        match *name {
+            header::CONTENT_LENGTH => match (plain_number(h.value), body) {
                 (Some(n), None) => body = Some(n),
                 (Some(n), Some(m)) if n == m => {}
                 _ => return Parsed::Hyper,
@@ -178,14 +139,6 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Vec<Line>) -> Parsed {
         body,
         close,
     })
-}
-
-/// A `Content-Length` value written as one plain number (no sign, no list, no spaces).
-fn length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
 /// How a response's body is framed.
@@ -260,7 +213,7 @@ pub fn encode_head(
         Some(0)
     } else {
         body.exact
-            .or_else(|| given_length.and_then(|v| length(v.as_bytes())))
+            .or_else(|| given_length.and_then(|v| plain_number(v.as_bytes())))
     };
     let framing = match length {
         // A HEAD's answer tells the length a GET's would have, as the handler wrote it.
@@ -304,13 +257,6 @@ fn write_length(out: &mut Vec<u8>, n: &[u8]) {
     out.extend_from_slice(b"content-length: ");
     out.extend_from_slice(n);
     out.extend_from_slice(b"\r\n");
-}
-
-/// `value`, a comma-separated list, has `token` (any case).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// Today's `date` header value, made once a second per thread.
@@ -506,13 +452,7 @@ fn request(
     mut headers: HeaderMap,
 ) -> Option<(Method, http::Uri, HeaderMap)> {
     let uri = http::Uri::from_maybe_shared(bytes.slice(head.target.clone())).ok()?;
-    headers.reserve(lines.len());
-    for l in lines {
-        headers.append(
-            l.name.clone(),
-            HeaderValue::from_maybe_shared(bytes.slice(l.value.clone())).ok()?,
-        );
-    }
+    crate::http1::append_lines(lines, bytes, &mut headers).ok()?;
     Some((head.method.clone(), uri, headers))
 }
 
@@ -678,6 +618,7 @@ fn hex(mut n: usize, buf: &mut [u8; 18]) -> &[u8] {
 mod tests {
     use super::*;
     use http::Response;
+    use http::header::HeaderName;
 
     fn own(s: &str) -> Head {
         match parse(s.as_bytes(), 8192, &mut Vec::new()) {
@@ -1072,12 +1013,7 @@ mod tests {
     }
 
     #[test]
-    fn lengths_are_plain_numbers_and_sizes_hex() {
-        assert_eq!(length(b"0"), Some(0));
-        assert_eq!(length(b"65536"), Some(65536));
-        for bad in [&b""[..], b"-1", b"1 ", b"0x10", b"99999999999999999999"] {
-            assert_eq!(length(bad), None);
-        }
+    fn sizes_are_hex_and_the_date_its_length() {
         let mut buf = [0; 18];
         assert_eq!(hex(0, &mut buf), b"0");
         assert_eq!(hex(0x1f4a, &mut buf), b"1f4a");

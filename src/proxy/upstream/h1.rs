@@ -98,42 +98,8 @@ pub struct Head {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadHead(pub &'static str);
 
-/// A head's header lines, while it is read; kept from one response to the next on a connection,
-/// as names to reuse.
-pub type Lines = Vec<Line>;
-
-/// Names up to this long are kept as written, to be recognised in the next response.
-const RAW_NAME: usize = 32;
-
-/// One header line: its name, where its value lies, and the name as written (when short).
-pub struct Line {
-    name: HeaderName,
-    value: std::ops::Range<usize>,
-    raw: [u8; RAW_NAME],
-    /// `raw`'s length; 0: not kept (too long).
-    raw_len: u8,
-}
-
-impl Line {
-    fn new(name: HeaderName, raw: &[u8], value: std::ops::Range<usize>) -> Line {
-        let mut line = Line {
-            name,
-            value,
-            raw: [0; RAW_NAME],
-            raw_len: 0,
-        };
-        if let Some(keep) = line.raw.get_mut(..raw.len()) {
-            keep.copy_from_slice(raw);
-            line.raw_len = raw.len() as u8;
-        }
-        line
-    }
-
-    /// Written as `raw` (exactly: the same bytes make the same name).
-    fn written_as(&self, raw: &[u8]) -> bool {
-        usize::from(self.raw_len) == raw.len() && self.raw[..raw.len()] == *raw
-    }
-}
+pub use crate::http1::Lines;
+use crate::http1::{has_token, plain_number};
 
 /// Reads a response head from the front of `buf`, taking its bytes off it (header values
 /// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past. `lines`:
@@ -184,31 +150,16 @@ pub fn parse_response(
         let base = buf.as_ptr() as usize;
         let mut framed_by = Seen::default();
         for (i, h) in resp.headers.iter().enumerate() {
-            let raw = h.name.as_bytes();
             let at = h.value.as_ptr() as usize - base;
-            let value = at..at + h.value.len();
-            match lines.get_mut(i) {
-                Some(line) if line.written_as(raw) => line.value = value,
-                known => {
-                    let name =
-                        HeaderName::from_bytes(raw).map_err(|_| BadHead("invalid header name"))?;
-                    let line = Line::new(name, raw, value);
-                    match known {
-                        Some(known) => *known = line,
-                        None => lines.push(line),
-                    }
-                }
-            }
-            framed_by.note(&lines[i].name, h.value);
+            let name = crate::http1::set_line(lines, i, h.name.as_bytes(), at..at + h.value.len())
+                .ok_or(BadHead("invalid header name"))?;
+            framed_by.note(name, h.value);
         }
         lines.truncate(resp.headers.len());
         let bytes = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
-        for line in lines.iter() {
-            let value = HeaderValue::from_maybe_shared(bytes.slice(line.value.clone()))
-                .map_err(|_| BadHead("invalid header value"))?;
-            headers.append(line.name.clone(), value);
-        }
+        crate::http1::append_lines(lines, &bytes, &mut headers)
+            .map_err(|_| BadHead("invalid header value"))?;
         return frame(status, version, headers, framed_by, head_request).map(Some);
     }
 }
@@ -294,13 +245,7 @@ fn frame(
 /// far (`seen`).
 fn length_of(value: &[u8], mut seen: Option<u64>) -> Result<u64, BadHead> {
     for part in value.split(|&b| b == b',') {
-        let digits = part.trim_ascii();
-        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(BadHead("invalid Content-Length"));
-        }
-        let n = digits
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = plain_number(part.trim_ascii()).ok_or(BadHead("invalid Content-Length"))?;
         if seen.is_some_and(|l| l != n) {
             return Err(BadHead("differing Content-Length values"));
         }
@@ -308,12 +253,6 @@ fn length_of(value: &[u8], mut seen: Option<u64>) -> Result<u64, BadHead> {
     }
     // A value is one part at least, and an empty one is refused above.
     seen.ok_or(BadHead("invalid Content-Length"))
-}
-
-/// `list` (a comma-separated header value) has `token`, in any case.
-fn has_token(list: &[u8], token: &[u8]) -> bool {
-    list.split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// A chunked body's framing, read a byte at a time between its data (RFC 9112 §7.1), to its

@@ -13,8 +13,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 
 /// The largest request body read whole before it is sent, in bytes (64 KiB). A larger one, or
-/// one without a `Content-Length`, streams through hyper's client.
-pub const WHOLE_MAX: u64 = 64 * 1024;
+/// one without a `Content-Length`, streams through hyper's client. The own HTTP/1.1 server's
+/// bound, so that what it reads whole is what is sent whole.
+pub const WHOLE_MAX: u64 = crate::server::h1::BODY_MAX;
 
 /// Request body sent upstream: the client's body, cut off at the configured size.
 pub enum Outgoing {

@@ -1,0 +1,153 @@
+//! http1: what reading an HTTP/1 head takes on both sides of the gateway, the client's requests
+//! (`server::h1`) and the upstream's responses (`proxy::upstream::h1`): header lines whose
+//! names a connection reuses, a field's token list, a `Content-Length` number. Pure.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue};
+
+/// A head's header lines, while it is read; kept from one head to the next on a connection, as
+/// names to reuse (a peer sends the same fields in the same order, and making a name from bytes
+/// costs over 100 instructions, and an allocation for one that is not standard; comparing its
+/// bytes a fifth of that).
+pub type Lines = Vec<Line>;
+
+/// Names up to this long are kept as written, to be recognised in the next head.
+const RAW_NAME: usize = 32;
+
+/// One header line: its name, where its value lies in the head, and the name as written (when
+/// short).
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub name: HeaderName,
+    pub value: Range<usize>,
+    raw: [u8; RAW_NAME],
+    /// `raw`'s length; 0: not kept (too long).
+    raw_len: u8,
+}
+
+impl Line {
+    fn new(name: HeaderName, raw: &[u8], value: Range<usize>) -> Line {
+        let mut line = Line {
+            name,
+            value,
+            raw: [0; RAW_NAME],
+            raw_len: 0,
+        };
+        if let Some(keep) = line.raw.get_mut(..raw.len()) {
+            keep.copy_from_slice(raw);
+            line.raw_len = raw.len() as u8;
+        }
+        line
+    }
+
+    /// Written as `raw` (exactly: the same bytes make the same name).
+    fn written_as(&self, raw: &[u8]) -> bool {
+        usize::from(self.raw_len) == raw.len() && self.raw[..raw.len()] == *raw
+    }
+}
+
+/// Sets line `i` of `lines` (each line before it set already) to the name written `raw`, its
+/// value at `value`: the name is the one at that place in the last head when written the same.
+/// `None`: `raw` is no field name.
+pub fn set_line<'a>(
+    lines: &'a mut Lines,
+    i: usize,
+    raw: &[u8],
+    value: Range<usize>,
+) -> Option<&'a HeaderName> {
+    match lines.get_mut(i) {
+        Some(line) if line.written_as(raw) => line.value = value,
+        known => {
+            let line = Line::new(HeaderName::from_bytes(raw).ok()?, raw, value);
+            match known {
+                Some(known) => *known = line,
+                None => lines.push(line),
+            }
+        }
+    }
+    Some(&lines[i].name)
+}
+
+/// Appends `lines` to `headers`, their values slices of `head` (the head's bytes).
+pub fn append_lines(
+    lines: &[Line],
+    head: &Bytes,
+    headers: &mut HeaderMap,
+) -> Result<(), InvalidHeaderValue> {
+    headers.reserve(lines.len());
+    for line in lines {
+        let value = HeaderValue::from_maybe_shared(head.slice(line.value.clone()))?;
+        headers.append(line.name.clone(), value);
+    }
+    Ok(())
+}
+
+/// `list` (a comma-separated field value) has `token`, in any case.
+pub fn has_token(list: &[u8], token: &[u8]) -> bool {
+    list.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A `Content-Length` number: decimal digits only (no sign, no space), at most 19 of them.
+pub fn plain_number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_reused_only_where_written_the_same_at_the_same_place() {
+        let mut lines = Lines::new();
+        let name = |lines: &mut Lines, i, raw: &[u8]| {
+            set_line(lines, i, raw, 0..1).map(|n| n.as_str().to_owned())
+        };
+        assert_eq!(
+            name(&mut lines, 0, b"X-Api-Key").as_deref(),
+            Some("x-api-key")
+        );
+        assert_eq!(name(&mut lines, 1, b"Host").as_deref(), Some("host"));
+        let kept = lines[0].name.clone();
+        assert_eq!(
+            name(&mut lines, 0, b"X-Api-Key").as_deref(),
+            Some("x-api-key")
+        );
+        assert_eq!(lines[0].name, kept);
+        assert_eq!(
+            name(&mut lines, 1, b"X-Api-Key").as_deref(),
+            Some("x-api-key")
+        );
+        assert_eq!(name(&mut lines, 0, b"Bad Name"), None);
+        let long = "N".repeat(40);
+        assert_eq!(name(&mut lines, 0, long.as_bytes()), Some("n".repeat(40)));
+        assert_eq!(name(&mut lines, 0, long.as_bytes()), Some("n".repeat(40)));
+    }
+
+    #[test]
+    fn tokens_and_numbers_are_read_as_written() {
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(!has_token(b"closed", b"close"));
+        assert_eq!(plain_number(b"0"), Some(0));
+        assert_eq!(plain_number(b"65536"), Some(65536));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"1 ",
+            b"+5",
+            b"0x10",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(plain_number(bad), None);
+        }
+    }
+}
