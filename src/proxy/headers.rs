@@ -219,6 +219,13 @@ impl Forwarded {
 pub trait Fields {
     /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
     fn set(&mut self, name: HeaderName, value: &[u8]);
+
+    /// Sets `name` to the value `write` appends to an empty buffer.
+    fn set_with(&mut self, name: HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+        let mut value = Vec::with_capacity(64);
+        write(&mut value);
+        self.set(name, &value);
+    }
 }
 
 impl Fields for HeaderMap {
@@ -257,59 +264,62 @@ impl Fields for Lines<'_> {
         }
         self.written.push(&name, value);
     }
+
+    /// Written in place: the structured fields' values are built in the lines themselves.
+    fn set_with(&mut self, name: HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+        if let Some(map) = self.map.as_deref_mut() {
+            map.remove(&name);
+        }
+        self.written.push_with(&name, write);
+    }
 }
 
 /// Appends `s` as a Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped.
 /// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
-fn push_sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    // Bytes, not a `char` pattern: that decodes each character (twice a limited answer).
+fn push_sf_string(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
     if s.bytes().any(|b| b == b'"' || b == b'\\') {
-        for c in s.chars() {
-            if c == '"' || c == '\\' {
-                out.push('\\');
+        for b in s.bytes() {
+            if b == b'"' || b == b'\\' {
+                out.push(b'\\');
             }
-            out.push(c);
+            out.push(b);
         }
     } else {
-        out.push_str(s);
+        out.extend_from_slice(s.as_bytes());
     }
-    out.push('"');
+    out.push(b'"');
 }
 
 #[cfg(test)]
 fn sf_string(s: &str) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     push_sf_string(&mut out, s);
-    out
+    String::from_utf8(out).unwrap()
 }
 
 /// Appends `"<name>";<a>=<x>;<b>=<y>` to `v`, without `fmt` (this runs on every counted request).
 /// The policy of a window other than 60 s is named `<name> <w>s`, a calendar quota's `<name>
 /// <period>` (`"GET /a day"`), so every policy of an endpoint has a distinct name and the
 /// per-minute one keeps the endpoint's name.
-fn push_sf_item(v: &mut String, name: &str, l: &Limit, a: &str, x: u64, b: &str, y: u64) {
+fn push_sf_item(v: &mut Vec<u8>, name: &str, l: &Limit, a: u8, x: u64, b: u8, y: u64) {
     let mut digits = itoa::Buffer::new();
     push_sf_string(v, name);
     if let Some(p) = l.period() {
         v.pop(); // the closing quote
-        v.push(' ');
-        v.push_str(p.as_str());
-        v.push('"');
+        v.push(b' ');
+        v.extend_from_slice(p.as_str().as_bytes());
+        v.push(b'"');
     } else if u64::from(l.w) != WINDOW_SECONDS {
         v.pop();
-        v.push(' ');
-        v.push_str(digits.format(l.w));
-        v.push_str("s\"");
+        v.push(b' ');
+        v.extend_from_slice(digits.format(l.w).as_bytes());
+        v.extend_from_slice(b"s\"");
     }
-    v.push(';');
-    v.push_str(a);
-    v.push('=');
-    v.push_str(digits.format(x));
-    v.push(';');
-    v.push_str(b);
-    v.push('=');
-    v.push_str(digits.format(y));
+    v.extend_from_slice(&[b';', a, b'=']);
+    v.extend_from_slice(digits.format(x).as_bytes());
+    v.extend_from_slice(&[b';', b, b'=']);
+    v.extend_from_slice(digits.format(y).as_bytes());
 }
 
 /// Writes the rate-limit fields of one answer: every enforced policy in `RateLimit-Policy` and
@@ -318,29 +328,32 @@ fn push_sf_item(v: &mut String, name: &str, l: &Limit, a: &str, x: u64, b: &str,
 /// [`keeps_upstream_retry_after`]). Shadow limits add nothing.
 pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
     let quotas = rate.outcome.quotas();
-    if matches!(set, HeaderSet::Both | HeaderSet::Ietf) {
-        // Room for the usual single policy, so that neither string grows.
-        let room = (rate.name.len() + 40) * rate.limits.len();
-        let (mut policy, mut state) = (String::with_capacity(room), String::with_capacity(room));
-        for (i, (l, q)) in rate.limits.iter().zip(quotas).enumerate() {
-            // A concurrency limit is not a rate: no window to tell (the 429's problem names it).
-            if l.shadow || l.is_concurrent() {
-                continue;
+    // A concurrency limit is not a rate: no window to tell (the 429's problem names it).
+    let told = |l: &Limit| !l.shadow && !l.is_concurrent();
+    if matches!(set, HeaderSet::Both | HeaderSet::Ietf) && rate.limits.iter().any(told) {
+        // Each list written where it goes (the own server's lines): no string of its own.
+        let list = |v: &mut Vec<u8>, state: bool| {
+            let mut first = true;
+            for (i, (l, q)) in rate.limits.iter().zip(quotas).enumerate() {
+                if !told(l) {
+                    continue;
+                }
+                if !std::mem::take(&mut first) {
+                    v.extend_from_slice(b", ");
+                }
+                // A pool's policies are named after its group.
+                let name = rate.limits.pool_of(i).unwrap_or(rate.name);
+                match state {
+                    false => {
+                        let w = l.seconds_at(rate.at_ms);
+                        push_sf_item(v, name, l, b'q', q.limit, b'w', w)
+                    }
+                    true => push_sf_item(v, name, l, b'r', q.remaining, b't', q.reset),
+                }
             }
-            if !policy.is_empty() {
-                policy.push_str(", ");
-                state.push_str(", ");
-            }
-            // A pool's policies are named after its group.
-            let name = rate.limits.pool_of(i).unwrap_or(rate.name);
-            let w = l.seconds_at(rate.at_ms);
-            push_sf_item(&mut policy, name, l, "q", q.limit, "w", w);
-            push_sf_item(&mut state, name, l, "r", q.remaining, "t", q.reset);
-        }
-        if !policy.is_empty() {
-            headers.set(RATELIMIT_POLICY, policy.as_bytes());
-            headers.set(RATELIMIT, state.as_bytes());
-        }
+        };
+        headers.set_with(RATELIMIT_POLICY, |v| list(v, false));
+        headers.set_with(RATELIMIT, |v| list(v, true));
     }
     let mut digits = itoa::Buffer::new();
     if matches!(set, HeaderSet::Both | HeaderSet::Legacy)

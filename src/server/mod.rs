@@ -68,6 +68,23 @@ impl Written {
         self.0.extend_from_slice(b"\r\n");
     }
 
+    /// Adds `name: ` and the value `write` appends, checked as [`Written::push`] checks one.
+    pub fn push_with(&mut self, name: &http::HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+        if self.0.capacity() == 0 {
+            self.0.reserve(256);
+        }
+        let line = self.0.len();
+        self.0.extend_from_slice(name.as_str().as_bytes());
+        self.0.extend_from_slice(b": ");
+        let value = self.0.len();
+        write(&mut self.0);
+        if !field_value(&self.0[value..]) {
+            self.0.truncate(line);
+            return;
+        }
+        self.0.extend_from_slice(b"\r\n");
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
