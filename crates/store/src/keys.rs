@@ -32,13 +32,16 @@ fn escape(bytes: &[u8], out: &mut Vec<u8>) {
         }
         kept
     };
-    for &b in bytes {
-        if KEPT[usize::from(b)] {
-            out.push(b);
-        } else {
-            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
-        }
+    // Runs of kept bytes copied at once: most names are a few runs (an endpoint's name escapes
+    // its space and braces, most API keys nothing).
+    let mut rest = bytes;
+    while let Some(at) = rest.iter().position(|&b| !KEPT[usize::from(b)]) {
+        let b = rest[at];
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        rest = &rest[at + 1..];
     }
+    out.extend_from_slice(rest);
 }
 
 /// A name built of escaped parts and ASCII separators: ASCII throughout, so the check never fails
@@ -56,7 +59,8 @@ impl CounterKey {
 
     /// `{<api key>}<sep><name>`, both parts escaped.
     fn of_key(api_key: &[u8], sep: &str, name: &str) -> Self {
-        let mut s = Vec::with_capacity(api_key.len() + name.len() + 8);
+        // Room for the braces and a few escapes (an endpoint name's space and braces) at once.
+        let mut s = Vec::with_capacity(api_key.len() + name.len() + 24);
         s.push(b'{');
         escape(api_key, &mut s);
         s.extend_from_slice(sep.as_bytes());

@@ -61,12 +61,29 @@ pub struct Check {
 ///
 /// `counts[b % n]` holds the count of bucket `b` for the `n` buckets ending at `last`; buckets that
 /// fall out of the window are zeroed as time moves on, so the ring never holds stale buckets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The sum of the buckets and a lower bound of the oldest counted one are kept as they change:
+/// a request then reads the bucket it counts in, not all of them (four cache lines a minute's
+/// window, each request of a different key a cache miss). Both follow from `counts`, so two
+/// windows are equal when their buckets are.
+#[derive(Debug, Clone)]
 pub struct Window {
     w: u32,
     counts: Box<[u32]>,
     last: u64,
+    /// The sum of `counts`.
+    sum: u64,
+    /// No bucket of the window before this one holds a count.
+    floor: u64,
 }
+
+impl PartialEq for Window {
+    fn eq(&self, other: &Window) -> bool {
+        (self.w, &self.counts, self.last) == (other.w, &other.counts, other.last)
+    }
+}
+
+impl Eq for Window {}
 
 impl Default for Window {
     fn default() -> Self {
@@ -87,6 +104,8 @@ impl Window {
             w,
             counts: vec![0; buckets(w) as usize].into_boxed_slice(),
             last: 0,
+            sum: 0,
+            floor: 0,
         }
     }
 
@@ -107,7 +126,7 @@ impl Window {
     /// True when nothing counted is left in the window at `now_ms`, so the window can be forgotten
     /// without changing any future answer.
     pub fn is_idle(&self, now_ms: u64) -> bool {
-        bucket_of(self.w, now_ms) >= self.last + self.n() || self.counts.iter().all(|&c| c == 0)
+        bucket_of(self.w, now_ms) >= self.last + self.n() || self.sum == 0
     }
 
     /// Moves the window to bucket `now`, zeroing buckets that left it. Time never runs backwards
@@ -117,28 +136,38 @@ impl Window {
             return self.last;
         }
         let n = self.n();
-        if now - self.last >= n {
-            self.counts.fill(0);
+        if now - self.last >= n || self.sum == 0 {
+            if self.sum > 0 {
+                self.counts.fill(0);
+                self.sum = 0;
+            }
         } else {
             for b in self.last + 1..=now {
-                self.counts[(b % n) as usize] = 0;
+                let slot = &mut self.counts[(b % n) as usize];
+                self.sum -= u64::from(*slot);
+                *slot = 0;
             }
         }
         self.last = now;
         now
     }
 
-    /// The oldest bucket of the window ending at bucket `t` that holds a count. The ring read in
-    /// order from `t`'s successor's slot, two slices and no division per bucket (a 64-bit `%`
-    /// costs tens of cycles, and a request of a hot key looked through most of the 60).
-    fn oldest_counted(&self, t: u64) -> Option<u64> {
+    /// The oldest bucket of the window ending at bucket `t` that holds a count, looked for from
+    /// `floor` (remembered: the next request starts where this one found it). The ring read in
+    /// order from the first bucket looked at, two slices and no division per bucket (a 64-bit
+    /// `%` costs tens of cycles).
+    fn oldest_counted(&mut self, t: u64) -> Option<u64> {
         let n = self.n();
-        let start = ((t + 1) % n) as usize;
-        let (newer, older) = self.counts.split_at(start);
-        let i = older.iter().chain(newer).position(|&c| c > 0)? as u64;
-        // Slot `i` in this order is bucket `t + 1 - n + i`; a slot of a bucket before 0 holds
-        // nothing, so one found is a bucket that was.
-        (t + 1 + i).checked_sub(n)
+        let from = self.floor.max((t + 1).saturating_sub(n));
+        let (newer, older) = self.counts.split_at((from % n) as usize);
+        let found = older
+            .iter()
+            .chain(newer)
+            .take((t + 1 - from.min(t + 1)) as usize)
+            .position(|&c| c > 0)
+            .map(|i| from + i as u64);
+        self.floor = found.unwrap_or(t + 1);
+        found
     }
 
     fn count_at(&self, b: u64) -> u64 {
@@ -157,6 +186,7 @@ impl Window {
                 *slot = slot.saturating_add(c);
             }
         }
+        win.sum = win.counts.iter().map(|&c| u64::from(c)).sum();
         win
     }
 
@@ -164,7 +194,8 @@ impl Window {
     /// nothing.
     pub fn check(&mut self, now_ms: u64, limit: u64, cost: u64) -> Check {
         let t = self.advance(bucket_of(self.w, now_ms));
-        let sum: u64 = self.counts.iter().map(|&c| u64::from(c)).sum();
+        let sum = self.sum;
+        debug_assert_eq!(sum, self.counts.iter().map(|&c| u64::from(c)).sum::<u64>());
         let oldest = match sum {
             0 => None,
             _ => self.oldest_counted(t),
@@ -227,6 +258,7 @@ impl Window {
         let slot = &mut self.counts[(b % n) as usize];
         let taken = u64::from(*slot).min(units);
         *slot -= taken as u32;
+        self.sum -= taken;
         taken
     }
 
@@ -234,7 +266,10 @@ impl Window {
     pub fn count(&mut self, cost: u64) {
         let n = self.n();
         let slot = &mut self.counts[(self.last % n) as usize];
+        let before = *slot;
         *slot = slot.saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+        self.sum += u64::from(*slot - before);
+        self.floor = self.floor.min(self.last);
     }
 
     /// The quota `check` describes at `now_ms`, after `cost` was counted (`counted`) or not.
@@ -535,5 +570,46 @@ mod tests {
             w.quota(&c, (T0 + 5) * 1000, 10, 11, false).retry_after,
             None
         );
+    }
+
+    /// What the kept sum and oldest bucket stand for, recomputed from the buckets alone.
+    fn scanned(w: &Window, t: u64) -> (u64, Option<u64>) {
+        let n = w.n();
+        let sum = w.counts.iter().map(|&c| u64::from(c)).sum();
+        let oldest = ((t + 1).saturating_sub(n)..=t).find(|&b| w.count_at(b) > 0);
+        (sum, oldest)
+    }
+
+    #[test]
+    fn the_kept_sum_and_oldest_bucket_are_the_buckets_own() {
+        // Counts, give-backs and checks at times that move a bucket, a few, or past the window,
+        // for a window of 100 ms buckets and one of one-second buckets.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for secs in [1, 60] {
+            let mut w = Window::of_seconds(secs);
+            let mut now = T0 * 1000;
+            for _ in 0..20_000 {
+                now += [0, 1, 150, 1_000, 7_000, 70_000][next(6) as usize] * u64::from(secs) / 60;
+                match next(4) {
+                    0 => {
+                        let at = now.saturating_sub(next(2) * 1000 * u64::from(secs));
+                        w.give_back(at, next(3));
+                    }
+                    _ => {
+                        let c = w.check(now, 50, 1 + next(3));
+                        assert_eq!((c.sum, c.oldest), scanned(&w, c.bucket), "at {now}");
+                        if c.fits {
+                            w.count(1 + next(3));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
