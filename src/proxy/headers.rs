@@ -55,10 +55,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
         return;
     }
     // Only the names present are removed (a removal hashes its name): usually one, `Connection`.
+    // `Connection` looked up once (per name, it was most of a new connection's cost here).
+    let connection = headers.get_all(header::CONNECTION);
     let listed = |k: &HeaderName| {
         Some(k) != keep
-            && headers
-                .get_all(header::CONNECTION)
+            && connection
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
