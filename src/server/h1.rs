@@ -317,8 +317,7 @@ where
     B::Data: Buf,
     D: Future,
 {
-    // Room for a usual request's lines from the start (grown one by one, they moved four times).
-    let mut lines = Vec::with_capacity(16);
+    let mut lines = crate::http1::ThreadLines::new();
     let mut out = Vec::with_capacity(OUT_KEPT);
     let mut spare = HeaderMap::new();
     let mut draining = false;
