@@ -348,8 +348,13 @@ where
                     }
                 }
             };
-            if !matches!(read, Ok(n) if n > 0) {
-                return End::Closed;
+            match read {
+                Ok(0) => {
+                    conn.activity.close_quietly();
+                    return End::Closed;
+                }
+                Ok(_) => {}
+                Err(_) => return End::Closed,
             }
         };
         let head_bytes = buf.split_to(head.len).freeze();
@@ -410,6 +415,12 @@ where
         spare.clear();
         match sent {
             Ok(true) => {}
+            // Asked to close, and nothing came after: the client sends no more (RFC 9112 §9.6),
+            // so the socket just closes (a FIN, as a shutdown would send: a system call less).
+            Ok(false) if head.close && buf.is_empty() => {
+                conn.activity.close_quietly();
+                return End::Closed;
+            }
             _ => {
                 let _ = io.shutdown().await;
                 return End::Closed;

@@ -34,6 +34,9 @@ pub struct Activity {
     idle_since: AtomicU64,
     /// A response switched protocols: the connection is no longer HTTP's to time.
     upgraded: AtomicBool,
+    /// The client sends nothing more (it closed, or asked to close and sent nothing after):
+    /// the socket may close without looking for unread bytes.
+    quiet: AtomicBool,
     epoch: Instant,
 }
 
@@ -44,6 +47,7 @@ impl Activity {
             ended: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             upgraded: AtomicBool::new(false),
+            quiet: AtomicBool::new(false),
             epoch: Instant::now(),
         })
     }
@@ -53,6 +57,15 @@ impl Activity {
     pub fn begin(self: &Arc<Self>) -> Request {
         self.begun.fetch_add(1, Ordering::Relaxed);
         Request(self.clone())
+    }
+
+    /// The client sends nothing more: see `quiet`.
+    pub fn close_quietly(&self) {
+        self.quiet.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_quiet(&self) -> bool {
+        self.quiet.load(Ordering::Relaxed)
     }
 
     fn ended(&self) -> u64 {

@@ -309,8 +309,8 @@ where
                     // `Timed` bounds the wait for the first head from now, so a client that
                     // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
-                        let io =
-                            idle::Timed::new(Lingering(Some(tcp)), conn.activity.clone(), bounds);
+                        let tcp = Lingering::new(tcp, Some(conn.activity.clone()));
+                        let io = idle::Timed::new(tcp, conn.activity.clone(), bounds);
                         Box::pin(http.serve(io, conn, draining)).await;
                     }
                     Some(acceptor) => {
@@ -367,7 +367,7 @@ where
     async move {
         // The first bytes tell a handshake (a TLS record starts with 22) from a plain HTTP request.
         // They are read once, and read again by the handshake.
-        let mut tcp = Lingering(Some(tcp));
+        let mut tcp = Lingering::new(tcp, None);
         let first = match tokio::time::timeout(first_byte, sniff::read_some(&mut tcp)).await {
             Ok(Ok(first)) if !first.is_empty() => first,
             _ => return,
@@ -551,9 +551,15 @@ const LINGER_BYTES: usize = 16 * 1024 * 1024;
 /// sending (an upload answered early with 413, say), closing at once would make the kernel reset
 /// the connection, and the client would often lose the answer along with it. So the rest is read
 /// and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`], before the socket is closed.
-struct Lingering(Option<TcpStream>);
+/// Unless the connection's activity says the client sends nothing more (nginx looks too, only
+/// where a client may still be sending): the look is a system call each connection.
+struct Lingering(Option<TcpStream>, Option<Arc<idle::Activity>>);
 
 impl Lingering {
+    fn new(tcp: TcpStream, activity: Option<Arc<idle::Activity>>) -> Lingering {
+        Lingering(Some(tcp), activity)
+    }
+
     fn get(self: std::pin::Pin<&mut Self>) -> std::pin::Pin<&mut TcpStream> {
         let tcp = self.get_mut().0.as_mut().expect("present until dropped");
         std::pin::Pin::new(tcp)
@@ -563,6 +569,9 @@ impl Lingering {
 impl Drop for Lingering {
     fn drop(&mut self) {
         let Some(tcp) = self.0.take() else { return };
+        if self.1.as_ref().is_some_and(|a| a.is_quiet()) {
+            return;
+        }
         // Nothing unread (the usual close): close now.
         if !matches!(tcp.try_read(&mut [0u8; 1]), Ok(n) if n > 0) {
             return;
