@@ -154,6 +154,21 @@ async fn tls_serves_http1_and_h2_picks_certificates_by_sni_and_reloads_them() {
     assert_eq!(plain.status, 400);
     assert!(String::from_utf8_lossy(&plain.body).contains("speaks TLS"));
 
+    // Asked to close: the answer, TLS's close_notify, then the end (without the alert, a client
+    // reading to the end gets an error: the answer may have been cut).
+    let mut once = tls_connect(port, "a.test", &a_pem).await;
+    once.write_all(
+        b"GET /users/1 HTTP/1.1\r\nhost: a.test\r\nx-api-key: K1\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), once.read_to_end(&mut all))
+        .await
+        .expect("the end")
+        .expect("close_notify before the end");
+    assert!(all.starts_with(b"HTTP/1.1 200"), "{all:?}");
+
     // A connection opened before a reload keeps working after it.
     let mut held = tls_connect(port, "a.test", &a_pem).await;
     assert!(request_on(&mut held).await.starts_with("HTTP/1.1 200"));

@@ -416,9 +416,10 @@ where
         match sent {
             Ok(true) => {}
             // Asked to close, and nothing came after: the client sends no more (RFC 9112 §9.6),
-            // so the socket just closes (a FIN, as a shutdown would send: a system call less).
+            // so the socket is not looked at for more (`server::Lingering`).
             Ok(false) if head.close && buf.is_empty() => {
                 conn.activity.close_quietly();
+                let _ = io.shutdown().await;
                 return End::Closed;
             }
             _ => {
