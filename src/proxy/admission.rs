@@ -532,8 +532,9 @@ pub fn hold<'s, 'r>(
             "no catalog is loaded yet; try again shortly",
         ));
     };
-    let Some(route) = catalog.route(method, &path) else {
-        return Err(unknown_endpoint(method, policy, &path));
+    let route = match catalog.route(method, path) {
+        Ok(route) => route,
+        Err(path) => return Err(unknown_endpoint(method, policy, &path)),
     };
     let endpoint = &catalog.endpoints()[route.endpoint];
     let Some(key) = key else {

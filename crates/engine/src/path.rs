@@ -63,6 +63,15 @@ impl NormalPath {
         split_slashes(self.joined.get(1..))
     }
 
+    /// The path to forward, in the string it was normalised into.
+    pub fn into_path(self) -> String {
+        let mut out = self.joined;
+        if out.is_empty() || self.trailing_slash {
+            out.push('/');
+        }
+        out
+    }
+
     /// The path to forward when no template applies.
     pub fn to_path(&self) -> String {
         let mut out = String::with_capacity(self.joined.len() + 1);

@@ -112,6 +112,20 @@ impl Template {
         })
     }
 
+    /// Whether `req` (which matched) is spelled as [`Template::canonical_path`] would spell it:
+    /// each static segment as written here, and the trailing slash where the template has one.
+    fn is_canonical(&self, req: &NormalPath) -> bool {
+        let statics = self
+            .segments
+            .iter()
+            .zip(req.segments())
+            .all(|(seg, value)| match seg {
+                Segment::Static(s) => s == value,
+                Segment::Param => true,
+            });
+        statics && (self.segments.is_empty() || self.trailing_slash == req.trailing_slash)
+    }
+
     /// The template's spelling with the request's parameter values. `req` must have matched.
     fn canonical_path(&self, req: &NormalPath) -> String {
         let mut out = String::new();
@@ -188,20 +202,28 @@ impl RouteTable {
         }
     }
 
-    /// Finds the endpoint for `method` (any case) and a normalised path.
-    pub fn lookup(&self, method: &str, path: &NormalPath) -> Option<RouteMatch> {
-        let router = &self
+    /// Finds the endpoint for `method` (any case) and a normalised path; `Err` gives the path
+    /// back when none matches.
+    pub fn lookup(&self, method: &str, path: NormalPath) -> Result<RouteMatch, NormalPath> {
+        let Some((_, router)) = self
             .routers
             .iter()
-            .find(|(m, _)| m.eq_ignore_ascii_case(method))?
-            .1;
-        let key = path.match_key();
-        let m = router.at(&key).ok()?;
-        let endpoint = *m.value;
-        Some(RouteMatch {
-            endpoint,
-            path: self.templates[endpoint].canonical_path(path),
-        })
+            .find(|(m, _)| m.eq_ignore_ascii_case(method))
+        else {
+            return Err(path);
+        };
+        let found = router.at(&path.match_key()).ok().map(|m| *m.value);
+        let Some(endpoint) = found else {
+            return Err(path);
+        };
+        let template = &self.templates[endpoint];
+        // Usually the client spelled the endpoint as the template does: its path is then the
+        // canonical one, without a string built again (an allocation a request).
+        let path = match template.is_canonical(&path) {
+            true => path.into_path(),
+            false => template.canonical_path(&path),
+        };
+        Ok(RouteMatch { endpoint, path })
     }
 }
 
@@ -222,7 +244,15 @@ mod tests {
 
     fn find(t: &RouteTable, m: &str, p: &str) -> Option<(usize, String)> {
         let n = normalize(p, EscapedSlashes::Reject).ok()?;
-        t.lookup(m, &n).map(|r| (r.endpoint, r.path))
+        let slow = t
+            .templates
+            .iter()
+            .map(|t| t.canonical_path(&n))
+            .collect::<Vec<_>>();
+        let r = t.lookup(m, n).ok()?;
+        // Whichever way the path was made, it is the template's spelling.
+        assert_eq!(r.path, slow[r.endpoint]);
+        Some((r.endpoint, r.path))
     }
 
     #[test]
@@ -284,6 +314,8 @@ mod tests {
         let t = table(&[("GET", "/"), ("GET", "/items/")]);
         assert_eq!(find(&t, "GET", "/"), Some((0, "/".into())));
         assert_eq!(find(&t, "GET", "/items"), Some((1, "/items/".into())));
+        assert_eq!(find(&t, "GET", "/items/"), Some((1, "/items/".into())));
+        assert_eq!(find(&t, "GET", "//"), Some((0, "/".into())));
     }
 
     #[test]

@@ -186,8 +186,12 @@ impl Snapshot {
         self.keys.len()
     }
 
-    /// Finds the endpoint of a request.
-    pub fn route(&self, method: &str, path: &crate::path::NormalPath) -> Option<RouteMatch> {
+    /// Finds the endpoint of a request; `Err` gives the path back when none matches.
+    pub fn route(
+        &self,
+        method: &str,
+        path: crate::path::NormalPath,
+    ) -> Result<RouteMatch, crate::path::NormalPath> {
         self.routes.lookup(method, path)
     }
 
@@ -1181,7 +1185,7 @@ mod tests {
         let s = Snapshot::from_json("t.json", GOOD.as_bytes()).unwrap();
         assert_eq!(s.version.hash, "h1");
         let path = normalize("/users/9/prefs", EscapedSlashes::Reject).unwrap();
-        let r = s.route("GET", &path).unwrap();
+        let r = s.route("GET", path).unwrap();
         assert_eq!(s.endpoints()[r.endpoint].name, "GET /users/{id}/prefs");
         let per_minute =
             |rl| LimitLookup::Limits(Applied::own(Box::leak(Box::new([Limit::per_minute(rl)]))));
