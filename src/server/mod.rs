@@ -55,22 +55,13 @@ impl Written {
     /// Adds `name: value`; a value with a byte no field may hold (a control character) is left
     /// out, as a `HeaderValue` would refuse it.
     pub fn push(&mut self, name: &http::HeaderName, value: &[u8]) {
-        if !field_value(value) {
-            return;
-        }
-        if self.0.capacity() == 0 {
-            // The usual answer's fields at once (they grew the lines four times).
-            self.0.reserve(256);
-        }
-        self.0.extend_from_slice(name.as_str().as_bytes());
-        self.0.extend_from_slice(b": ");
-        self.0.extend_from_slice(value);
-        self.0.extend_from_slice(b"\r\n");
+        self.push_with(name, |v| v.extend_from_slice(value));
     }
 
     /// Adds `name: ` and the value `write` appends, checked as [`Written::push`] checks one.
     pub fn push_with(&mut self, name: &http::HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
         if self.0.capacity() == 0 {
+            // The usual answer's fields at once (they grew the lines four times).
             self.0.reserve(256);
         }
         let line = self.0.len();
