@@ -97,6 +97,9 @@ const ACL_ARGS: [&str; 10] = [
     "off",
 ];
 
+/// redis-cli's arguments to log in as `ACL_ARGS`'s user.
+const ACL_LOGIN: [&str; 4] = ["--user", "quota", "--pass", "s3cret-pw"];
+
 impl Subject {
     async fn hit(&self, key: &CounterKey, limit: u64, now: u64) -> Quota {
         match self.store.hit_per_minute(key, limit, now).await {
@@ -215,7 +218,7 @@ macro_rules! on_every_store {
         /// Every case over TLS with a client certificate and an ACL user.
         #[tokio::test]
         async fn on_tls_every_case() {
-            let tls = TlsRedis::start(true, &ACL_ARGS);
+            let tls = TlsRedis::start(true, &ACL_ARGS, &ACL_LOGIN);
             let pw = file_in(tls.certs.dir.path(), "pw", "s3cret-pw\n");
             $( $case(subject_on(tls_target(&tls, pw.to_str().unwrap()), stringify!($case))).await; )*
         }
@@ -1955,7 +1958,7 @@ async fn added_latency_keeps_counts_exact_below_the_timeout_and_bounded_above() 
 #[tokio::test]
 async fn bad_tls_credentials_and_seeds_are_clear_errors_without_the_password() {
     use quotagate_store::CounterStore;
-    let tls = TlsRedis::start(true, &ACL_ARGS);
+    let tls = TlsRedis::start(true, &ACL_ARGS, &ACL_LOGIN);
     let dir = tls.certs.dir.path();
     let (good, bad) = (
         file_in(dir, "good", "s3cret-pw\n"),

@@ -74,18 +74,59 @@ pub struct Node {
 }
 
 impl Node {
-    fn spawn(port: u16, dir: &Path, extra: &[String]) -> Node {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (.ci/run installs it)");
-        Node::new(port, child)
+    /// A redis-server with `args(port)` on a fresh port pair (data directory `dir`).
+    fn spawn(dir: &Path, cli_tls: &[&str], args: impl Fn(u16) -> Vec<String>) -> Node {
+        Node::start(cli_tls, |port| {
+            let mut c = Command::new("redis-server");
+            c.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir)
+                .args(args(port));
+            c
+        })
+    }
+
+    /// Runs `command(port)` on a port pair that was free a moment ago, and returns once the
+    /// server answering on that port is the process it started (`process_id` in `INFO server`).
+    /// Another test's server can bind a port between our pick and our server's bind; ours then
+    /// exits while the other answers. Seen once in CI: a "3-master" cluster made of two nodes,
+    /// one listed twice. Such a start is retried on another port.
+    fn start(cli_tls: &[&str], mut command: impl FnMut(u16) -> Command) -> Node {
+        for _ in 0..10 {
+            let port = free_port_pair();
+            let mut child = command(port)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (.ci/run installs it)");
+            let ours = format!("process_id:{}", child.id());
+            let start = std::time::Instant::now();
+            let up = loop {
+                if child.try_wait().ok().flatten().is_some() {
+                    break false;
+                }
+                if let Some(info) = cli(port, cli_tls, &["INFO", "server"]) {
+                    if info.lines().any(|l| l.trim() == ours) {
+                        break true;
+                    }
+                    if info.contains("process_id:") {
+                        break false;
+                    }
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "redis-server on port {port} did not answer within 10s"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            if up {
+                return Node::new(port, child);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server did not start on a free port in 10 tries");
     }
 
     fn new(port: u16, child: Child) -> Node {
@@ -163,33 +204,29 @@ impl RedisCluster {
             })
         };
         let count = masters * (1 + replicas);
+        let tls = strs(&cli_tls);
         let nodes: Vec<Node> = (0..count)
             .map(|i| {
-                let port = free_port_pair();
                 let d = dir.path().join(format!("n{i}"));
                 std::fs::create_dir(&d).unwrap();
-                let mut args: Vec<String> = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "1000",
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-                // Later arguments win: with TLS, `--port 0` replaces the plain port.
-                args.extend(tls_of(port));
-                Node::spawn(port, &d, &args)
+                Node::spawn(&d, &tls, |port| {
+                    let mut args: Vec<String> = [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                    // Later arguments win: with TLS, `--port 0` replaces the plain port.
+                    args.extend(tls_of(port));
+                    args
+                })
             })
             .collect();
-        let tls = strs(&cli_tls);
-        for n in &nodes {
-            wait_until(Duration::from_secs(10), || {
-                cli(n.port, &tls, &["PING"]).as_deref() == Some("PONG")
-            });
-        }
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -390,63 +427,30 @@ pub struct TlsRedis {
 }
 
 impl TlsRedis {
-    pub fn start(require_client_cert: bool, extra: &[&str]) -> TlsRedis {
+    /// `login`: redis-cli's arguments to get past `extra`'s ACL (none without one).
+    pub fn start(require_client_cert: bool, extra: &[&str], login: &[&str]) -> TlsRedis {
         let certs = Certs::make();
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port_pair();
-        let mut args: Vec<String> = [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            &certs.path("server.pem"),
-            "--tls-key-file",
-            &certs.path("server.key"),
-            "--tls-ca-cert-file",
-            &certs.path("ca.pem"),
-            "--tls-auth-clients",
-            if require_client_cert { "yes" } else { "no" },
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        let node = Node::new(port, child);
-        let tls = [
-            "--tls".to_string(),
-            "--cacert".into(),
-            certs.path("ca.pem"),
-            "--cert".into(),
-            certs.path("client.pem"),
-            "--key".into(),
-            certs.path("client.key"),
-        ];
-        let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
-        // Up when it answers at all (a server with ACL users answers NOAUTH).
-        wait_until(Duration::from_secs(10), || {
-            Command::new("redis-cli")
-                .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-                .args(&tls)
-                .arg("PING")
-                .stderr(Stdio::null())
-                .output()
-                .is_ok_and(|o| {
-                    let out = String::from_utf8_lossy(&o.stdout);
-                    out.contains("PONG") || out.contains("NOAUTH")
-                })
+        let mut cli_args = cli_tls_of(Some(&certs));
+        cli_args.extend(login.iter().map(|s| s.to_string()));
+        let node = Node::start(&strs(&cli_args), |port| {
+            let mut c = Command::new("redis-server");
+            c.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .args(["--tls-cert-file", &certs.path("server.pem")])
+                .args(["--tls-key-file", &certs.path("server.key")])
+                .args(["--tls-ca-cert-file", &certs.path("ca.pem")])
+                .args([
+                    "--tls-auth-clients",
+                    if require_client_cert { "yes" } else { "no" },
+                ])
+                .args(extra);
+            c
         });
         TlsRedis {
-            port,
+            port: node.port,
             node,
             certs,
             _dir: dir,
@@ -516,50 +520,43 @@ impl SentinelSet {
             }
             extra
         };
-        let master_port = free_port_pair();
-        let master = Node::spawn(master_port, &sub("master"), &as_args(master_port, vec![]));
-        let replica_port = free_port_pair();
-        let replica = Node::spawn(
-            replica_port,
-            &sub("replica"),
-            &as_args(
-                replica_port,
+        let tls = strs(&cli_tls);
+        let master = Node::spawn(&sub("master"), &tls, |port| as_args(port, vec![]));
+        let replica = Node::spawn(&sub("replica"), &tls, |port| {
+            as_args(
+                port,
                 vec![
                     "--replicaof".into(),
                     "127.0.0.1".into(),
                     master.port.to_string(),
                 ],
-            ),
-        );
+            )
+        });
         let sentinels = (0..3)
             .map(|i| {
-                let port = free_port_pair();
                 let d = sub(&format!("sentinel{i}"));
                 let conf = d.join("sentinel.conf");
-                let tls: String = tls_settings(port)
-                    .into_iter()
-                    .map(|(k, v)| format!("{k} {v}\n"))
-                    .collect();
-                std::fs::write(
-                    &conf,
-                    format!(
-                        "port {port}\nbind 127.0.0.1\ndir {}\n{tls}\
+                Node::start(&tls, |port| {
+                    let tls: String = tls_settings(port)
+                        .into_iter()
+                        .map(|(k, v)| format!("{k} {v}\n"))
+                        .collect();
+                    std::fs::write(
+                        &conf,
+                        format!(
+                            "port {port}\nbind 127.0.0.1\ndir {}\n{tls}\
                          sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
                          sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
                          sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
-                        d.display(),
-                        master.port
-                    ),
-                )
-                .unwrap();
-                let child = Command::new("redis-server")
-                    .arg(&conf)
-                    .arg("--sentinel")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("redis-server --sentinel");
-                Node::new(port, child)
+                            d.display(),
+                            master.port
+                        ),
+                    )
+                    .unwrap();
+                    let mut c = Command::new("redis-server");
+                    c.arg(&conf).arg("--sentinel");
+                    c
+                })
             })
             .collect::<Vec<_>>();
         let set = SentinelSet {
