@@ -18,6 +18,7 @@ pub mod admin;
 pub mod alloc;
 pub mod app;
 pub mod catalog;
+pub mod coarse;
 pub mod commands;
 pub mod config;
 pub mod demo;

@@ -397,8 +397,9 @@ impl Proxy {
                 None => crate::telemetry::fingerprint_remembered(pending.held.key),
             });
         }
+        // One reading for the decision's time and for how long the store takes to give it.
         let asked = Instant::now();
-        (pending.counters(), self.clock.now_ms(), asked)
+        (pending.counters(), self.clock.now_ms_at(asked), asked)
     }
 
     /// The store's `verdict` on `pending` (asked at `now_ms`, from `asked`) made its admission,

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::task::Poll;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header;
@@ -264,17 +264,15 @@ fn date() -> [u8; 29] {
     thread_local! {
         static DATE: std::cell::Cell<(u64, [u8; 29])> = const { std::cell::Cell::new((0, [0; 29])) };
     }
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    // The kernel's tick-updated clock: a second's field does not show a tick (src/coarse.rs).
+    let secs = crate::coarse::unix_seconds();
     DATE.with(|d| {
         let (at, v) = d.get();
         if at == secs && at != 0 {
             return v;
         }
         let mut v = [b' '; 29];
-        let s = httpdate::fmt_http_date(now);
+        let s = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
         let n = s.len().min(29);
         v[..n].copy_from_slice(&s.as_bytes()[..n]);
         d.set((secs, v));

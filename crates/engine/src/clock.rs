@@ -14,6 +14,14 @@ pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
 
+    /// Milliseconds since the Unix epoch at `at`, an instant the caller read for a use of its own
+    /// (a duration it measures), so that one request reads the host's clock once for both. A
+    /// clock moved by hand has its own time and ignores `at`.
+    fn now_ms_at(&self, at: Instant) -> u64 {
+        let _ = at;
+        self.now_ms()
+    }
+
     /// Whole seconds since the Unix epoch.
     fn now(&self) -> u64 {
         self.now_ms() / 1000
@@ -61,7 +69,12 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        ((self.anchor_unix + self.anchor.elapsed().as_secs_f64()) * 1000.0) as u64
+        self.now_ms_at(Instant::now())
+    }
+
+    fn now_ms_at(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.anchor);
+        ((self.anchor_unix + since.as_secs_f64()) * 1000.0) as u64
     }
 }
 
@@ -144,6 +157,30 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    #[test]
+    fn the_system_clock_at_an_instant_is_its_anchor_moved_by_as_much() {
+        let clock = SystemClock::new();
+        let anchor_ms = clock.now_ms_at(clock.anchor);
+        assert_eq!(anchor_ms, (clock.anchor_unix * 1000.0) as u64);
+        let later = clock.anchor + std::time::Duration::from_millis(1_500);
+        assert_eq!(clock.now_ms_at(later), anchor_ms + 1_500);
+        let before = clock.anchor.checked_sub(std::time::Duration::from_secs(1));
+        if let Some(before) = before {
+            assert_eq!(
+                clock.now_ms_at(before),
+                anchor_ms,
+                "never before its anchor"
+            );
+        }
+        let now = Instant::now();
+        assert!(clock.now_ms() >= clock.now_ms_at(now));
+        assert_eq!(
+            FakeClock::new(7).now_ms_at(now),
+            7_000,
+            "a fake clock keeps its own time"
+        );
     }
 
     #[test]

@@ -70,7 +70,8 @@ impl<C: Conn> Stack<C> {
         if idle.len() >= max {
             return false;
         }
-        idle.push((conn, Instant::now()));
+        // Idle times are seconds: the kernel's tick-updated clock is enough (src/coarse.rs).
+        idle.push((conn, crate::coarse::instant()));
         true
     }
 
