@@ -13,15 +13,21 @@ wait_port() {
 }
 
 # cpu_ticks PID...: utime+stime of the processes and of their children (nginx's workers), in ticks.
-cpu_ticks() {
-  local total=0 p kids
+cpu_ticks() { proc_ticks '$12 + $13' "$@"; }
+# user_ticks PID...: the same, utime only (where quotagate's gap to nginx is: docs/benchmarks.md).
+user_ticks() { proc_ticks '$12' "$@"; }
+# proc_ticks AWK_SUM PID...: a sum of /proc/PID/stat fields (counted after the command name) over
+# the processes and their children.
+proc_ticks() {
+  local sum=$1 total=0 p kids
+  shift
   for p in "$@"; do
     [ -r "/proc/$p/stat" ] || continue
     # The command name may hold spaces: take the fields after the closing parenthesis.
-    total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk "{print $sum}")))
     kids=$(pgrep -P "$p" || true)
     # shellcheck disable=SC2086
-    [ -n "$kids" ] && total=$((total + $(cpu_ticks $kids)))
+    [ -n "$kids" ] && total=$((total + $(proc_ticks "$sum" $kids)))
   done
   echo "$total"
 }

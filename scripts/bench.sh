@@ -13,7 +13,8 @@
 # starts the example upstream and a private redis-server, then loads every row with
 # `wrk -t2 -cCONNECTIONS` (1000 API keys round robin, one hot key, or one key far over its limit). For each row it
 # reads the CPU time of the process under test from /proc/PID/stat over the run and divides by the
-# requests served. Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
+# requests served, and its user time apart (its own code's share: the kernel's, most of a proxy's
+# CPU here, is much alike for every proxy). Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
 # the upstream, and with `limit_req` on a per-key zone, the memory store's peer; HAProxy: 1 thread; Envoy: 1 worker, when the `envoy` command is there). Two rows each for nginx and quotagate balance over two upstream
 # targets (a second example upstream), beside their one-target rows. Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
@@ -85,11 +86,14 @@ measure() {
   local before rbefore out after rafter
   # shellcheck disable=SC2086
   local cbefore cafter
+  local ubefore uafter
   before=$(cpu_ticks $pids); rbefore=$(cpu_ticks "$REDIS_PID"); cbefore=$(script_calls "$REDIS_PORT")
+  ubefore=$(user_ticks $pids)
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/users/1")
   # shellcheck disable=SC2086
   after=$(cpu_ticks $pids); rafter=$(cpu_ticks "$REDIS_PID"); cafter=$(script_calls "$REDIS_PORT")
-  RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" "$((cafter - cbefore))" <<<"$out")")
+  uafter=$(user_ticks $pids)
+  RESULTS+=("$ROUND|$(python3 scripts/parse_wrk.py "$name" "$((after - before))" "$((rafter - rbefore))" "$TICKS_PER_S" "$((cafter - cbefore))" "$((uafter - ubefore))" <<<"$out")")
 }
 
 MANY=(-s "$WORK/many-keys.lua")

@@ -7,7 +7,7 @@ import statistics
 import sys
 
 ref_name = sys.argv[1]
-rows = {}  # name -> {round: (rps, us, p50, p99, rejected, redis_us, script calls per 1000)}
+rows = {}  # name -> {round: (rps, us, p50, p99, rejected, redis_us, script calls per 1000[, user us])}
 for line in sys.stdin:
     if not line.strip():
         continue
@@ -30,16 +30,24 @@ def ratio(name, index):
 
 
 rounds = max((len(v) for v in rows.values()), default=0)
-print("| row | req/s | req/s vs nginx | CPU us/req | CPU/req vs nginx | p50 ms | p99 ms | non-2xx | Redis CPU us/req | Redis calls /1000 req |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+# User CPU apart, where the lines have it: the part of a request's CPU the gateway's own code
+# spends (the kernel's part, most of it, is alike for every proxy and noisier).
+users = all(len(v) > 7 for by_round in rows.values() for v in by_round.values())
+user_head, user_rule = (" user us/req | user/req vs nginx |", "---:|---:|") if users else ("", "")
+print(f"| row | req/s | req/s vs nginx | CPU us/req | CPU/req vs nginx |{user_head} p50 ms | p99 ms | non-2xx | Redis CPU us/req | Redis calls /1000 req |")
+print(f"|---|---:|---:|---:|---:|{user_rule}---:|---:|---:|---:|---:|")
 for name, by_round in rows.items():
     col = lambda i: med([v[i] for v in by_round.values()])  # noqa: E731
     rps, us, p50, p99, rejected, redis_us = (col(i) for i in range(6))
     calls = col(6) if all(len(v) > 6 for v in by_round.values()) else None
     r_us = "" if name == "upstream directly" else ratio(name, 1)
+    user = ""
+    if users:
+        r_user = "" if name == "upstream directly" else ratio(name, 7)
+        user = f" {col(7):.1f} | {r_user} |"
     redis_col = f"{redis_us:.1f}" if "Redis store" in name else ""
     calls_col = f"{calls:.1f}" if "Redis store" in name and calls is not None else ""
-    print(f"| {name} | {rps:,.0f} | {ratio(name, 0)} | {us:.1f} | {r_us} | {p50:.2f} | {p99:.2f} | {rejected:.0%} | {redis_col} | {calls_col} |")
+    print(f"| {name} | {rps:,.0f} | {ratio(name, 0)} | {us:.1f} | {r_us} |{user} {p50:.2f} | {p99:.2f} | {rejected:.0%} | {redis_col} | {calls_col} |")
 if rounds > 1:
     print()
     print(f"Medians of {rounds} rounds; a ratio's range is its lowest and highest round.")

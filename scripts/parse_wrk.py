@@ -1,8 +1,8 @@
 """Reads `wrk --latency` output on stdin; prints one result line for scripts/bench_table.py.
 
-argv: NAME CPU_TICKS_OF_THE_PROCESS REDIS_CPU_TICKS TICKS_PER_SECOND [REDIS_SCRIPT_CALLS]
+argv: NAME CPU_TICKS_OF_THE_PROCESS REDIS_CPU_TICKS TICKS_PER_SECOND [REDIS_SCRIPT_CALLS [USER_TICKS]]
 Output: name|requests/s|CPU us per request|p50 ms|p99 ms|share answered non-2xx|Redis CPU us per request|
-script calls per 1000 requests
+script calls per 1000 requests[|user CPU us per request]
 """
 import re
 import sys
@@ -10,6 +10,7 @@ import sys
 out = sys.stdin.read()
 name, ticks, redis_ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 calls = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+user_ticks = int(sys.argv[6]) if len(sys.argv) > 6 else None
 
 
 def pct(p):
@@ -28,4 +29,5 @@ if errors:
 us = ticks / hz * 1e6 / max(total, 1)
 redis_us = redis_ticks / hz * 1e6 / max(total, 1)
 per_1000 = calls * 1000 / max(total, 1)
-print(f"{name}|{rps:.0f}|{us:.2f}|{pct(50):.2f}|{pct(99):.2f}|{rejected / max(total, 1):.4f}|{redis_us:.2f}|{per_1000:.2f}")
+user = "" if user_ticks is None else f"|{user_ticks / hz * 1e6 / max(total, 1):.2f}"
+print(f"{name}|{rps:.0f}|{us:.2f}|{pct(50):.2f}|{pct(99):.2f}|{rejected / max(total, 1):.4f}|{redis_us:.2f}|{per_1000:.2f}{user}")
