@@ -302,12 +302,13 @@ where
                     None => {
                         let tcp = Lingering::new(tcp, Some(conn.activity.clone()));
                         let io = idle::Timed::new(tcp, conn.activity.clone(), bounds);
-                        Box::pin(http.serve(io, conn, draining)).await;
+                        boxed(|| http.serve(io, conn, draining)).await;
                     }
                     Some(acceptor) => {
-                        let tls =
-                            serve_tls(tcp, acceptor, first_byte, &http, conn, draining, bounds);
-                        Box::pin(tls).await;
+                        boxed(|| {
+                            serve_tls(tcp, acceptor, first_byte, &http, conn, draining, bounds)
+                        })
+                        .await;
                     }
                 }
                 if let Some(g) = gauge {
@@ -331,6 +332,14 @@ where
     tokio::time::timeout(drain_timeout, drain.closed())
         .await
         .is_ok()
+}
+
+/// The future `make` returns, built in its box: `Box::pin(make())` builds it on the stack and
+/// copies it, and a connection's future is kilobytes (callgrind: ~460 instructions of `memcpy` a
+/// connection). Allocated first, the box is where the future is written.
+#[inline(always)]
+fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
 /// A TLS connection: its handshake, then its HTTP. A plain HTTP request gets an answer it can read.
