@@ -186,13 +186,31 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A port nothing listens on now (bound, then released: for a child process to bind).
+/// A port nothing listens on now (bound, then released: for a child process to bind), and never
+/// handed out before in this test process: released, a port may come back from the next bind, so
+/// `(free_port(), free_port())` could name one port twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if first_time(port) {
+            return port;
+        }
+    }
+}
+
+/// `port` was not handed out before in this process (and is now).
+pub fn first_time(port: u16) -> bool {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    if given.contains(&port) {
+        return false;
+    }
+    given.push(port);
+    true
 }
 
 /// Async twin of [`wait_until`].

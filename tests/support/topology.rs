@@ -13,7 +13,10 @@ pub fn free_port_pair() -> u16 {
     loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let p = l.local_addr().unwrap().port();
-        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+        if p < 55_000
+            && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
+            && super::first_time(p)
+        {
             return p;
         }
     }
@@ -433,21 +436,23 @@ impl TlsRedis {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cli_args = cli_tls_of(Some(&certs));
         cli_args.extend(login.iter().map(|s| s.to_string()));
-        let node = Node::start(&strs(&cli_args), |port| {
-            let mut c = Command::new("redis-server");
-            c.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .args(["--port", "0", "--tls-port", &port.to_string()])
-                .args(["--tls-cert-file", &certs.path("server.pem")])
-                .args(["--tls-key-file", &certs.path("server.key")])
-                .args(["--tls-ca-cert-file", &certs.path("ca.pem")])
-                .args([
-                    "--tls-auth-clients",
-                    if require_client_cert { "yes" } else { "no" },
-                ])
-                .args(extra);
-            c
+        // `--port 0` after `Node::spawn`'s own `--port`: the later one wins, TLS only.
+        let node = Node::spawn(dir.path(), &strs(&cli_args), |port| {
+            let tls = [
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &certs.path("server.pem"),
+                "--tls-key-file",
+                &certs.path("server.key"),
+                "--tls-ca-cert-file",
+                &certs.path("ca.pem"),
+                "--tls-auth-clients",
+                if require_client_cert { "yes" } else { "no" },
+            ];
+            tls.iter().chain(extra).map(|a| a.to_string()).collect()
         });
         TlsRedis {
             port: node.port,
