@@ -183,27 +183,11 @@ impl RedisCluster {
         let cli_tls = cli_tls_of(certs);
         let tls_of = |port: u16| -> Vec<String> {
             certs.map_or_else(Vec::new, |c| {
-                [
-                    "--port",
-                    "0",
-                    "--tls-port",
-                    &port.to_string(),
-                    "--tls-cluster",
-                    "yes",
-                    "--tls-replication",
-                    "yes",
-                    "--tls-auth-clients",
-                    "no",
-                    "--tls-cert-file",
-                    &c.path("server.pem"),
-                    "--tls-key-file",
-                    &c.path("server.key"),
-                    "--tls-ca-cert-file",
-                    &c.path("ca.pem"),
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
+                let mut args = c.server_args(port);
+                let cluster = ["--tls-cluster", "yes", "--tls-replication", "yes"];
+                args.extend(cluster.into_iter().map(String::from));
+                args.extend(["--tls-auth-clients", "no"].map(String::from));
+                args
             })
         };
         let count = masters * (1 + replicas);
@@ -344,6 +328,26 @@ pub struct Certs {
 }
 
 impl Certs {
+    /// redis-server's arguments to speak TLS only on `port`, with these certificates: `--port 0`
+    /// comes after [`Node::spawn`]'s own `--port`, and the later one wins.
+    fn server_args(&self, port: u16) -> Vec<String> {
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &self.path("server.pem"),
+            "--tls-key-file",
+            &self.path("server.key"),
+            "--tls-ca-cert-file",
+            &self.path("ca.pem"),
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    }
+
     pub fn make() -> Certs {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
@@ -438,21 +442,15 @@ impl TlsRedis {
         cli_args.extend(login.iter().map(|s| s.to_string()));
         // `--port 0` after `Node::spawn`'s own `--port`: the later one wins, TLS only.
         let node = Node::spawn(dir.path(), &strs(&cli_args), |port| {
-            let tls = [
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--tls-cert-file",
-                &certs.path("server.pem"),
-                "--tls-key-file",
-                &certs.path("server.key"),
-                "--tls-ca-cert-file",
-                &certs.path("ca.pem"),
-                "--tls-auth-clients",
-                if require_client_cert { "yes" } else { "no" },
-            ];
-            tls.iter().chain(extra).map(|a| a.to_string()).collect()
+            let mut args = certs.server_args(port);
+            let auth = if require_client_cert { "yes" } else { "no" };
+            args.extend(
+                ["--tls-auth-clients", auth]
+                    .iter()
+                    .chain(extra)
+                    .map(|a| a.to_string()),
+            );
+            args
         });
         TlsRedis {
             port: node.port,
