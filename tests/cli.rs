@@ -902,14 +902,20 @@ async fn demo_story(redis: &str) {
         .env("DEMO_REDIS", redis)
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // To a file, not a pipe nobody reads while the demo runs: said when it cannot start (a
+        // port taken by another process, say).
+        .stderr(std::fs::File::create(dir.path().join("demo.err")).unwrap())
         .spawn()
         .unwrap();
     let mut first = String::new();
     BufReader::new(demo.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
-    assert!(first.starts_with("quotagate demo is running"), "{first:?}");
+    assert!(
+        first.starts_with("quotagate demo is running"),
+        "{first:?}; the demo's stderr: {}",
+        std::fs::read_to_string(dir.path().join("demo.err")).unwrap_or_default()
+    );
     let readme = std::fs::read_to_string("README.md").unwrap();
     assert!(
         readme.contains("examples/demo.sh")
