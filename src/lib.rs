@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod coarse;
 pub mod commands;
 pub mod config;
+pub mod deadline;
 pub mod demo;
 pub mod divvy;
 pub mod files;

@@ -75,6 +75,7 @@ impl Workers {
                 .spawn(move || {
                     INDEX.with(|c| c.set(i));
                     runtime.block_on(async move {
+                        crate::deadline::reuse_on_this_thread();
                         let mut jobs = tokio::task::JoinSet::new();
                         let mut collect = tokio::time::interval(crate::alloc::COLLECT_EVERY);
                         collect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -89,6 +90,7 @@ impl Workers {
                             }
                         }
                         while jobs.join_next().await.is_some() {}
+                        crate::deadline::stop_reusing_on_this_thread();
                     });
                 })?;
             queues.push(tx);

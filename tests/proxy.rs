@@ -466,7 +466,13 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     let up = Upstream::start().await;
     let mut c = config(&up);
     c.upstream.response_timeout_ms = 200;
+    // One worker: the requests before share its kept timers (crate::deadline), set to their own
+    // earlier deadlines, which the slow request's timeout must move on.
+    c.server.workers = 1;
     let gw = gateway(c).await;
+    for _ in 0..3 {
+        assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
+    }
     // /slow answers after seconds: only the 200 ms response timeout gives 504 first.
     let r = get(&gw.url("/slow/1"), &[KEY]).await;
     assert_eq!(r.status, 504);

@@ -294,7 +294,7 @@ impl Upstream {
                     }
                 }
             };
-            match tokio::time::timeout(self.response_timeout, exchange).await {
+            match crate::deadline::timeout(self.response_timeout, exchange).await {
                 Ok(result) => result,
                 Err(_) => {
                     if let Some(t) = self.targets.get(trying.load(Ordering::Relaxed)) {
