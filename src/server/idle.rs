@@ -37,6 +37,10 @@ pub struct Activity {
     /// The client sends nothing more (it closed, or asked to close and sent nothing after):
     /// the socket may close without looking for unread bytes.
     quiet: AtomicBool,
+    /// The gateway's own HTTP/1.1 loop serves the connection ([`super::h1::serve`]): after each
+    /// request it reads for the next head itself, so the socket starts the idle time then, and
+    /// needs no timer while a request is in flight.
+    own_loop: AtomicBool,
     epoch: Instant,
 }
 
@@ -48,6 +52,7 @@ impl Activity {
             idle_since: AtomicU64::new(0),
             upgraded: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
+            own_loop: AtomicBool::new(false),
             epoch: Instant::now(),
         })
     }
@@ -66,6 +71,12 @@ impl Activity {
 
     pub fn is_quiet(&self) -> bool {
         self.quiet.load(Ordering::Relaxed)
+    }
+
+    /// The gateway's own HTTP/1.1 loop serves the connection from now on (`true`), or hyper's
+    /// server (`false`): see `own_loop`.
+    pub fn served_by_own_loop(&self, own: bool) {
+        self.own_loop.store(own, Ordering::Relaxed);
     }
 
     fn ended(&self) -> u64 {
@@ -215,8 +226,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
             Poll::Pending => {}
         }
         let busy = this.activity.busy(ended);
+        if busy && this.activity.own_loop.load(Ordering::Relaxed) {
+            // Read while the answer is made, for a client that goes: the loop reads again after
+            // the request, when the idle time starts (a clock read and a timer's wait a request
+            // spared).
+            return Poll::Pending;
+        }
         let deadline = match (busy, this.head_since) {
-            // In flight: nothing is timed, but the connection must be woken after the request
+            // In flight: nothing is timed, but hyper's connection must be woken after the request
             // ends to start its idle time, and nothing else would wake it (hyper waits on the
             // socket). So the timer stays within a keep-alive time of the latest poll: it fires
             // no later than the idle deadline, when the time left is counted from the request's

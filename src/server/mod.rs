@@ -493,10 +493,12 @@ impl Http {
                         activity: &conn.activity,
                         max_head: self.max_head,
                     };
+                    conn.activity.served_by_own_loop(true);
                     let h1::End::Hyper(rest, io) = h1::serve(io, first, own, drain.as_mut()).await
                     else {
                         return;
                     };
+                    conn.activity.served_by_own_loop(false);
                     let io = TokioIo::new(sniff::Replay::new(rest, io));
                     let svc = service(conn.handler, conn.peer, conn.activity);
                     // Boxed, as below: held inline, hyper's connection would make every
