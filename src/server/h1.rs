@@ -461,7 +461,9 @@ fn request(
     mut headers: HeaderMap,
 ) -> Option<(Method, http::Uri, HeaderMap)> {
     let uri = http::Uri::from_maybe_shared(bytes.slice(head.target.clone())).ok()?;
-    crate::http1::append_lines(lines, bytes, &mut headers).ok()?;
+    // SAFETY: `lines` are the fields httparse parsed out of these bytes ([`parse`]; `bytes` is
+    // the head it parsed, split off the same buffer).
+    unsafe { crate::http1::append_lines(lines, bytes, &mut headers) };
     Some((head.method.clone(), uri, headers))
 }
 

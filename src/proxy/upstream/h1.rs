@@ -158,8 +158,9 @@ pub fn parse_response(
         lines.truncate(resp.headers.len());
         let bytes = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
-        crate::http1::append_lines(lines, &bytes, &mut headers)
-            .map_err(|_| BadHead("invalid header value"))?;
+        // SAFETY: `lines` are the fields httparse parsed out of these bytes (their ranges from
+        // `base`, the start of `bytes`).
+        unsafe { crate::http1::append_lines(lines, &bytes, &mut headers) };
         return frame(status, version, headers, framed_by, head_request).map(Some);
     }
 }
