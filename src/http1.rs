@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// A head's header lines, while it is read; kept from one head to the next on a connection, as
 /// names to reuse (a peer sends the same fields in the same order, and making a name from bytes
@@ -16,22 +16,87 @@ pub type Lines = Vec<Line>;
 /// Names up to this long are kept as written, to be recognised in the next head.
 const RAW_NAME: usize = 32;
 
-/// One header line: its name, where its value lies in the head, and the name as written (when
-/// short).
+/// One header line: its name, where it and its value lie in the head, what the name is to a
+/// proxy, and the name as written (when short).
 #[derive(Debug, Clone)]
 pub struct Line {
     pub name: HeaderName,
     pub value: Range<usize>,
+    /// Where the line (its name) starts in the head.
+    pub start: usize,
+    /// Worked out when the name is made, not for each head that reuses it.
+    pub kind: Kind,
     raw: [u8; RAW_NAME],
     /// `raw`'s length; 0: not kept (too long).
     raw_len: u8,
 }
 
+/// What a field's name is to a proxy passing the field on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Hop-by-hop (RFC 9110 §7.6.1), never passed on: `Keep-Alive`, `Proxy-Connection`,
+    /// `Proxy-Authenticate`, `Proxy-Authorization`, `TE`, `Trailer`, `Upgrade`.
+    HopByHop,
+    /// `Connection`: hop-by-hop, and the names it lists are too.
+    Connection,
+    /// `Transfer-Encoding`: never passed on either (each side frames its own bodies).
+    TransferEncoding,
+    ContentLength,
+    Date,
+    /// `Retry-After` and the `RateLimit*` fields: those a rate limiter writes.
+    RateLimit,
+    Other,
+}
+
+/// The hop-by-hop names but `Connection` ([`Kind::HopByHop`]).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+impl Kind {
+    pub fn of(name: &HeaderName) -> Kind {
+        match *name {
+            header::CONNECTION => Kind::Connection,
+            header::TRANSFER_ENCODING => Kind::TransferEncoding,
+            header::CONTENT_LENGTH => Kind::ContentLength,
+            header::DATE => Kind::Date,
+            header::RETRY_AFTER => Kind::RateLimit,
+            _ if HOP_BY_HOP.contains(name) => Kind::HopByHop,
+            _ if name.as_str().starts_with("ratelimit") => Kind::RateLimit,
+            _ => Kind::Other,
+        }
+    }
+
+    /// A field of this kind is never passed on.
+    pub fn hop_by_hop(self) -> bool {
+        matches!(
+            self,
+            Kind::HopByHop | Kind::Connection | Kind::TransferEncoding
+        )
+    }
+
+    /// `Kind::of(name).hop_by_hop()`, without looking at what else the name may be (this runs
+    /// on every name of every request).
+    pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+        *name == header::CONNECTION
+            || *name == header::TRANSFER_ENCODING
+            || HOP_BY_HOP.contains(name)
+    }
+}
+
 impl Line {
-    fn new(name: HeaderName, raw: &[u8], value: Range<usize>) -> Line {
+    fn new(name: HeaderName, raw: &[u8], start: usize, value: Range<usize>) -> Line {
         let mut line = Line {
+            kind: Kind::of(&name),
             name,
             value,
+            start,
             raw: [0; RAW_NAME],
             raw_len: 0,
         };
@@ -101,19 +166,20 @@ impl Drop for ThreadLines {
     }
 }
 
-/// Sets line `i` of `lines` (each line before it set already) to the name written `raw`, its
-/// value at `value`: the name is the one at that place in the last head when written the same.
-/// `None`: `raw` is no field name.
+/// Sets line `i` of `lines` (each line before it set already) to the name written `raw`, the
+/// line starting at `start`, its value at `value`: the name is the one at that place in the
+/// last head when written the same. `None`: `raw` is no field name.
 pub fn set_line<'a>(
     lines: &'a mut Lines,
     i: usize,
     raw: &[u8],
+    start: usize,
     value: Range<usize>,
 ) -> Option<&'a HeaderName> {
     match lines.get_mut(i) {
-        Some(line) if line.written_as(raw) => line.value = value,
+        Some(line) if line.written_as(raw) => (line.start, line.value) = (start, value),
         known => {
-            let line = Line::new(HeaderName::from_bytes(raw).ok()?, raw, value);
+            let line = Line::new(HeaderName::from_bytes(raw).ok()?, raw, start, value);
             match known {
                 Some(known) => *known = line,
                 None => lines.push(line),
@@ -185,7 +251,7 @@ mod tests {
     fn a_name_is_reused_only_where_written_the_same_at_the_same_place() {
         let mut lines = Lines::new();
         let name = |lines: &mut Lines, i, raw: &[u8]| {
-            set_line(lines, i, raw, 0..1).map(|n| n.as_str().to_owned())
+            set_line(lines, i, raw, i, 0..1).map(|n| n.as_str().to_owned())
         };
         assert_eq!(
             name(&mut lines, 0, b"X-Api-Key").as_deref(),
@@ -209,22 +275,51 @@ mod tests {
     }
 
     #[test]
+    fn a_name_is_of_the_kind_a_proxy_treats_it_as() {
+        for (name, kind) in [
+            ("connection", Kind::Connection),
+            ("transfer-encoding", Kind::TransferEncoding),
+            ("keep-alive", Kind::HopByHop),
+            ("proxy-connection", Kind::HopByHop),
+            ("te", Kind::HopByHop),
+            ("trailer", Kind::HopByHop),
+            ("upgrade", Kind::HopByHop),
+            ("proxy-authorization", Kind::HopByHop),
+            ("content-length", Kind::ContentLength),
+            ("date", Kind::Date),
+            ("retry-after", Kind::RateLimit),
+            ("ratelimit-policy", Kind::RateLimit),
+            ("x-ratelimit", Kind::Other),
+            ("content-type", Kind::Other),
+        ] {
+            let name = HeaderName::from_static(name);
+            assert_eq!(Kind::of(&name), kind, "{name}");
+            assert_eq!(Kind::is_hop_by_hop(&name), kind.hop_by_hop(), "{name}");
+        }
+        // Worked out with the name, and kept with it.
+        let mut lines = Lines::new();
+        set_line(&mut lines, 0, b"Date", 0, 6..9);
+        set_line(&mut lines, 0, b"Date", 4, 10..12);
+        assert_eq!((lines[0].kind, lines[0].start), (Kind::Date, 4));
+    }
+
+    #[test]
     fn a_connection_starts_from_the_names_the_last_one_of_its_thread_read() {
         std::thread::spawn(|| {
             let raw: [&[u8]; 2] = [b"Host", b"X-Api-Key"];
             let mut first = ThreadLines::new();
             assert!(first.is_empty());
             for (i, r) in raw.iter().enumerate() {
-                set_line(&mut first, i, r, 0..1);
+                set_line(&mut first, i, r, 0, 0..1);
             }
             let kept = first[1].name.clone();
             drop(first);
             let mut next = ThreadLines::new();
             assert_eq!(next.len(), 2);
-            let name = set_line(&mut next, 1, b"X-Api-Key", 2..3).unwrap();
+            let name = set_line(&mut next, 1, b"X-Api-Key", 1, 2..3).unwrap();
             // The same name, not one made again (a custom name's bytes are shared).
             assert_eq!(name.as_str().as_ptr(), kept.as_str().as_ptr());
-            assert_eq!(next[1].value, 2..3);
+            assert_eq!((next[1].start, next[1].value.clone()), (1, 2..3));
             let line = next[0].clone();
             next.extend(std::iter::repeat_n(line, 40));
             drop(next);

@@ -415,6 +415,31 @@ async fn upstream_response_headers_are_cleaned_and_ours_win() {
         assert_eq!(r.header("retry-after"), want, "{status}");
         assert_eq!(r.header("ratelimit-limit"), Some("100"), "{status}");
     }
+    // The upstream's fields as they came, whether the gateway's own HTTP/1.1 server writes them
+    // as lines or hyper's HTTP/2 server takes them in its map: every field of a name, in order;
+    // its `Date` (none of the gateway's beside it); for a HEAD (no endpoint has one: sent with
+    // limits off), the length a GET's body has.
+    let mut c = config(&up);
+    c.limits.enabled = false;
+    let open = gateway(c).await;
+    for (client, version) in [(http1_client(), "HTTP/1.1"), (http2_client(), "HTTP/2")] {
+        for (gw, method, limit) in [(&gw, "GET", "100"), (&open, "GET", ""), (&open, "HEAD", "")] {
+            let r = send(&client, method, &gw.url("/hop"), &[KEY], Bytes::new()).await;
+            let all = |name| {
+                let values = r.headers.get_all(name).iter();
+                values.map(|v| v.to_str().unwrap()).collect::<Vec<_>>()
+            };
+            let case = format!("{version} {method} {limit}");
+            assert_eq!(r.status, 200, "{case}");
+            assert_eq!(all("set-cookie"), ["a=1", "b=2"], "{case}");
+            assert_eq!(all("date"), ["Sat, 01 Jan 2000 00:00:00 GMT"], "{case}");
+            assert_eq!(all("content-length"), ["3"], "{case}");
+            assert_eq!(all("x-up-secret"), Vec::<&str>::new(), "{case}");
+            assert_eq!(all("x-kept"), ["yes"], "{case}");
+            let want = if limit.is_empty() { "999" } else { limit };
+            assert_eq!(all("ratelimit-limit"), [want], "{case}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -14,22 +14,12 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::HeaderSet;
+use crate::http1::Kind;
 #[cfg(test)]
 use quotagate_engine::limiter::Quota;
 use quotagate_engine::limiter::{Limit, Rate, WINDOW_SECONDS};
 
 /// Hop-by-hop fields that never cross the proxy.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-];
-
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -48,31 +38,40 @@ pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     // Most messages carry none of these: one pass over the few names present is far cheaper than
     // nine hashed removals.
-    if !headers
-        .keys()
-        .any(|k| k == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(k))
-    {
+    if !headers.keys().any(Kind::is_hop_by_hop) {
         return;
     }
     // Only the names present are removed (a removal hashes its name): usually one, `Connection`.
     // `Connection` looked up once (per name, it was most of a new connection's cost here).
     let connection = headers.get_all(header::CONNECTION);
-    let listed = |k: &HeaderName| {
-        Some(k) != keep
-            && connection
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .any(|n| n.trim().eq_ignore_ascii_case(k.as_str()))
-    };
+    let listed =
+        |k: &HeaderName| Some(k) != keep && connection.iter().any(|v| listed_in(v.as_bytes(), k));
     let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| *k == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(k) || listed(k))
+        .filter(|k| Kind::is_hop_by_hop(k) || listed(k))
         .cloned()
         .collect();
     for name in &doomed {
         headers.remove(name);
     }
+}
+
+/// `connection`, a `Connection` field's value, lists `name` (which is then hop-by-hop too). A
+/// value that is not visible ASCII lists nothing.
+pub fn listed_in(connection: &[u8], name: &HeaderName) -> bool {
+    connection
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+        && connection.split(|&b| b == b',').any(|n| {
+            n.trim_ascii()
+                .eq_ignore_ascii_case(name.as_str().as_bytes())
+        })
+}
+
+/// A field of an upstream's answer that the gateway may write itself in its place
+/// (`Retry-After`, `RateLimit*`: [`set_rate_limit`]), and so may remove.
+fn may_be_replaced(name: &HeaderName) -> bool {
+    Kind::of(name) == Kind::RateLimit
 }
 
 /// Copies `head`'s target and header values into one allocation of their own. As parsed, they
@@ -248,9 +247,7 @@ impl<'a> Lines<'a> {
     pub fn new(map: &'a mut HeaderMap, written: &'a mut crate::server::Written) -> Lines<'a> {
         // Looked at once: a field seldom comes from the upstream, and a removal looks it up
         // by its name's hash, five times an answer.
-        let holds = map
-            .keys()
-            .any(|k| k == header::RETRY_AFTER || k.as_str().starts_with("ratelimit"));
+        let holds = map.keys().any(may_be_replaced);
         Lines {
             map: holds.then_some(map),
             written,

@@ -543,7 +543,10 @@ impl Proxy {
                 grpc,
                 upgrade: upgrade.is_some(),
             };
-            match self.upstream.send(req, needs, forwarded).await {
+            // An HTTP/1 client's answer is written by the own server (or, after an upgrade,
+            // hyper's, which sets the lines in its map): the upstream's fields go there as lines.
+            let lines = (req.version() < http::Version::HTTP_2).then_some(&mut record.written);
+            match self.upstream.send(req, needs, forwarded, lines).await {
                 Ok(mut resp) => {
                     if self.upstream_failing.load(Ordering::Relaxed)
                         && self.upstream_failing.swap(false, Ordering::Relaxed)
@@ -582,11 +585,11 @@ impl Proxy {
                                 reserved: rate.cost,
                                 reserved_at_ms: rate.at_ms,
                             };
-                            pending.read(
-                                reserved.from,
-                                &head.headers,
-                                self.policy.cost_body_max_bytes,
-                            )
+                            let fields = report::Fields {
+                                map: &head.headers,
+                                lines: &record.written,
+                            };
+                            pending.read(reserved.from, fields, self.policy.cost_body_max_bytes)
                         }
                         _ => None,
                     };

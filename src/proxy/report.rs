@@ -119,23 +119,20 @@ impl Pending {
         });
     }
 
-    /// How the response with `headers` reports, for `from`: settled now (a header, or a body
+    /// How the response with `fields` reports, for `from`: settled now (a header, or a body
     /// that carries no report), or a reader for its body.
-    pub fn read(self, from: &CostFrom, headers: &http::HeaderMap, max_bytes: usize) -> Option<Tap> {
+    pub fn read(self, from: &CostFrom, fields: Fields<'_>, max_bytes: usize) -> Option<Tap> {
         match from {
             CostFrom::Header(name) => {
-                let report = match headers.get(name.as_str()) {
-                    Some(v) => parse_reported(v.as_bytes()),
+                let report = match fields.get(name.as_str()) {
+                    Some(v) => parse_reported(v),
                     None => Err(NoReport::Missing),
                 };
                 self.settle(report);
                 None
             }
             CostFrom::Json(path) => {
-                let kind = headers
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
+                let kind = fields.get(&http::header::CONTENT_TYPE).unwrap_or_default();
                 match BodyReport::new(kind, path, max_bytes) {
                     Some(reader) => Some(Tap {
                         reader,
@@ -147,6 +144,26 @@ impl Pending {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A response's fields: those in its map, then those passed on as lines.
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    pub map: &'a http::HeaderMap,
+    pub lines: &'a crate::server::Written,
+}
+
+impl Fields<'_> {
+    /// The first value of the field `name` (lower case).
+    fn get<K>(&self, name: K) -> Option<&[u8]>
+    where
+        K: http::header::AsHeaderName + AsRef<str> + Copy,
+    {
+        match self.map.get(name) {
+            Some(v) => Some(v.as_bytes()),
+            None => self.lines.get(name.as_ref()),
         }
     }
 }

@@ -104,7 +104,9 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
     };
     let (mut body, mut close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
-        let Some(name) = crate::http1::set_line(lines, i, h.name.as_bytes(), at(h.value)) else {
+        let line = at(h.name.as_bytes()).start;
+        let Some(name) = crate::http1::set_line(lines, i, h.name.as_bytes(), line, at(h.value))
+        else {
             return Parsed::Hyper;
         };
         match *name {
@@ -169,7 +171,7 @@ pub fn encode_head(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
-    written: &[u8],
+    written: &super::Written,
     body: BodyHint,
     head_request: bool,
     keep: bool,
@@ -187,7 +189,7 @@ pub fn encode_head(
         out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    let (mut close, mut said_close, mut dated) = (!keep, false, false);
+    let (mut close, mut said_close, mut dated) = (!keep, false, written.dated());
     let mut given_length = None;
     for (name, value) in headers {
         match *name {
@@ -208,7 +210,7 @@ pub fn encode_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(written);
+    out.extend_from_slice(written.as_bytes());
     let length = if body.ended {
         Some(0)
     } else {
@@ -499,7 +501,7 @@ where
         out,
         status,
         &parts.headers,
-        written.as_bytes(),
+        written,
         hint,
         head_request,
         keep,
@@ -767,13 +769,12 @@ mod tests {
                 }
             }
         }
-        let written = written.as_bytes();
         let mut out = Vec::new();
         let (f, close) = encode_head(
             &mut out,
             status,
             &map,
-            written,
+            &written,
             hint,
             head_req,
             keep,

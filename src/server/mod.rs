@@ -46,10 +46,15 @@ impl<B: Send + 'static> Answer for Response<B> {
 /// Header fields written as they go on the wire, `name: value\r\n` each (names in lower case),
 /// sent after the response's own: the gateway's own HTTP/1.1 server copies them as they are,
 /// where a header map would hash, allocate and copy each (the rate-limit fields cost the
-/// memory store's path 13% that way: docs/benchmarks.md). For hyper's servers they are set in
-/// the response's map. The response's map must not hold their names.
+/// memory store's path 13% that way; an upstream's answer's fields, passed on this way, 4% of
+/// a proxied request: docs/benchmarks.md). For hyper's servers they are set in the response's
+/// map. The response's map must not hold their names.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Written(Vec<u8>);
+pub struct Written {
+    lines: Vec<u8>,
+    /// A `Date` is among the lines (the server then writes none of its own).
+    dated: bool,
+}
 
 impl Written {
     /// Adds `name: value`; a value with a byte no field may hold (a control character) is left
@@ -60,41 +65,96 @@ impl Written {
 
     /// Adds `name: ` and the value `write` appends, checked as [`Written::push`] checks one.
     pub fn push_with(&mut self, name: &http::HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
-        if self.0.capacity() == 0 {
-            // The usual answer's fields at once (they grew the lines four times).
-            self.0.reserve(256);
-        }
-        let line = self.0.len();
-        self.0.extend_from_slice(name.as_str().as_bytes());
-        self.0.extend_from_slice(b": ");
-        let value = self.0.len();
-        write(&mut self.0);
-        if !field_value(&self.0[value..]) {
-            self.0.truncate(line);
+        let line = self.start(name);
+        let value = self.lines.len();
+        write(&mut self.lines);
+        if !field_value(&self.lines[value..]) {
+            self.lines.truncate(line);
             return;
         }
-        self.0.extend_from_slice(b"\r\n");
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
+    /// Adds `line`, a field line of a peer's head as `httparse` read it (`name: value`, without
+    /// its end of line; `date`: a `Date`), as it was written: its value holds no byte a field
+    /// may not (`http1::append_lines`), nor does its name, and neither is checked again (a tab
+    /// is among them, which [`Written::push`] refuses). The name keeps the peer's case.
+    pub fn push_line(&mut self, line: &[u8], date: bool) {
+        self.dated |= date;
+        if self.lines.capacity() == 0 {
+            self.lines.reserve(256);
+        }
+        self.lines.extend_from_slice(line);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
+    /// Starts a line: its name and `: `; where it starts.
+    fn start(&mut self, name: &http::HeaderName) -> usize {
+        if self.lines.capacity() == 0 {
+            // The usual answer's fields at once (they grew the lines four times).
+            self.lines.reserve(256);
+        }
+        let line = self.lines.len();
+        self.lines.extend_from_slice(name.as_str().as_bytes());
+        self.lines.extend_from_slice(b": ");
+        line
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        &self.lines
     }
 
-    /// Sets each field in `headers`, replacing what it held of that name.
-    pub fn set_in(&self, headers: &mut http::HeaderMap) {
-        for line in self.0.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+    /// A `Date` field is among the lines.
+    pub fn dated(&self) -> bool {
+        self.dated
+    }
+
+    /// Each line's name and value.
+    fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.split(|&b| b == b'\n').filter_map(|line| {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let value = line[colon + 1..]
-                .strip_prefix(b" ")
-                .unwrap_or(&line[colon + 1..]);
+            let colon = line.iter().position(|&b| b == b':')?;
+            Some((&line[..colon], line[colon + 1..].trim_ascii()))
+        })
+    }
+
+    /// The value of the first field named `name`, in any case. A line at a time (a name holds
+    /// no `:`), not [`Written::fields`]: this runs on the answers whose cost they report.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        let name = name.as_bytes();
+        let mut rest = &self.lines[..];
+        while !rest.is_empty() {
+            let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+            let line = &rest[..end];
+            // Exactly first: most peers write names in lower case, and a compare in any case
+            // goes a byte at a time.
+            let written = |n: &[u8]| n == name || n.eq_ignore_ascii_case(name);
+            if line.get(name.len()) == Some(&b':') && written(&line[..name.len()]) {
+                return Some(line[name.len() + 1..].trim_ascii());
+            }
+            rest = rest.get(end + 1..).unwrap_or_default();
+        }
+        None
+    }
+
+    /// Sets the fields in `headers`: the first of each name replaces what it held of that
+    /// name, the others are added after it (an upstream's `Set-Cookie`s, each kept).
+    pub fn set_in(&self, headers: &mut http::HeaderMap) {
+        let mut set: Vec<http::HeaderName> = Vec::new();
+        for (name, value) in self.fields() {
             if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(&line[..colon]),
+                http::HeaderName::from_bytes(name),
                 http::HeaderValue::from_bytes(value),
             ) {
-                headers.insert(n, v);
+                match set.contains(&n) {
+                    true => {
+                        headers.append(n, v);
+                    }
+                    false => {
+                        set.push(n.clone());
+                        headers.insert(n, v);
+                    }
+                }
             }
         }
     }
@@ -671,6 +731,33 @@ mod tests {
             }
         }
         assert!(field_value(b""));
+    }
+
+    #[test]
+    fn lines_read_from_a_peer_are_written_as_they_came_and_found_by_name() {
+        let mut w = Written::default();
+        w.push_line(b"Content-Type:application/json", false);
+        w.push_line(b"set-cookie: a=1", false);
+        w.push_line(b"Set-Cookie: b=2\t", false);
+        assert!(!w.dated());
+        w.push_line(b"date: x", true);
+        assert!(w.dated());
+        w.push(&http::HeaderName::from_static("ratelimit"), b"r");
+        assert_eq!(
+            w.as_bytes(),
+            b"Content-Type:application/json\r\nset-cookie: a=1\r\nSet-Cookie: b=2\t\r\ndate: x\r\nratelimit: r\r\n"
+        );
+        assert_eq!(w.get("content-type"), Some(&b"application/json"[..]));
+        assert_eq!(w.get("Set-Cookie"), Some(&b"a=1"[..]));
+        assert_eq!(w.get("ratelimit"), Some(&b"r"[..]));
+        assert_eq!(w.get("date"), Some(&b"x"[..]));
+        assert_eq!((w.get("set"), w.get("content-type:")), (None, None));
+        // In a map, each field of a name kept, in order.
+        let mut map = http::HeaderMap::new();
+        w.set_in(&mut map);
+        let cookies: Vec<_> = map.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(map.len(), 5);
     }
 
     #[test]

@@ -264,7 +264,7 @@ type UpBody = http_body_util::Either<Full<Bytes>, Chunks>;
 /// A real HTTP upstream on port 0 that records every request. Paths with special behaviour:
 /// `/slow/..` answers after 2 s, `/hold/<ms>` after ms milliseconds; `/redirect` answers 302;
 /// `/hop[?status=N]` answers (200 or N) with hop-by-hop, rate-limit and `Retry-After`
-/// fields of its own; `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
+/// fields and fields of its own (a `Date`, two `Set-Cookie`s); `/big/<n>` streams n bytes; `/tokens/{header,json,sse}/<n>`
 /// report a cost of n in a header, a JSON body (about 1 kB) or at the end of an event stream,
 /// `/tokens/cut/<n>` breaks its event stream before the report, `/tokens/slow/<n>` pauses 300 ms
 /// before it, `/tokens/none` reports nothing.
@@ -402,8 +402,12 @@ async fn upstream_answer(
             ("ratelimit", "\"up\";r=1"),
             ("retry-after", "5"),
             ("x-kept", "yes"),
+            ("date", "Sat, 01 Jan 2000 00:00:00 GMT"),
         ] {
             r.headers_mut().insert(k, v.parse().unwrap());
+        }
+        for v in ["a=1", "b=2"] {
+            r.headers_mut().append("set-cookie", v.parse().unwrap());
         }
         return r;
     }

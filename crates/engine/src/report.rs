@@ -116,25 +116,20 @@ enum Kind {
 }
 
 impl BodyReport {
-    /// The reader for a body of `content_type` (`None`: a type that carries no report, such as
-    /// `text/html`), looking for `path`, keeping at most `max` bytes.
-    pub fn new(content_type: &str, path: &Path, max: usize) -> Option<BodyReport> {
-        // Bytes, not `str::split`: a char search costs more than the rest of this. A header's
-        // value is visible ASCII (`to_str`), so ASCII white space is all there is to trim.
-        let essence = match content_type.bytes().position(|b| b == b';') {
+    /// The reader for a body of `content_type` (a field's value; `None`: a type that carries no
+    /// report, such as `text/html`), looking for `path`, keeping at most `max` bytes.
+    pub fn new(content_type: &[u8], path: &Path, max: usize) -> Option<BodyReport> {
+        let essence = match content_type.iter().position(|&b| b == b';') {
             Some(end) => &content_type[..end],
             None => content_type,
         }
         .trim_ascii();
-        let json_suffix = || {
-            essence.len() > 5
-                && essence.is_char_boundary(essence.len() - 5)
-                && essence[essence.len() - 5..].eq_ignore_ascii_case("+json")
-        };
+        let json_suffix =
+            || essence.len() > 5 && essence[essence.len() - 5..].eq_ignore_ascii_case(b"+json");
         // JSON first: what most `cost_from` answers are.
-        let kind = if essence.eq_ignore_ascii_case("application/json") || json_suffix() {
+        let kind = if essence.eq_ignore_ascii_case(b"application/json") || json_suffix() {
             Kind::Json(Some(json::Scan::new(path)), 0)
-        } else if essence.eq_ignore_ascii_case("text/event-stream") {
+        } else if essence.eq_ignore_ascii_case(b"text/event-stream") {
             Kind::Events {
                 path: path.clone(),
                 line: Vec::new(),
@@ -274,7 +269,8 @@ mod tests {
 
     /// What a body of `content_type` sent in `chunks` reports at `usage.total_tokens`.
     fn report(content_type: &str, chunks: &[&[u8]], max: usize) -> Result<u64, NoReport> {
-        let mut r = BodyReport::new(content_type, &path("usage.total_tokens"), max).unwrap();
+        let mut r =
+            BodyReport::new(content_type.as_bytes(), &path("usage.total_tokens"), max).unwrap();
         for c in chunks {
             r.feed(c);
         }
@@ -339,10 +335,10 @@ mod tests {
             report("application/json", &[b"{not json"], 64),
             Err(NoReport::Missing)
         );
-        let mut arr = BodyReport::new("application/json", &path("choices.1.n"), 64).unwrap();
+        let mut arr = BodyReport::new(b"application/json", &path("choices.1.n"), 64).unwrap();
         arr.feed(br#"{"choices": [{"n": 1}, {"n": 7}]}"#);
         assert_eq!(arr.end(), Ok(7), "array indices");
-        assert!(BodyReport::new("text/html", &path("a"), 64).is_none());
+        assert!(BodyReport::new(b"text/html", &path("a"), 64).is_none());
     }
 
     #[test]
@@ -394,7 +390,7 @@ mod tests {
             "the last report wins, bad or not"
         );
         // Only the current event is kept: a long stream of small events stays within the bound.
-        let mut r = BodyReport::new("text/event-stream", &path("usage.total_tokens"), 64).unwrap();
+        let mut r = BodyReport::new(b"text/event-stream", &path("usage.total_tokens"), 64).unwrap();
         for _ in 0..10_000 {
             r.feed(b"data: {\"choices\": [{\"delta\": \"abc\"}]}\n\n");
         }

@@ -2,8 +2,10 @@
 //! request head written, a response head read and where its body ends (RFC 9112 §6.3), a
 //! chunked body's framing. No I/O here.
 
-use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use bytes::{Bytes, BytesMut};
+
+use crate::server::Written;
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 /// Header lines a response head may have at most (hyper's client allows as many).
@@ -12,6 +14,11 @@ pub const MAX_HEADERS: usize = 100;
 /// Room a response's header map is made with beyond its own fields: for those the gateway adds
 /// (`headers::set_rate_limit`: at most six), which would otherwise grow it, twice for five.
 const ROOM: usize = 6;
+
+/// Fields a map handed from a connection's answers to its next requests has room for: 16
+/// slots, so that a usual request's fields fill at most half of them (a map grown to just fit
+/// them probes longer on every lookup and removal: +150 instructions a request, callgrind).
+pub const KEPT_ROOM: usize = 12;
 
 /// Fields written after a request's own, in place of some of them.
 pub trait After {
@@ -99,19 +106,23 @@ pub struct Head {
 pub struct BadHead(pub &'static str);
 
 pub use crate::http1::Lines;
-use crate::http1::{has_token, plain_number};
+use crate::http1::{Kind, has_token, plain_number};
+use crate::proxy::headers::listed_in;
 
 /// Reads a response head from the front of `buf`, taking its bytes off it (header values
 /// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past. `lines`:
 /// room to work in, holding the connection's last response's names: a name written as the one
 /// at its place was is taken from there (an upstream answers with the same fields in the same
 /// order, and making a name from bytes costs over 100 instructions, comparing its bytes a
-/// fifth of that).
+/// fifth of that). With `written` (the answer goes to the gateway's own HTTP/1.1 server), the
+/// fields are passed on as lines there ([`pass_on`]) and the head's map holds only those the
+/// gateway may replace; without, the map holds them all.
 pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
     max_bytes: usize,
     lines: &mut Lines,
+    written: Option<&mut Written>,
 ) -> Result<Option<Head>, BadHead> {
     loop {
         let mut slots =
@@ -150,19 +161,113 @@ pub fn parse_response(
         let base = buf.as_ptr() as usize;
         let mut framed_by = Seen::default();
         for (i, h) in resp.headers.iter().enumerate() {
-            let at = h.value.as_ptr() as usize - base;
-            let name = crate::http1::set_line(lines, i, h.name.as_bytes(), at..at + h.value.len())
+            let (start, at) = (
+                h.name.as_ptr() as usize - base,
+                h.value.as_ptr() as usize - base,
+            );
+            let value = at..at + h.value.len();
+            crate::http1::set_line(lines, i, h.name.as_bytes(), start, value)
                 .ok_or(BadHead("invalid header name"))?;
-            framed_by.note(name, h.value);
+            framed_by.note(lines[i].kind, h.value);
         }
         lines.truncate(resp.headers.len());
         let bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
-        // SAFETY: `lines` are the fields httparse parsed out of these bytes (their ranges from
-        // `base`, the start of `bytes`).
-        unsafe { crate::http1::append_lines(lines, &bytes, &mut headers) };
-        return frame(status, version, headers, framed_by, head_request).map(Some);
+        let (framing, reusable) = frame(status, version, lines, &bytes, framed_by, head_request)?;
+        // SAFETY (both): `lines` are the fields httparse parsed out of these bytes (their ranges
+        // from `base`, the start of `bytes`).
+        let headers = match written {
+            Some(written) => unsafe { pass_on(lines, &bytes, framed_by, head_request, written) },
+            None => {
+                let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
+                unsafe { crate::http1::append_lines(lines, &bytes, &mut headers) };
+                if framing_drops_length(framing, framed_by) {
+                    headers.remove(CONTENT_LENGTH);
+                }
+                headers
+            }
+        };
+        return Ok(Some(Head {
+            status,
+            version,
+            headers,
+            framing,
+            reusable,
+        }));
     }
+}
+
+/// Writes the fields of a response head (`lines`, in `head`) to `written` as they are, but
+/// hop-by-hop ones (those `Connection` lists too), and `Content-Length` (the server writes the
+/// body's length) unless the request was a HEAD (whose answer tells a GET's); those the gateway
+/// may replace go into the map returned instead, where it looks for them. A field written so
+/// costs a copy of its line; in a map, its name hashed, its value counted in, the entry dropped
+/// and the map walked again to write it (callgrind: docs/benchmarks.md).
+///
+/// # Safety
+///
+/// As [`crate::http1::append_lines`]'s: each line's value lies in `head` and holds only bytes
+/// `httparse` admits in a field value.
+unsafe fn pass_on(
+    lines: &Lines,
+    head: &Bytes,
+    seen: Seen,
+    head_request: bool,
+    written: &mut Written,
+) -> HeaderMap {
+    let listed = |name: &HeaderName| {
+        seen.connection
+            && lines
+                .iter()
+                .filter(|l| l.kind == Kind::Connection)
+                .any(|c| listed_in(&head[c.value.clone()], name))
+    };
+    let mut map = HeaderMap::new();
+    for line in lines {
+        match line.kind {
+            kind if kind.hop_by_hop() => {}
+            _ if listed(&line.name) => {}
+            Kind::ContentLength if !head_request => {}
+            Kind::RateLimit => {
+                // SAFETY: the caller's promise.
+                let v = unsafe {
+                    HeaderValue::from_maybe_shared_unchecked(head.slice(line.value.clone()))
+                };
+                map.append(line.name.clone(), v);
+            }
+            kind => match head.get(line.start..line.value.end) {
+                Some(whole) => written.push_line(whole, kind == Kind::Date),
+                // An empty value httparse placed elsewhere: the line is written again.
+                None => written.push(&line.name, &head[line.value.clone()]),
+            },
+        }
+    }
+    map
+}
+
+/// The fields a client is sent of the response head at the front of `bytes`, read both ways:
+/// into a map (hop-by-hop fields stripped, `Content-Length` left to the server but for a HEAD),
+/// and passed on as lines then set in the head's map as hyper's servers do. Equal for every
+/// head (the unit tests, the fuzz target `response_head`); `None`: no whole head.
+#[doc(hidden)]
+pub fn both_ways(bytes: &[u8], head_request: bool) -> Option<(HeaderMap, HeaderMap)> {
+    let read = |written| {
+        parse_response(
+            &mut BytesMut::from(bytes),
+            head_request,
+            4096,
+            &mut Lines::new(),
+            written,
+        )
+    };
+    let mut map = read(None).ok()??.headers;
+    crate::proxy::headers::strip_hop_by_hop(&mut map, None);
+    if !head_request {
+        map.remove(CONTENT_LENGTH);
+    }
+    let mut written = Written::default();
+    let mut lines = read(Some(&mut written)).ok()??.headers;
+    written.set_in(&mut lines);
+    Some((map, lines))
 }
 
 /// Which of the fields that frame a response it has (the others are not looked up), and the
@@ -177,10 +282,10 @@ struct Seen {
 }
 
 impl Seen {
-    fn note(&mut self, name: &HeaderName, value: &[u8]) {
-        self.connection |= name == CONNECTION;
-        self.transfer_encoding |= name == TRANSFER_ENCODING;
-        if name == CONTENT_LENGTH {
+    fn note(&mut self, kind: Kind, value: &[u8]) {
+        self.connection |= kind == Kind::Connection;
+        self.transfer_encoding |= kind == Kind::TransferEncoding;
+        if kind == Kind::ContentLength {
             self.length = Some(match self.length {
                 Some(Err(e)) => Err(e),
                 Some(Ok(n)) => length_of(value, Some(n)),
@@ -190,21 +295,24 @@ impl Seen {
     }
 }
 
-/// Where the body of a response with these headers ends (RFC 9112 §6.3), and whether the
-/// connection outlives it.
+/// Where the body of a response with these fields (`lines`, their values in `head`) ends (RFC
+/// 9112 §6.3), and whether the connection outlives it.
 fn frame(
     status: StatusCode,
     version: Version,
-    mut headers: HeaderMap,
+    lines: &Lines,
+    head: &[u8],
     seen: Seen,
     head_request: bool,
-) -> Result<Head, BadHead> {
+) -> Result<(Framing, bool), BadHead> {
+    let values = |kind: Kind| {
+        lines
+            .iter()
+            .filter(move |l| l.kind == kind)
+            .map(|l| &head[l.value.clone()])
+    };
     let mut reusable = version == Version::HTTP_11
-        && !(seen.connection
-            && headers
-                .get_all(CONNECTION)
-                .iter()
-                .any(|v| has_token(v.as_bytes(), b"close")));
+        && !(seen.connection && values(Kind::Connection).any(|v| has_token(v, b"close")));
     let framing =
         if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             Framing::Empty
@@ -213,12 +321,14 @@ fn frame(
                 return Err(BadHead("Transfer-Encoding in an HTTP/1.0 response"));
             }
             // With a Content-Length too, the coding wins (the length is not passed on: a message
-            // must not carry both) and the connection ends with the body.
-            if seen.length.is_some() && headers.remove(CONTENT_LENGTH).is_some() {
+            // must not carry both, [`framing_drops_length`]) and the connection ends with the
+            // body.
+            if seen.length.is_some() {
                 reusable = false;
             }
-            let last = headers.get_all(TRANSFER_ENCODING).iter().next_back();
-            let codings = last.map(|v| v.as_bytes()).unwrap_or_default();
+            let codings = values(Kind::TransferEncoding)
+                .next_back()
+                .unwrap_or_default();
             let final_coding = codings.rsplit(|&b| b == b',').next().unwrap_or_default();
             match final_coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
                 true => Framing::Chunked,
@@ -233,13 +343,15 @@ fn frame(
             reusable = false;
             Framing::Close
         };
-    Ok(Head {
-        status,
-        version,
-        headers,
-        framing,
-        reusable,
-    })
+    Ok((framing, reusable))
+}
+
+/// A response framed as `framing` had a `Content-Length` that does not frame it (a
+/// `Transfer-Encoding` came with it), and is not passed on.
+fn framing_drops_length(framing: Framing, seen: Seen) -> bool {
+    matches!(framing, Framing::Chunked | Framing::Close)
+        && seen.transfer_encoding
+        && seen.length.is_some()
 }
 
 /// The length one `Content-Length` value gives: every length it lists must be the one seen so
@@ -403,7 +515,13 @@ mod tests {
     }
 
     fn head(text: &str) -> Result<Option<Head>, BadHead> {
-        parse_response(&mut buf(text.as_bytes()), false, 8192, &mut Vec::new())
+        parse_response(
+            &mut buf(text.as_bytes()),
+            false,
+            8192,
+            &mut Vec::new(),
+            None,
+        )
     }
 
     /// No fields after.
@@ -527,7 +645,7 @@ mod tests {
         let h = head("HTTP/1.1 304 Not Modified\r\ncontent-length: 1, 2\r\n\r\n");
         assert_eq!(h.unwrap().unwrap().framing, Framing::Empty);
         let mut b = buf(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n");
-        let h = parse_response(&mut b, true, 8192, &mut Vec::new())
+        let h = parse_response(&mut b, true, 8192, &mut Vec::new(), None)
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Framing::Empty);
@@ -538,7 +656,7 @@ mod tests {
         let mut b = buf(
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
         );
-        let h = parse_response(&mut b, false, 8192, &mut Vec::new())
+        let h = parse_response(&mut b, false, 8192, &mut Vec::new(), None)
             .unwrap()
             .unwrap();
         assert_eq!(h.status, StatusCode::CREATED);
@@ -549,7 +667,7 @@ mod tests {
     fn a_connections_heads_reuse_its_last_names_only_where_they_are_the_same() {
         let mut lines = Vec::new();
         let mut read = |text: &str| {
-            let h = parse_response(&mut buf(text.as_bytes()), false, 8192, &mut lines);
+            let h = parse_response(&mut buf(text.as_bytes()), false, 8192, &mut lines, None);
             let h = h.unwrap().unwrap();
             let mut fields: Vec<(String, String)> = h
                 .headers
@@ -591,6 +709,7 @@ mod tests {
             false,
             8192,
             &mut lines,
+            None,
         );
         assert!(bad.is_err());
     }
@@ -669,6 +788,62 @@ mod tests {
         let (data, trailers, whole) = dechunk(b"0\r\n\r\n", 1).unwrap();
         assert!(data.is_empty() && trailers.unwrap().is_empty() && whole);
         assert_eq!(dechunk(b"3\r\nabc\r\n", 4).unwrap().0, b"abc");
+    }
+
+    #[test]
+    fn fields_passed_on_as_lines_are_those_a_map_passes_on() {
+        let heads = [
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\ndate: x\r\n\r\n",
+            // Hop-by-hop fields, those `Connection` lists (in any case, among others), a field
+            // twice, values with a tab and bytes past ASCII.
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Private\r\nkeep-alive: 5\r\nx-private: 1\r\nset-cookie: a=1\r\nx-v: a\tb \u{e9}\r\nset-cookie: b=2\r\nupgrade: h2c\r\nTE: trailers\r\nTrailer: x\r\ntransfer-encoding: chunked\r\n\r\n",
+            // Fields the gateway may replace stay in the map.
+            "HTTP/1.1 429 Too Many\r\nretry-after: 5\r\nratelimit-limit: 9\r\nratelimit: x\r\nx-a: 1\r\ncontent-length: 0\r\n\r\n",
+            // A length beside a coding is not passed on; nor is one a HEAD's answer does not
+            // frame, which still tells a GET's.
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nx-a: 1\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nconnection: close\r\n\r\n",
+            // Listed in `Connection`, a field the gateway may replace and a length go too.
+            "HTTP/1.1 200 OK\r\nretry-after: 1\r\nConnection: Retry-After, content-length\r\ncontent-length: 1\r\nX-Up:1\r\n\r\n",
+        ];
+        for text in heads {
+            let bytes: Vec<u8> = text.chars().map(|c| c as u32 as u8).collect();
+            for head_request in [false, true] {
+                let (map, lines) = both_ways(&bytes, head_request).unwrap();
+                assert_eq!(map, lines, "{text:?} {head_request}");
+            }
+        }
+        // The forms themselves: lines, and only the replaceable fields in the map.
+        let mut written = Written::default();
+        let head = parse_response(
+            &mut buf(heads[2].as_bytes()),
+            false,
+            8192,
+            &mut Vec::new(),
+            Some(&mut written),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(written.as_bytes(), b"x-a: 1\r\n");
+        assert!(!written.dated());
+        let names: Vec<_> = head.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["retry-after", "ratelimit-limit", "ratelimit"]);
+        let mut written = Written::default();
+        parse_response(
+            &mut buf(heads[0].as_bytes()),
+            true,
+            8192,
+            &mut Vec::new(),
+            Some(&mut written),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            written.as_bytes(),
+            b"content-type: application/json\r\ncontent-length: 2\r\ndate: x\r\n"
+        );
+        assert!(written.dated());
     }
 
     #[test]

@@ -245,7 +245,9 @@ impl Upstream {
     }
 
     /// Sends the request (its URI in origin form, from [`Upstream::uri`]) to a target and waits
-    /// for the response headers.
+    /// for the response headers. `written`: where the response's fields may go as lines, for the
+    /// gateway's own HTTP/1.1 server (the own exchange puts them there; hyper's client, in the
+    /// response's map).
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
@@ -255,6 +257,7 @@ impl Upstream {
         mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
         forwarded: Forwarded,
+        mut written: Option<&mut crate::server::Written>,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, UpstreamError>> + Send {
         async move {
             // Set in the request's map by the first attempt that goes through hyper's client;
@@ -269,7 +272,8 @@ impl Upstream {
                     let i = self.pick(skip);
                     trying.store(i, Ordering::Relaxed);
                     let t = &self.targets[i];
-                    match self.send_to(t, req, needs, &mut forwarded).await {
+                    let to = written.as_deref_mut();
+                    match self.send_to(t, req, needs, &mut forwarded, to).await {
                         Ok(resp) => {
                             self.succeeded(t);
                             return Ok(resp);
@@ -374,6 +378,7 @@ impl Upstream {
         mut req: Box<Request<UpstreamBody>>,
         needs: Needs,
         forwarded: &mut Option<Forwarded>,
+        written: Option<&mut crate::server::Written>,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
             let speak = self.speak(t, needs);
@@ -389,7 +394,7 @@ impl Upstream {
                 && !needs.grpc
             {
                 return self
-                    .send_raw(t, idle, req, flight, forwarded.as_ref())
+                    .send_raw(t, idle, req, flight, forwarded.as_ref(), written)
                     .await;
             }
             if let Some(f) = forwarded.take() {
@@ -454,6 +459,7 @@ impl Upstream {
         mut req: Box<Request<UpstreamBody>>,
         flight: InFlight,
         forwarded: Option<&Forwarded>,
+        mut written: Option<&mut crate::server::Written>,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
             // Read before a connection is taken: a slow client holds none. Whole, the request
@@ -472,6 +478,7 @@ impl Upstream {
             // The target's Host and the origin form are written by the exchange itself, and the
             // forwarding fields after the request's own (unless an earlier attempt set them).
             let max_head = self.connector.max_header_bytes.max(8192);
+            let passed_on = written.is_some();
             // As with hyper's client: a request that a reused connection could not take (the
             // upstream closed it while idle) goes once more, on a new connection.
             let mut fresh = false;
@@ -493,6 +500,7 @@ impl Upstream {
                         &t.url.host,
                         &Fields(forwarded),
                         max_head,
+                        written.as_deref_mut(),
                     )
                     .await
                 {
@@ -502,7 +510,22 @@ impl Upstream {
                         let mut resp = http::Response::new(body);
                         *resp.status_mut() = head.status;
                         *resp.version_mut() = head.version;
-                        *resp.headers_mut() = head.headers;
+                        *resp.headers_mut() = match passed_on {
+                            // The request's map, emptied, carries the few fields left in a map:
+                            // the own server reuses its room for the connection's next request.
+                            true => {
+                                let mut map = std::mem::take(req.headers_mut());
+                                map.clear();
+                                if map.capacity() < h1::KEPT_ROOM {
+                                    map.reserve(h1::KEPT_ROOM);
+                                }
+                                if !head.headers.is_empty() {
+                                    map.extend(head.headers);
+                                }
+                                map
+                            }
+                            false => head.headers,
+                        };
                         return Ok(resp);
                     }
                     Err(raw::Failure::NotSent(_)) if !fresh => fresh = true,

@@ -70,7 +70,8 @@ impl RawConn {
 
     /// Writes `req`'s head (its URI in origin form, `host` for its `Host`, `after` its own
     /// fields) and `body` (the length its head gives), and reads the response's head; the
-    /// body's first bytes stay in the buffer.
+    /// body's first bytes stay in the buffer. `written`: where the response's fields go as lines
+    /// ([`h1::parse_response`]).
     pub async fn exchange<B>(
         &mut self,
         req: &Request<B>,
@@ -78,6 +79,7 @@ impl RawConn {
         host: &http::HeaderValue,
         after: &impl h1::After,
         max_head: usize,
+        mut written: Option<&mut crate::server::Written>,
     ) -> Result<Head, Failure> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         let headers = req.headers();
@@ -89,7 +91,9 @@ impl RawConn {
         .map_err(Failure::NotSent)?;
         let head_request = req.method() == http::Method::HEAD;
         loop {
-            match h1::parse_response(&mut self.buf, head_request, max_head, &mut self.lines) {
+            let lines = &mut self.lines;
+            let to = written.as_deref_mut();
+            match h1::parse_response(&mut self.buf, head_request, max_head, lines, to) {
                 Ok(Some(head)) => return Ok(head),
                 Ok(None) => {}
                 Err(bad) => return Err(Failure::Failed(bad.0.to_owned())),
