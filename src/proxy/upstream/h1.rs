@@ -804,6 +804,8 @@ mod tests {
             "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
             "HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nx-a: 1\r\n\r\n",
             "HTTP/1.0 200 OK\r\nconnection: close\r\n\r\n",
+            // Empty values, white space around values, a name in capitals.
+            "HTTP/1.1 200 OK\r\nx-e:\r\ncontent-length: 0\r\nx-s: \t \r\nx-t:  a b  \r\nX-Up: 1\r\n\r\n",
             // Listed in `Connection`, a field the gateway may replace and a length go too.
             "HTTP/1.1 200 OK\r\nretry-after: 1\r\nConnection: Retry-After, content-length\r\ncontent-length: 1\r\nX-Up:1\r\n\r\n",
         ];
@@ -844,6 +846,20 @@ mod tests {
             b"content-type: application/json\r\ncontent-length: 2\r\ndate: x\r\n"
         );
         assert!(written.dated());
+        // An empty value's line ends where it does (the next line, not passed on, is not in it;
+        // white space before an empty value stays, as allowed).
+        let mut written = Written::default();
+        let text = b"HTTP/1.1 200 OK\r\nx-e:\r\ncontent-length: 0\r\nx-s:  \r\nX-Up:1\r\n\r\n";
+        parse_response(
+            &mut buf(text),
+            false,
+            8192,
+            &mut Vec::new(),
+            Some(&mut written),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(written.as_bytes(), b"x-e:\r\nx-s:  \r\nX-Up:1\r\n");
     }
 
     #[test]
