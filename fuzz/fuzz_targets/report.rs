@@ -14,11 +14,11 @@ fuzz_target!(|data: &[u8]| {
     };
     for kind in ["application/json", "text/event-stream"] {
         let whole = {
-            let mut r = BodyReport::new(kind, &path, 4096).unwrap();
+            let mut r = BodyReport::new(kind.as_bytes(), &path, 4096).unwrap();
             r.feed(body);
             r.end()
         };
-        let mut r = BodyReport::new(kind, &path, 4096).unwrap();
+        let mut r = BodyReport::new(kind.as_bytes(), &path, 4096).unwrap();
         for chunk in body.chunks(usize::from(split).max(1)) {
             r.feed(chunk);
         }
