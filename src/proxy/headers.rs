@@ -19,17 +19,19 @@ use crate::http1::Kind;
 use quotagate_engine::limiter::Quota;
 use quotagate_engine::limiter::{Limit, Rate, WINDOW_SECONDS};
 
-/// Hop-by-hop fields that never cross the proxy.
+/// The forwarding fields the proxy sets ([`Forwarded::set`]).
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 /// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.
 const HTTP: HeaderValue = HeaderValue::from_static("http");
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-pub const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+// The rate-limit fields' names: statics, lent to [`Fields`] (a const made a name at each use and
+// dropped it through its `Bytes`' vtable, five times an answer).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+pub static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+pub static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
 /// Removes hop-by-hop fields, including those named in `Connection`, except `keep`: a client must
 /// not be able to hide from the upstream a field the gateway decided on (the API key it was counted
@@ -218,20 +220,25 @@ impl Forwarded {
 /// HTTP/1.1 server sends as they are ([`Lines`]).
 pub trait Fields {
     /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
-    fn set(&mut self, name: HeaderName, value: &[u8]);
+    fn set(&mut self, name: &HeaderName, value: &[u8]);
 
     /// Sets `name` to the value `write` appends to an empty buffer.
-    fn set_with(&mut self, name: HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+    fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
         let mut value = Vec::with_capacity(64);
         write(&mut value);
         self.set(name, &value);
     }
+
+    /// Sets `name` to `n` in decimal.
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        self.set(name, itoa::Buffer::new().format(n).as_bytes());
+    }
 }
 
 impl Fields for HeaderMap {
-    fn set(&mut self, name: HeaderName, value: &[u8]) {
+    fn set(&mut self, name: &HeaderName, value: &[u8]) {
         if let Ok(v) = HeaderValue::from_bytes(value) {
-            self.insert(name, v);
+            self.insert(name.clone(), v);
         }
     }
 }
@@ -256,19 +263,27 @@ impl<'a> Lines<'a> {
 }
 
 impl Fields for Lines<'_> {
-    fn set(&mut self, name: HeaderName, value: &[u8]) {
+    fn set(&mut self, name: &HeaderName, value: &[u8]) {
         if let Some(map) = self.map.as_deref_mut() {
-            map.remove(&name);
+            map.remove(name);
         }
-        self.written.push(&name, value);
+        self.written.push(name, value);
     }
 
     /// Written in place: the structured fields' values are built in the lines themselves.
-    fn set_with(&mut self, name: HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+    fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
         if let Some(map) = self.map.as_deref_mut() {
-            map.remove(&name);
+            map.remove(name);
         }
-        self.written.push_with(&name, write);
+        self.written.push_with(name, write);
+    }
+
+    /// Digits need no check ([`crate::server::Written::push_number`]).
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        if let Some(map) = self.map.as_deref_mut() {
+            map.remove(name);
+        }
+        self.written.push_number(name, n);
     }
 }
 
@@ -350,20 +365,19 @@ pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
                 }
             }
         };
-        headers.set_with(RATELIMIT_POLICY, |v| list(v, false));
-        headers.set_with(RATELIMIT, |v| list(v, true));
+        headers.set_with(&RATELIMIT_POLICY, |v| list(v, false));
+        headers.set_with(&RATELIMIT, |v| list(v, true));
     }
-    let mut digits = itoa::Buffer::new();
     if matches!(set, HeaderSet::Both | HeaderSet::Legacy)
         && let Some(i) = rate.outcome.most_restrictive(&rate.limits)
     {
         let d = &quotas[i];
-        headers.set(RATELIMIT_LIMIT, digits.format(d.limit).as_bytes());
-        headers.set(RATELIMIT_REMAINING, digits.format(d.remaining).as_bytes());
-        headers.set(RATELIMIT_RESET, digits.format(d.reset).as_bytes());
+        headers.set_number(&RATELIMIT_LIMIT, d.limit);
+        headers.set_number(&RATELIMIT_REMAINING, d.remaining);
+        headers.set_number(&RATELIMIT_RESET, d.reset);
     }
     if let Some(s) = rate.outcome.retry_after(&rate.limits) {
-        headers.set(header::RETRY_AFTER, digits.format(s).as_bytes());
+        headers.set_number(&header::RETRY_AFTER, s);
     }
 }
 
