@@ -20,8 +20,12 @@ use super::h1::{self, Chunked, Framing, Head, Next};
 /// Read buffer a connection starts with (a head larger than this grows it, up to the bound).
 const READ_BUF: usize = 8 * 1024;
 
-/// An open connection to a target, idle or carrying one exchange.
-pub struct RawConn {
+/// An open connection to a target, idle or carrying one exchange. Boxed once, when it opens: it
+/// is moved into the pool, out of it and along with every response body read from it, and each
+/// move copied its 112 bytes (callgrind, docs/benchmarks.md).
+pub struct RawConn(Box<Open>);
+
+struct Open {
     io: TcpStream,
     /// Bytes read and not yet taken (a head, a body's next bytes).
     buf: BytesMut,
@@ -52,12 +56,12 @@ impl std::fmt::Display for Failure {
 
 impl RawConn {
     pub fn new(io: TcpStream) -> RawConn {
-        RawConn {
+        RawConn(Box::new(Open {
             io,
             buf: BytesMut::with_capacity(READ_BUF),
             out: Vec::new(),
             lines: Vec::new(),
-        }
+        }))
     }
 
     /// The target closed it, or sent bytes nobody asked for, as far as is known without a wait.
@@ -65,7 +69,7 @@ impl RawConn {
     /// system call is made.
     pub fn is_closed(&self) -> bool {
         let mut probe = [0u8; 1];
-        !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        !matches!(self.0.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     /// Writes `req`'s head (its URI in origin form, `host` for its `Host`, `after` its own
@@ -81,25 +85,26 @@ impl RawConn {
         max_head: usize,
         mut written: Option<&mut crate::server::Written>,
     ) -> Result<Head, Failure> {
+        let c = &mut *self.0;
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         let headers = req.headers();
-        h1::encode_request(req.method(), target, host, headers, after, &mut self.out);
+        h1::encode_request(req.method(), target, host, headers, after, &mut c.out);
         match body.is_empty() {
-            true => self.io.write_all(&self.out).await,
-            false => write_both(&mut self.io, &self.out, body).await,
+            true => c.io.write_all(&c.out).await,
+            false => write_both(&mut c.io, &c.out, body).await,
         }
         .map_err(Failure::NotSent)?;
         let head_request = req.method() == http::Method::HEAD;
         loop {
-            let lines = &mut self.lines;
+            let lines = &mut c.lines;
             let to = written.as_deref_mut();
-            match h1::parse_response(&mut self.buf, head_request, max_head, lines, to) {
+            match h1::parse_response(&mut c.buf, head_request, max_head, lines, to) {
                 Ok(Some(head)) => return Ok(head),
                 Ok(None) => {}
                 Err(bad) => return Err(Failure::Failed(bad.0.to_owned())),
             }
-            self.buf.reserve(READ_BUF);
-            match self.io.read_buf(&mut self.buf).await {
+            c.buf.reserve(READ_BUF);
+            match c.io.read_buf(&mut c.buf).await {
                 Ok(0) => {
                     return Err(Failure::Failed(
                         "connection closed before a whole response head".to_owned(),
@@ -182,7 +187,7 @@ impl RawBody {
     /// The body ended: the connection stays only if it can carry another exchange.
     fn finish(&mut self) {
         self.state = State::Done;
-        if !self.reusable || self.conn.as_ref().is_some_and(|c| !c.buf.is_empty()) {
+        if !self.reusable || self.conn.as_ref().is_some_and(|c| !c.0.buf.is_empty()) {
             self.conn = None;
         }
     }
@@ -212,7 +217,7 @@ impl RawBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         loop {
-            let Some(conn) = self.conn.as_mut() else {
+            let Some(RawConn(conn)) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
             // What the bytes at hand give, if anything yet.
@@ -260,7 +265,7 @@ impl RawBody {
             if let Some(frame) = frame {
                 return Poll::Ready(Some(Ok(frame)));
             }
-            let Some(conn) = self.conn.as_mut() else {
+            let Some(RawConn(conn)) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
             conn.buf.reserve(READ_BUF);
