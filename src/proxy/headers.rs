@@ -262,28 +262,30 @@ impl<'a> Lines<'a> {
     }
 }
 
-impl Fields for Lines<'_> {
-    fn set(&mut self, name: &HeaderName, value: &[u8]) {
+impl Lines<'_> {
+    /// Takes `name` out of the answer's map, where the upstream's field would otherwise be sent
+    /// beside the gateway's line.
+    fn replacing(&mut self, name: &HeaderName) -> &mut crate::server::Written {
         if let Some(map) = self.map.as_deref_mut() {
             map.remove(name);
         }
-        self.written.push(name, value);
+        self.written
+    }
+}
+
+impl Fields for Lines<'_> {
+    fn set(&mut self, name: &HeaderName, value: &[u8]) {
+        self.replacing(name).push(name, value);
     }
 
     /// Written in place: the structured fields' values are built in the lines themselves.
     fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
-        if let Some(map) = self.map.as_deref_mut() {
-            map.remove(name);
-        }
-        self.written.push_with(name, write);
+        self.replacing(name).push_with(name, write);
     }
 
     /// Digits need no check ([`crate::server::Written::push_number`]).
     fn set_number(&mut self, name: &HeaderName, n: u64) {
-        if let Some(map) = self.map.as_deref_mut() {
-            map.remove(name);
-        }
-        self.written.push_number(name, n);
+        self.replacing(name).push_number(name, n);
     }
 }
 
