@@ -113,29 +113,57 @@ impl Line {
     }
 }
 
-/// Lines a connection reads its heads into, starting from those of the last connection of this
-/// thread (clients of one kind send the same fields in the same order: a new connection then
+/// Fields a connection's request map has room for, from its first request on, and a map handed
+/// from its answers to its next requests: 16 slots, so that a usual request's fields fill at
+/// most half of them (a map grown to just fit them probes longer on every lookup and removal:
+/// +150 instructions a request, callgrind; grown from nothing on a new connection, it was
+/// allocated three times).
+pub const KEPT_ROOM: usize = 12;
+
+/// Lines a connection reads its heads into, starting from those of a connection of this thread
+/// that ended (clients of one kind send the same fields in the same order: a new connection then
 /// makes no name, where it made each, ~1,500 instructions a connection, callgrind). When
-/// dropped, they are what the next connection of this thread starts from.
+/// dropped, they are kept for a later connection of this thread.
 pub struct ThreadLines(Lines);
 
-/// Lines kept for the next connection, at most (a bound on what a thread keeps).
+/// Lines kept of a connection, at most (a bound on what a thread keeps).
 const KEPT_LINES: usize = 32;
 
+/// Sets of lines a thread keeps, at most: as many connections as opened at once on a worker
+/// (~3 KiB each, so at most ~200 KiB a thread) start from a set of their own, moved, not copied.
+const KEPT_SETS: usize = 64;
+
 thread_local! {
-    static LAST: std::cell::RefCell<Lines> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Kept sets: never emptied once it holds one, which is copied when it is the last (the
+    /// next connection still finds names).
+    static KEPT: std::cell::RefCell<Vec<Lines>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl ThreadLines {
     pub fn new() -> ThreadLines {
-        LAST.with_borrow(|last| {
-            // Room for a usual request's lines from the start (grown one by one, they moved
-            // four times).
-            let mut lines = Vec::with_capacity(last.len().max(16));
-            lines.extend_from_slice(last);
-            ThreadLines(lines)
-        })
+        let kept = KEPT.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            match kept.len() {
+                0 => None,
+                1 => Some(copy(&kept[0])),
+                _ => kept.pop(),
+            }
+        });
+        // Room for a usual request's lines from the start (grown one by one, they moved
+        // four times).
+        ThreadLines(
+            kept.ok()
+                .flatten()
+                .unwrap_or_else(|| Vec::with_capacity(16)),
+        )
     }
+}
+
+/// A copy of `lines` with room for a usual request's.
+fn copy(lines: &Lines) -> Lines {
+    let mut copy = Vec::with_capacity(lines.len().max(16));
+    copy.extend_from_slice(lines);
+    copy
 }
 
 impl Default for ThreadLines {
@@ -161,8 +189,14 @@ impl Drop for ThreadLines {
     fn drop(&mut self) {
         let mut lines = std::mem::take(&mut self.0);
         lines.truncate(KEPT_LINES);
+        lines.shrink_to(KEPT_LINES);
         // A thread's storage may be gone while it exits: nothing to keep then.
-        let _ = LAST.try_with(|last| last.replace(lines));
+        let _ = KEPT.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.len() < KEPT_SETS {
+                kept.push(lines);
+            }
+        });
     }
 }
 
@@ -324,6 +358,32 @@ mod tests {
             next.extend(std::iter::repeat_n(line, 40));
             drop(next);
             assert_eq!(ThreadLines::new().len(), KEPT_LINES);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn connections_open_at_once_each_start_from_a_kept_set_and_a_thread_keeps_a_bounded_few() {
+        std::thread::spawn(|| {
+            let mut a = ThreadLines::new();
+            set_line(&mut a, 0, b"X-Api-Key", 0, 0..1);
+            let mut b = ThreadLines::new();
+            set_line(&mut b, 0, b"X-Api-Key", 0, 0..1);
+            let b_at = b.as_ptr();
+            drop(a);
+            drop(b);
+            // The set of the connection that ended last is moved to the next one, not copied.
+            let c = ThreadLines::new();
+            assert_eq!((c.as_ptr(), c.len()), (b_at, 1));
+            // The last kept set is copied: every connection opened after it starts from names.
+            let d = ThreadLines::new();
+            let e = ThreadLines::new();
+            assert_eq!((d.len(), e.len()), (1, 1));
+            assert!(d.as_ptr() != e.as_ptr() && d.as_ptr() != c.as_ptr());
+            let many: Vec<ThreadLines> = (0..KEPT_SETS + 5).map(|_| ThreadLines::new()).collect();
+            drop((many, c, d, e));
+            assert_eq!(KEPT.with_borrow(Vec::len), KEPT_SETS);
         })
         .join()
         .unwrap();

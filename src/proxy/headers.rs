@@ -48,12 +48,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep: Option<&HeaderName>) {
     let connection = headers.get_all(header::CONNECTION);
     let listed =
         |k: &HeaderName| Some(k) != keep && connection.iter().any(|v| listed_in(v.as_bytes(), k));
-    let doomed: Vec<HeaderName> = headers
+    // Gathered first (a map is not changed while it is walked), the usual few without an
+    // allocation: a client that sends `Connection: keep-alive` does on every request.
+    let mut few: [Option<HeaderName>; 4] = Default::default();
+    let mut more = Vec::new();
+    let doomed = headers
         .keys()
-        .filter(|k| Kind::is_hop_by_hop(k) || listed(k))
-        .cloned()
-        .collect();
-    for name in &doomed {
+        .filter(|k| Kind::is_hop_by_hop(k) || listed(k));
+    for (i, name) in doomed.cloned().enumerate() {
+        match few.get_mut(i) {
+            Some(slot) => *slot = Some(name),
+            None => more.push(name),
+        }
+    }
+    for name in few.iter().flatten().chain(&more) {
         headers.remove(name);
     }
 }

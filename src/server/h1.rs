@@ -319,7 +319,7 @@ where
 {
     let mut lines = crate::http1::ThreadLines::new();
     let mut out = Vec::with_capacity(OUT_KEPT);
-    let mut spare = HeaderMap::new();
+    let mut spare = HeaderMap::with_capacity(crate::http1::KEPT_ROOM);
     let mut draining = false;
     loop {
         let head = loop {

@@ -15,11 +15,6 @@ pub const MAX_HEADERS: usize = 100;
 /// (`headers::set_rate_limit`: at most six), which would otherwise grow it, twice for five.
 const ROOM: usize = 6;
 
-/// Fields a map handed from a connection's answers to its next requests has room for: 16
-/// slots, so that a usual request's fields fill at most half of them (a map grown to just fit
-/// them probes longer on every lookup and removal: +150 instructions a request, callgrind).
-pub const KEPT_ROOM: usize = 12;
-
 /// Fields written after a request's own, in place of some of them.
 pub trait After {
     /// The request's field `name` is one of these: it is left out.

@@ -516,8 +516,8 @@ impl Upstream {
                             true => {
                                 let mut map = std::mem::take(req.headers_mut());
                                 map.clear();
-                                if map.capacity() < h1::KEPT_ROOM {
-                                    map.reserve(h1::KEPT_ROOM);
+                                if map.capacity() < crate::http1::KEPT_ROOM {
+                                    map.reserve(crate::http1::KEPT_ROOM);
                                 }
                                 if !head.headers.is_empty() {
                                     map.extend(head.headers);
