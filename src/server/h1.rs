@@ -384,7 +384,13 @@ where
             if buf.len() >= conn.max_head {
                 break answer.as_mut().await;
             }
-            buf.reserve(READ);
+            // This read is there to see a client go (or its next request come early): the room
+            // the head left does. The head's bytes, in the request, still share the buffer, so
+            // a whole read's room here was a new buffer every request (with its copy and the
+            // old one's free); once the answer is sent, the buffer is taken back in place.
+            if buf.len() == buf.capacity() {
+                buf.reserve(READ);
+            }
             tokio::select! {
                 biased;
                 resp = answer.as_mut() => break resp,
