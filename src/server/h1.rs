@@ -319,7 +319,7 @@ where
 {
     let mut lines = crate::http1::ThreadLines::new();
     let mut out = Vec::with_capacity(OUT_KEPT);
-    let mut spare = HeaderMap::with_capacity(crate::http1::KEPT_ROOM);
+    let mut spare = HeaderMap::new();
     let mut draining = false;
     loop {
         let head = loop {
@@ -358,7 +358,13 @@ where
             }
         };
         let head_bytes = buf.split_to(head.len).freeze();
-        let Some(parts) = request(&head, &head_bytes, &lines, std::mem::take(&mut spare)) else {
+        // Made at the first request with the room a connection keeps (grown from nothing, it was
+        // allocated three times); a connection that never sends a head holds none.
+        let map = match spare.capacity() {
+            0 => HeaderMap::with_capacity(crate::http1::KEPT_ROOM),
+            _ => std::mem::take(&mut spare),
+        };
+        let Some(parts) = request(&head, &head_bytes, &lines, map) else {
             // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
             return again(&head_bytes, buf, io, draining);
         };
