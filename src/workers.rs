@@ -19,11 +19,14 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
 
 thread_local! {
     static INDEX: Cell<usize> = const { Cell::new(0) };
@@ -140,28 +143,24 @@ pub async fn accept<S, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(max_connections.max(1)));
-    let stop = CancellationToken::new();
+    // One stop a loop.
+    let mut stops = Vec::new();
     // Every loop holds a sender; `recv` answers `None` once all of them have ended.
     let (running, mut ended) = mpsc::channel::<()>(1);
     match workers {
         None => {
-            let (permits, stop, running, serve) = (
-                permits.clone(),
-                stop.clone(),
-                running.clone(),
-                serve.clone(),
-            );
+            let stop = Arc::new(Stop::default());
+            stops.push(stop.clone());
+            let (permits, running, serve) = (permits.clone(), running.clone(), serve.clone());
             tokio::spawn(accept_loop(listener, permits, stop, running, serve));
         }
         Some(workers) => match per_worker(listener, workers.len()) {
             Ok(sockets) => {
                 for (i, socket) in sockets.into_iter().enumerate() {
-                    let (permits, stop, running, serve) = (
-                        permits.clone(),
-                        stop.clone(),
-                        running.clone(),
-                        serve.clone(),
-                    );
+                    let stop = Arc::new(Stop::default());
+                    stops.push(stop.clone());
+                    let (permits, running, serve) =
+                        (permits.clone(), running.clone(), serve.clone());
                     workers.run_on(i, move || async move {
                         match TcpListener::from_std(socket) {
                             Ok(listener) => {
@@ -179,8 +178,46 @@ pub async fn accept<S, Fut>(
     }
     drop((running, serve));
     shutdown.await;
-    stop.cancel();
+    for stop in &stops {
+        stop.now();
+    }
     let _ = ended.recv().await;
+}
+
+/// An accept loop's stop: a flag it looks at before each accept (one load), and the loop's waker
+/// while it waits for a connection. (A `CancellationToken` locked a mutex for each look, and
+/// again for each wait: ~230 instructions a connection, callgrind.)
+#[derive(Default)]
+struct Stop {
+    stopped: AtomicBool,
+    waiting: AtomicWaker,
+}
+
+impl Stop {
+    fn now(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.waiting.wake();
+    }
+
+    fn is_now(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Completes once [`Stop::now`] is called; polled again, it only registers the waker anew.
+    async fn wait(&self) {
+        std::future::poll_fn(|cx| {
+            if self.is_now() {
+                return Poll::Ready(());
+            }
+            self.waiting.register(cx.waker());
+            // Stopped between the look and the registration: its wake-up found no waker.
+            match self.is_now() {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        })
+        .await
+    }
 }
 
 /// `count` listening sockets for `listener`'s address, `listener` first: new ones bound with
@@ -227,7 +264,7 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 async fn accept_loop<S, Fut>(
     listener: TcpListener,
     permits: Arc<Semaphore>,
-    stopped: CancellationToken,
+    stopped: Arc<Stop>,
     running: mpsc::Sender<()>,
     serve: S,
 ) where
@@ -235,12 +272,11 @@ async fn accept_loop<S, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut inherits = None;
-    // One wait for the stop, registered once: a new one per connection locked the token's list
-    // twice (to join it, then to leave), and a permit is mostly there to be taken at once.
-    let stop = stopped.cancelled();
+    // One wait for the stop, made once, and a permit is mostly there to be taken at once.
+    let stop = stopped.wait();
     tokio::pin!(stop);
     loop {
-        if stopped.is_cancelled() {
+        if stopped.is_now() {
             break;
         }
         let permit = match permits.clone().try_acquire_owned() {

@@ -370,7 +370,7 @@ where
                     // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
                         let tcp = Lingering::new(tcp, Some(conn.activity.clone()));
-                        let io = idle::Timed::new(tcp, conn.activity.clone(), bounds);
+                        let io = idle::Timed::accepted(tcp, conn.activity.clone(), bounds);
                         boxed(|| http.serve(io, conn, draining)).await;
                     }
                     Some(acceptor) => {
