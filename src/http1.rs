@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use crate::shelf::Shelf;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -136,26 +137,19 @@ const KEPT_SETS: usize = 64;
 thread_local! {
     /// Kept sets: never emptied once it holds one, which is copied when it is the last (the
     /// next connection still finds names).
-    static KEPT: std::cell::RefCell<Vec<Lines>> = const { std::cell::RefCell::new(Vec::new()) };
+    static KEPT: Shelf<Lines> = const { Shelf::new(KEPT_SETS) };
 }
 
 impl ThreadLines {
     pub fn new() -> ThreadLines {
-        let kept = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            match kept.len() {
-                0 => None,
-                1 => Some(copy(&kept[0])),
-                _ => kept.pop(),
-            }
+        let kept = Shelf::take_with(&KEPT, |kept| match kept.len() {
+            0 => None,
+            1 => Some(copy(&kept[0])),
+            _ => kept.pop(),
         });
         // Room for a usual request's lines from the start (grown one by one, they moved
         // four times).
-        ThreadLines(
-            kept.ok()
-                .flatten()
-                .unwrap_or_else(|| Vec::with_capacity(16)),
-        )
+        ThreadLines(kept.unwrap_or_else(|| Vec::with_capacity(16)))
     }
 }
 
@@ -190,13 +184,7 @@ impl Drop for ThreadLines {
         let mut lines = std::mem::take(&mut self.0);
         lines.truncate(KEPT_LINES);
         lines.shrink_to(KEPT_LINES);
-        // A thread's storage may be gone while it exits: nothing to keep then.
-        let _ = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() < KEPT_SETS {
-                kept.push(lines);
-            }
-        });
+        Shelf::keep(&KEPT, lines);
     }
 }
 
@@ -383,7 +371,7 @@ mod tests {
             assert!(d.as_ptr() != e.as_ptr() && d.as_ptr() != c.as_ptr());
             let many: Vec<ThreadLines> = (0..KEPT_SETS + 5).map(|_| ThreadLines::new()).collect();
             drop((many, c, d, e));
-            assert_eq!(KEPT.with_borrow(Vec::len), KEPT_SETS);
+            assert_eq!(Shelf::len(&KEPT), KEPT_SETS);
         })
         .join()
         .unwrap();

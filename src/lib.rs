@@ -37,6 +37,7 @@ pub mod rls;
 pub mod runtime;
 pub mod server;
 pub mod settings;
+pub mod shelf;
 pub mod shutdown;
 pub mod start;
 pub mod status;

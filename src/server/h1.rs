@@ -73,6 +73,7 @@ pub struct Head {
 
 use crate::http1::{KEPT_ROOM, has_token, plain_number};
 pub use crate::http1::{Line, Lines};
+use crate::shelf::Shelf;
 
 /// A field named `close`: `Connection: close` makes it hop-by-hop.
 static CLOSE: http::HeaderName = http::HeaderName::from_static("close");
@@ -497,21 +498,17 @@ const ROOMS_KEPT: usize = 64;
 
 thread_local! {
     /// The worker's rooms, the last given on top.
-    static ROOMS: std::cell::RefCell<Vec<Room>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ROOMS: Shelf<Room> = const { Shelf::new(ROOMS_KEPT) };
 }
 
 impl Room {
     /// The last room given back on this thread, or a new one with what a usual request's fields
     /// and answer need (grown from nothing, the map was allocated three times, the buffer five).
     fn take() -> Room {
-        ROOMS
-            .try_with(|r| r.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| Room {
-                out: Vec::with_capacity(OUT_KEPT),
-                map: HeaderMap::with_capacity(KEPT_ROOM),
-            })
+        Shelf::take(&ROOMS).unwrap_or_else(|| Room {
+            out: Vec::with_capacity(OUT_KEPT),
+            map: HeaderMap::with_capacity(KEPT_ROOM),
+        })
     }
 
     /// Keeps the room for a next request on this thread; not one a large answer grew (nor more
@@ -521,12 +518,7 @@ impl Room {
             return;
         }
         self.map.clear();
-        let _ = ROOMS.try_with(|r| {
-            let mut r = r.borrow_mut();
-            if r.len() < ROOMS_KEPT {
-                r.push(self);
-            }
-        });
+        Shelf::keep(&ROOMS, self);
     }
 }
 
