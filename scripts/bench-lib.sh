@@ -112,3 +112,15 @@ resetSeconds = 3600
 creditLimit = 0
 INI
 }
+
+# many_keys_lua FILE: a wrk script in FILE that sends every request with one of 1000 API keys
+# (key-0000 .. key-0999), round robin per wrk thread, to /users/N.
+many_keys_lua() {
+  cat > "$1" <<'LUA'
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000) })
+end
+LUA
+}

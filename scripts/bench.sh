@@ -57,13 +57,7 @@ json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], 
            "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
 # Every request uses one of the 1000 keys, round robin per wrk thread.
-cat > "$WORK/many-keys.lua" <<'LUA'
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format("GET", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000) })
-end
-LUA
+many_keys_lua "$WORK/many-keys.lua"
 
 UP_PORT=$(free_port)
 "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)

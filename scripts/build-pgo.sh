@@ -56,13 +56,7 @@ json.dump({"version": {"semver": "pgo", "hash": "pgo"}, "methods": ["GET", "POST
            "paths": ["/users/{id}", "/users/{id}/prefs"],
            "endpoints": [{"p": 0, "m": 0}, {"p": 1, "m": 1}], "apilimits": keys}, open(sys.argv[1], "w"))
 PY
-cat > "$WORK/many-keys.lua" <<'LUA'
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format("GET", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000) })
-end
-LUA
+many_keys_lua "$WORK/many-keys.lua"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=pgo \
   -addext subjectAltName=DNS:localhost -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
 divvy_rules "$WORK/rules.ini"
