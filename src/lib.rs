@@ -19,6 +19,7 @@ pub mod alloc;
 pub mod app;
 pub mod catalog;
 pub mod coarse;
+pub mod cold;
 pub mod commands;
 pub mod config;
 pub mod deadline;

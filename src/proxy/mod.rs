@@ -30,7 +30,7 @@ use http::{HeaderName, Request, Response};
 use http_body_util::{Either, Full};
 
 use crate::catalog::live::Live;
-use crate::metrics::{ClassLabels, Metrics, status_class};
+use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use admission::{Action, Decision, Step, Target};
 use quotagate_engine::clock::Clock;
@@ -213,10 +213,7 @@ impl Proxy {
                 ..Record::default()
             };
             if let Some(t) = &traced {
-                // Sent on upstream: this request's span is the upstream's parent.
-                if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
-                    parts.headers.insert(crate::otel::TRACEPARENT.clone(), v);
-                }
+                propagate(t, &mut parts);
                 record.want_key = true;
             }
             let method = traced.as_ref().map(|_| parts.method.clone());
@@ -232,11 +229,15 @@ impl Proxy {
                         Step::Done(admission) => admission,
                         Step::Count(pending) => match pending.waits {
                             None => self.decide(pending, record).await,
-                            // Its key copied: `may_wait` changes the head.
+                            // Its key copied: `may_wait` changes the head. Apart: it may hold a
+                            // request a while, and inline its future and code would be every
+                            // request's.
                             Some(waits) => {
                                 let key: Box<[u8]> = pending.held.key.into();
                                 let pending = pending.rekeyed(&key);
-                                self.may_wait(pending, waits, &mut parts, record).await
+                                let parts = &mut parts;
+                                crate::cold::apart(|| self.may_wait(pending, waits, parts, record))
+                                    .await
                             }
                         },
                     };
@@ -268,29 +269,10 @@ impl Proxy {
                 elapsed.as_secs_f64(),
             );
             if let Some((method, path)) = access {
-                tracing::info!(
-                    target: "quotagate::access",
-                    %method,
-                    path,
-                    status = resp.status().as_u16(),
-                    decision = record.decision.as_str(),
-                    endpoint = record.endpoint,
-                    key = record.key.as_deref().unwrap_or(""),
-                    ms = elapsed.as_secs_f64() * 1000.0,
-                    "request"
-                );
+                log_access(&method, &path, resp.status().as_u16(), &record, elapsed);
             }
             if let (Some(started), Some(method), Some(tracer)) = (traced, method, &self.tracer) {
-                tracer.finish(crate::otel::Span {
-                    started,
-                    end: std::time::SystemTime::now(),
-                    method,
-                    endpoint: std::mem::take(&mut record.endpoint),
-                    status: resp.status().as_u16(),
-                    decision: record.decision.as_str(),
-                    key: record.key.take(),
-                    store_seconds: record.store_seconds,
-                });
+                finish_span(tracer, started, method, resp.status().as_u16(), &mut record);
             }
             Answered {
                 resp,
@@ -372,9 +354,7 @@ impl Proxy {
                         cost: pending.cost,
                         waits: &waits,
                     };
-                    // Boxed: most of what a waiting request holds, and inline it would grow
-                    // every request's future.
-                    Box::pin(self.lines.decide(&ask, first)).await
+                    self.lines.decide(&ask, first).await
                 }
             };
             drop(parts);
@@ -441,6 +421,12 @@ impl Proxy {
         if !parts.headers.contains_key(&self.refresh.header) {
             return;
         }
+        // Apart: rare, and inline its wait would be part of every request's future and code.
+        crate::cold::apart(|| self.refresh_now(parts)).await
+    }
+
+    /// [`Proxy::forced_refresh`] for a request that has the header.
+    async fn refresh_now(&self, parts: &mut Parts) {
         let values: Vec<http::HeaderValue> = match parts.headers.entry(&self.refresh.header) {
             http::header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
             http::header::Entry::Vacant(_) => return,
@@ -499,10 +485,12 @@ impl Proxy {
                     None,
                 ));
             };
-            // The client's Host (taken out: the upstream's own replaces it in `Upstream::send`),
-            // or its HTTP/2 authority, for `X-Forwarded-Host`.
-            let host = match req.headers_mut().remove(HOST) {
-                Some(v) if v.to_str().is_ok() => Some(v),
+            // The client's Host, or its HTTP/2 authority, for `X-Forwarded-Host`. Left in the
+            // map: each way to the upstream puts the target's in its place (the own exchange
+            // skips the map's, hyper's HTTP/1.1 replaces it, HTTP/2 removes it), and taking it
+            // out cost ~230 instructions a request (callgrind).
+            let host = match req.headers().get(HOST) {
+                Some(v) if v.to_str().is_ok() => Some(v.clone()),
                 _ => req
                     .uri()
                     .authority()
@@ -548,26 +536,15 @@ impl Proxy {
             let lines = (req.version() < http::Version::HTTP_2).then_some(&mut record.written);
             match self.upstream.send(req, needs, forwarded, lines).await {
                 Ok(mut resp) => {
-                    if self.upstream_failing.load(Ordering::Relaxed)
-                        && self.upstream_failing.swap(false, Ordering::Relaxed)
-                    {
-                        tracing::info!("upstream answers again");
+                    if self.upstream_failing.load(Ordering::Relaxed) {
+                        self.upstream_back();
                     }
-                    self.metrics
-                        .upstream_responses
-                        .get_or_create(&ClassLabels {
-                            class: status_class(resp.status().as_u16()),
-                        })
-                        .inc();
+                    self.metrics.count_upstream_response(resp.status().as_u16());
                     let switched = match upgrade {
                         Some((Some(client), _))
                             if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
                         {
-                            let agreed = resp.headers().get(http::header::UPGRADE).cloned();
-                            let upstream = hyper::upgrade::on(&mut resp);
-                            let held = in_flight.take();
-                            upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
-                            agreed
+                            self.switch(client, &mut resp, in_flight.take())
                         }
                         _ => None,
                     };
@@ -575,21 +552,7 @@ impl Proxy {
                     // What the response reports it cost, read before the fields it may also have.
                     let tap = match (target.report, &target.limit) {
                         (Some(reserved), Some(rate)) => {
-                            let reserved = *reserved;
-                            let (limits, pools) = report::counted(rate, &reserved.pools);
-                            let pending = report::Pending {
-                                settler: self.settler.clone(),
-                                counter: reserved.counter,
-                                pools,
-                                limits,
-                                reserved: rate.cost,
-                                reserved_at_ms: rate.at_ms,
-                            };
-                            let fields = report::Fields {
-                                map: &head.headers,
-                                lines: &record.written,
-                            };
-                            pending.read(reserved.from, fields, self.policy.cost_body_max_bytes)
+                            self.tap(*reserved, rate, &head.headers, &record.written)
                         }
                         _ => None,
                     };
@@ -609,23 +572,135 @@ impl Proxy {
                     let body = report::Tapped::new(body, tap).holding(in_flight);
                     Response::from_parts(head, Either::Left(body))
                 }
-                Err(e) => {
-                    let (decision, rejection) = answer::upstream_failure(e);
-                    record.decision = decision;
-                    if decision == Decision::UpstreamError
-                        && !self.upstream_failing.swap(true, Ordering::Relaxed)
-                    {
-                        tracing::warn!(
-                            error = rejection.detail,
-                            "upstream failing; answering 502/504 until it answers again"
-                        );
-                    }
-                    match grpc {
-                        true => own(rejection.grpc_response(self.policy.headers)),
-                        false => own(rejection.response(self.policy.headers)),
-                    }
-                }
+                Err(e) => self.failed(e, record, grpc),
             }
         }
     }
+
+    // What follows is off the common path of `forward` and `handle`, and out of line: inline,
+    // their code sat among the common path's (a request runs through ~90 KiB of code, more than
+    // the instruction cache holds; docs/benchmarks.md).
+
+    /// The answer to a request the upstream did not answer (`e`).
+    #[cold]
+    #[inline(never)]
+    fn failed(
+        &self,
+        e: upstream::UpstreamError,
+        record: &mut Record,
+        grpc: bool,
+    ) -> Response<Body> {
+        let (decision, rejection) = answer::upstream_failure(e);
+        record.decision = decision;
+        if decision == Decision::UpstreamError
+            && !self.upstream_failing.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                error = rejection.detail,
+                "upstream failing; answering 502/504 until it answers again"
+            );
+        }
+        match grpc {
+            true => own(rejection.grpc_response(self.policy.headers)),
+            false => own(rejection.response(self.policy.headers)),
+        }
+    }
+
+    /// The upstream answered while it was marked failing.
+    #[cold]
+    #[inline(never)]
+    fn upstream_back(&self) {
+        if self.upstream_failing.swap(false, Ordering::Relaxed) {
+            tracing::info!("upstream answers again");
+        }
+    }
+
+    /// Relays an upgraded connection (the upstream agreed to switch: `resp`) between `client` and
+    /// the upstream, holding `held`; the protocol agreed on, for the client's answer.
+    #[inline(never)]
+    fn switch(
+        &self,
+        client: hyper::upgrade::OnUpgrade,
+        resp: &mut upstream::UpstreamResponse,
+        held: Option<in_flight::InFlight>,
+    ) -> Option<http::HeaderValue> {
+        let agreed = resp.headers().get(http::header::UPGRADE).cloned();
+        let upstream = hyper::upgrade::on(resp);
+        upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
+        agreed
+    }
+
+    /// What reads the cost a response reports (its fields: `map` and `lines`), for a request
+    /// that reserved `reserved` of `rate`.
+    #[inline(never)]
+    fn tap(
+        &self,
+        reserved: admission::Reserved<'_>,
+        rate: &quotagate_engine::limiter::Rate<'_>,
+        map: &http::HeaderMap,
+        lines: &Written,
+    ) -> Option<report::Tap> {
+        let (limits, pools) = report::counted(rate, &reserved.pools);
+        let pending = report::Pending {
+            settler: self.settler.clone(),
+            counter: reserved.counter,
+            pools,
+            limits,
+            reserved: rate.cost,
+            reserved_at_ms: rate.at_ms,
+        };
+        let fields = report::Fields { map, lines };
+        pending.read(reserved.from, fields, self.policy.cost_body_max_bytes)
+    }
+}
+
+/// Passes the request's trace on upstream: its span is the upstream's parent.
+#[inline(never)]
+fn propagate(t: &crate::otel::Started, parts: &mut Parts) {
+    if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
+        parts.headers.insert(crate::otel::TRACEPARENT.clone(), v);
+    }
+}
+
+/// The access log's line for a request.
+#[inline(never)]
+fn log_access(
+    method: &http::Method,
+    path: &str,
+    status: u16,
+    record: &Record,
+    elapsed: std::time::Duration,
+) {
+    tracing::info!(
+        target: "quotagate::access",
+        %method,
+        path,
+        status,
+        decision = record.decision.as_str(),
+        endpoint = record.endpoint,
+        key = record.key.as_deref().unwrap_or(""),
+        ms = elapsed.as_secs_f64() * 1000.0,
+        "request"
+    );
+}
+
+/// Ends a traced request's span.
+#[inline(never)]
+fn finish_span(
+    tracer: &crate::otel::Tracer,
+    started: crate::otel::Started,
+    method: http::Method,
+    status: u16,
+    record: &mut Record,
+) {
+    tracer.finish(crate::otel::Span {
+        started,
+        end: std::time::SystemTime::now(),
+        method,
+        endpoint: std::mem::take(&mut record.endpoint),
+        status,
+        decision: record.decision.as_str(),
+        key: record.key.take(),
+        store_seconds: record.store_seconds,
+    });
 }

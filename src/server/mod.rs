@@ -568,18 +568,27 @@ impl Http {
                         return;
                     };
                     conn.activity.served_by_own_loop(false);
-                    let io = TokioIo::new(sniff::Replay::new(rest, io));
-                    let svc = service(conn.handler, conn.peer, conn.activity);
-                    // Boxed, as below: held inline, hyper's connection would make every
-                    // connection's future larger, and it is copied whole into its box.
-                    let mut c = Box::pin(self.h1.serve_connection(io, svc).with_upgrades());
-                    until_drained(c.as_mut(), drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    // Apart, as below: inline, hyper's connection would make every connection's
+                    // future larger, and its code would sit among the own server's.
+                    let drain = drain.as_mut();
+                    crate::cold::apart(|| async move {
+                        let io = TokioIo::new(sniff::Replay::new(rest, io));
+                        let svc = service(conn.handler, conn.peer, conn.activity);
+                        let mut c =
+                            std::pin::pin!(self.h1.serve_connection(io, svc).with_upgrades());
+                        until_drained(c.as_mut(), drain, |c| c.graceful_shutdown()).await;
+                    })
+                    .await;
                 }
                 sniff::Version::H2 => {
-                    let io = TokioIo::new(sniff::Replay::new(first, io));
-                    let svc = service(conn.handler, conn.peer, conn.activity);
-                    let mut c = Box::pin(self.h2.serve_connection(io, svc));
-                    until_drained(c.as_mut(), drain.as_mut(), |c| c.graceful_shutdown()).await;
+                    let drain = drain.as_mut();
+                    crate::cold::apart(|| async move {
+                        let io = TokioIo::new(sniff::Replay::new(first, io));
+                        let svc = service(conn.handler, conn.peer, conn.activity);
+                        let mut c = std::pin::pin!(self.h2.serve_connection(io, svc));
+                        until_drained(c.as_mut(), drain, |c| c.graceful_shutdown()).await;
+                    })
+                    .await;
                 }
             }
         }

@@ -329,11 +329,12 @@ impl Upstream {
             t.failing.store(false, Ordering::Relaxed);
         }
         if t.health.success() == Succeeded::Back {
-            tracing::info!(target = %t.url.url, "upstream target back in");
-            t.update_up();
+            back_in(t);
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn failed(&self, t: &Target, reason: &str) {
         t.failures.inc();
         if !t.failing.swap(true, Ordering::Relaxed) {
@@ -400,48 +401,11 @@ impl Upstream {
             if let Some(f) = forwarded.take() {
                 f.set(req.headers_mut());
             }
-            if speak != Speak::Http1 {
-                // Boxed, so that the common HTTP/1.1 path's future stays as small as it was (every
-                // request's future is moved a few times: its size is paid per request).
-                return Box::pin(self.send_any(t, idle, req, speak, flight)).await;
-            }
-            // A reused connection may have been closed by the upstream while idle: a request it could
-            // not start is sent once more, on a new connection.
-            let mut fresh = false;
-            loop {
-                let mut sender = match idle.take().filter(|_| !fresh) {
-                    Some(mut s) => {
-                        if s.ready().await.is_err() {
-                            continue;
-                        }
-                        s
-                    }
-                    None => {
-                        fresh = true;
-                        // Boxed: opening a connection (TCP, TLS) is a large future and rare; inline,
-                        // every request's future carried it and was copied with it (callgrind: 43k ->
-                        // 58k instructions per request).
-                        match Box::pin(self.connector.connect(&t.url, speak)).await {
-                            Ok(Sender::Http1(s)) => s,
-                            Ok(Sender::H2(_)) => unreachable!("HTTP/2 only when asked for"),
-                            Err(e) => return Err(Attempt::NotSent(req, e)),
-                        }
-                    }
-                };
-                for_http1(&mut req, &t.url);
-                match sender.try_send_request(*req).await {
-                    Ok(resp) => {
-                        return Ok(resp.map(|b| PooledBody::new(b, sender, idle.clone(), flight)));
-                    }
-                    Err(mut e) => match e.take_message() {
-                        Some(unsent) if !fresh => {
-                            *req = unsent;
-                            fresh = true;
-                        }
-                        _ => return Err(Attempt::Failed(classify(&e.into_error()))),
-                    },
-                }
-            }
+            // Through hyper's client (TLS, HTTP/2, a streamed body, an upgrade, gRPC). Apart, so
+            // that the own exchange's future and code stay as small as they are (every request's
+            // future is moved a few times: its size is paid per request; and its code shares the
+            // instruction cache with the rest of the request's).
+            crate::cold::apart(|| self.send_any(t, idle, req, speak, flight)).await
         }
     }
 
@@ -487,7 +451,7 @@ impl Upstream {
                     Some(c) => c,
                     None => {
                         fresh = true;
-                        match Box::pin(self.connector.connect_raw(&t.url)).await {
+                        match crate::cold::apart(|| self.connector.connect_raw(&t.url)).await {
                             Ok(c) => c,
                             Err(e) => return Err(Attempt::NotSent(req, e)),
                         }
@@ -538,7 +502,7 @@ impl Upstream {
         }
     }
 
-    /// One attempt on one target that may go over HTTP/2 (`speak` is not HTTP/1.1 only).
+    /// One attempt on one target through hyper's client, over HTTP/1.1 or HTTP/2 as `speak` says.
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
@@ -696,6 +660,14 @@ enum Attempt {
 }
 
 /// An HTTP/1.1 request to `t`: origin form, `t`'s `Host`.
+/// A target out of the balance answered: it is back in.
+#[cold]
+#[inline(never)]
+fn back_in(t: &Target) {
+    tracing::info!(target = %t.url.url, "upstream target back in");
+    t.update_up();
+}
+
 fn for_http1<B>(req: &mut Request<B>, t: &TargetUrl) {
     *req.version_mut() = Version::HTTP_11;
     if req.uri().authority().is_some() {
