@@ -659,7 +659,6 @@ enum Attempt {
     Failed(UpstreamError),
 }
 
-/// An HTTP/1.1 request to `t`: origin form, `t`'s `Host`.
 /// A target out of the balance answered: it is back in.
 #[cold]
 #[inline(never)]
@@ -668,6 +667,7 @@ fn back_in(t: &Target) {
     t.update_up();
 }
 
+/// An HTTP/1.1 request to `t`: origin form, `t`'s `Host`.
 fn for_http1<B>(req: &mut Request<B>, t: &TargetUrl) {
     *req.version_mut() = Version::HTTP_11;
     if req.uri().authority().is_some() {
