@@ -19,6 +19,9 @@ set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate, and the smaller one's
 # as FILE.few (their difference by function: scripts/callgrind-diff.py FILE).
+# CACHE=1 also simulates the caches (L1i and L1d 32 KiB, last level 512 KiB: this CPU's L1 and L2)
+# and records each instruction's address: the code a request runs, by function, with
+# scripts/callgrind-lines.py FILE (docs/benchmarks.md, "Rare paths' code kept apart").
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
@@ -52,7 +55,9 @@ instructions() {
     "$BIN" example-upstream --listen "127.0.0.1:$up2" 2>/dev/null & up2pid=$!
     url="$url,http://127.0.0.1:$up2"
   fi
-  valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
+  local sim=()
+  [ -n "${CACHE:-}" ] && sim=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64 --dump-instr=yes)
+  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
     --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
     --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
