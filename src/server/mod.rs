@@ -26,6 +26,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::cold;
 use crate::config::{ConfigError, ServerConfig, positive_ms};
 use crate::workers::{self, Workers};
 
@@ -371,10 +372,10 @@ where
                     None => {
                         let tcp = Lingering::new(tcp, Some(conn.activity.clone()));
                         let io = idle::Timed::accepted(tcp, conn.activity.clone(), bounds);
-                        boxed(|| http.serve(io, conn, draining)).await;
+                        cold::boxed(|| http.serve(io, conn, draining)).await;
                     }
                     Some(acceptor) => {
-                        boxed(|| {
+                        cold::boxed(|| {
                             serve_tls(tcp, acceptor, first_byte, &http, conn, draining, bounds)
                         })
                         .await;
@@ -401,14 +402,6 @@ where
     tokio::time::timeout(drain_timeout, drain.closed())
         .await
         .is_ok()
-}
-
-/// The future `make` returns, built in its box: `Box::pin(make())` builds it on the stack and
-/// copies it, and a connection's future is kilobytes (callgrind: ~460 instructions of `memcpy` a
-/// connection). Allocated first, the box is where the future is written.
-#[inline(always)]
-fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
 /// A TLS connection: its handshake, then its HTTP. A plain HTTP request gets an answer it can read.
