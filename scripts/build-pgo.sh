@@ -12,12 +12,14 @@
 #    through `main` and writes its profile. The upstream's and the load generator's own profiles
 #    are kept apart and not used.
 # 3. The profiles merged by `llvm-profdata` of rustc's own LLVM major version (rustup's llvm-tools
-#    component, else Debian's llvm-N, installed when missing and run as root).
+#    component, added when missing where rustup is; else Debian's llvm-N, installed when missing
+#    and run as root).
 # 4. The release build with `-Cprofile-use` (in target/pgo-use), copied to OUT.
 #
 # About 25 minutes on 2 cores (two release builds). Paths the training does not run (HTTP/2,
 # WebSocket, the rate-limit service) are laid out as cold code: docs/benchmarks.md has what was
-# measured both ways. Needs wrk and openssl (installed from Debian's packages when missing).
+# measured both ways. Needs wrk, openssl and python3 (installed from Debian's packages when
+# missing). The Dockerfile's default build runs this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -25,10 +27,15 @@ ROOT=$(pwd)
 OUT=${1:-target/pgo/quotagate}
 SECS=${PGO_TRAIN_SECONDS:-4}
 
-ensure_debian_packages wrk:wrk openssl:openssl
+ensure_debian_packages wrk:wrk openssl:openssl python3:python3
 host=$(rustc -vV | sed -n 's/^host: //p')
 major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 PROFDATA=$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata
+# rustup's component is rustc's own LLVM whatever the distribution packages (Debian bookworm has no
+# llvm-N as new as a current rustc's).
+if [ ! -x "$PROFDATA" ] && command -v rustup >/dev/null; then
+  rustup component add llvm-tools >&2 || true
+fi
 if [ ! -x "$PROFDATA" ]; then
   ensure_debian_packages "llvm-profdata-$major:llvm-$major"
   PROFDATA=$(command -v "llvm-profdata-$major") || {
