@@ -35,8 +35,12 @@ command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get in
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
-cargo build --release --quiet
-BIN=target/release/quotagate
+# QUOTAGATE_BIN=PATH measures another build instead of building one. QUOTAGATE_BIN_B=PATH adds a
+# second build's limits-off and memory-store rows to every round (its rows' names end in "[B]"):
+# two builds side by side in one run, e.g. the plain and the profile-guided (scripts/build-pgo.sh).
+if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
+BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+BIN_B=${QUOTAGATE_BIN_B:-}
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -98,7 +102,7 @@ HOT=(-H "X-Api-Key: hot")
 # start_gateway ARGS...: starts quotagate with ARGS in front of the upstream; sets GW_PID, GW_PORT.
 start_gateway() {
   GW_PORT=$(free_port)
-  "$BIN" --listen "127.0.0.1:$GW_PORT" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
+  "${GW_BIN:-$BIN}" --listen "127.0.0.1:$GW_PORT" --upstream "http://127.0.0.1:$UP_PORT" --catalog "$WORK/catalog.json" \
     --set log.level=warn --set admin.listen=127.0.0.1:0 "$@" 2>"$WORK/gw.log" & GW_PID=$!
   wait_port "$GW_PORT"
 }
@@ -226,6 +230,10 @@ for ROUND in $(seq "$ROUNDS"); do
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
   gateway "quotagate, limits off" MANY --set limits.enabled=false
   gateway "quotagate, memory store, 1000 keys under limit" MANY
+  if [ -n "$BIN_B" ]; then
+    GW_BIN=$BIN_B gateway "quotagate, limits off [B]" MANY --set limits.enabled=false
+    GW_BIN=$BIN_B gateway "quotagate, memory store, 1000 keys under limit [B]" MANY
+  fi
   gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
   TWO="http://127.0.0.1:$UP_PORT,http://127.0.0.1:$UP2_PORT"
   gateway "quotagate, memory store, 1 worker, 2 targets round robin" MANY --set server.workers=1 \
