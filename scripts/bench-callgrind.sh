@@ -18,10 +18,10 @@
 set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate, and the smaller one's
-# as FILE.few (their difference by function: scripts/callgrind-diff.py FILE).
+# as FILE.few (their difference by function: scripts/callgrind-report.py FILE).
 # CACHE=1 also simulates the caches (L1i and L1d 32 KiB, last level 512 KiB: this CPU's L1 and L2)
 # and records each instruction's address: the code a request runs, by function, with
-# scripts/callgrind-lines.py FILE (docs/benchmarks.md, "Rare paths' code kept apart").
+# scripts/callgrind-report.py --lines FILE (docs/benchmarks.md, "Rare paths' code kept apart").
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
