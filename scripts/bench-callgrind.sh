@@ -22,6 +22,15 @@ BIN=$1; shift
 # CACHE=1 also simulates the caches (L1i and L1d 32 KiB, last level 512 KiB: this CPU's L1 and L2)
 # and records each instruction's address: the code a request runs, by function, with
 # scripts/callgrind-report.py --lines FILE (docs/benchmarks.md, "Rare paths' code kept apart").
+# PEER=nginx measures nginx proxy_pass instead (the same client and upstream, keep-alive to it,
+# `master_process off`: one process, nginx-light from Debian's packages), PEER=nginx-limit nginx
+# with `limit_req` on a per-key zone (scripts/bench.sh's rows): the gateway's peers, side by side in
+# instructions. BIN then only runs the example upstream.
+. "$(dirname "$0")/bench-lib.sh"
+if [ -n "${PEER:-}" ]; then
+  ensure_debian_packages nginx:nginx-light
+  NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+fi
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} python3 - "$W/catalog.json" <<'PY'
 import json, os, sys
@@ -57,9 +66,21 @@ instructions() {
   fi
   local sim=()
   [ -n "${CACHE:-}" ] && sim=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64 --dump-instr=yes)
-  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
-    --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
-    --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
+  if [ -n "${PEER:-}" ]; then
+    local servers="server 127.0.0.1:$up;" limit=()
+    [ -n "$up2pid" ] && servers="$servers server 127.0.0.1:$up2;"
+    [ "$PEER" = nginx-limit ] && limit=("limit_req zone=keys burst=1000 nodelay;"
+      "limit_req_zone \$http_x_api_key zone=keys:10m rate=1000000000r/s;")
+    WORK=$W nginx_conf "$servers" "127.0.0.1:$gw" "${limit[@]}"
+    # Its one process serves (no master and worker): what callgrind follows.
+    sed -i '1i master_process off;' "$W/nginx/nginx.conf"
+    valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$W/cg.out" "$NGINX" -e stderr -p "$W/nginx" \
+      -c "$W/nginx/nginx.conf" 2>"$W/vg.log" & gpid=$!
+  else
+    valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
+      --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
+      --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
+  fi
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
   CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
