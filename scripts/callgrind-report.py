@@ -13,7 +13,9 @@ on average (>= 0.9); a hot line is a 64-byte line of code holding one. Prints th
 (what a request's code needs of the instruction cache), then the N functions (default 30) with the
 most: instructions a request, L1i misses a request, hot instructions, hot lines, and hot
 instructions a line (a line holds ~14 of x86-64's: fewer means cold code among the hot)."""
-import collections, re, sys
+import collections, re, signal, sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
 
 POS = re.compile(r"^(0x[0-9a-f]+|[+-]\d+|\*)$")
 
