@@ -309,7 +309,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "## Request path, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
-    echo "Command: \`scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
+    echo "Command: \`${QUOTAGATE_BIN:+QUOTAGATE_BIN=$QUOTAGATE_BIN }${BIN_B:+QUOTAGATE_BIN_B=$BIN_B }scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
     echo
