@@ -6,8 +6,10 @@
 # limit). Rows: keep-alive (wrk over HTTPS, CPU per request) and a new TLS connection per request
 # (`Connection: close`: handshakes per second), and a new cleartext connection per request (a
 # second listener of the same nginx, a second quotagate without TLS). For each: requests/s and the server's CPU per
-# request (utime+stime from /proc), and both as ratios to nginx in the same run. Prints a table and
-# appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+# request (utime+stime from /proc), and both as ratios to nginx in the same run. Every row runs
+# once per round (BENCH_ROUNDS, default 3), each round's ratios to that round's nginx; the table gives
+# medians and, for ratios, the lowest and highest round. Prints it and appends it to
+# docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -15,9 +17,12 @@ DURATION=${1:-10}
 CONNS=${2:-64}
 ensure_debian_packages wrk:wrk nginx:nginx-light openssl:openssl
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-# QUOTAGATE_BIN=PATH measures another build (an A/B of two binaries, run one after the other).
+ROUNDS=${BENCH_ROUNDS:-3}
+# QUOTAGATE_BIN=PATH measures another build instead of building one; QUOTAGATE_BIN_B=PATH adds a
+# second build's rows (names ending in "[B]") to every round: two builds side by side in one run.
 if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
 BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+BIN_B=${QUOTAGATE_BIN_B:-}
 bench_workdir
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench \
@@ -39,21 +44,33 @@ NG_PLAIN=$(free_port)
 nginx_conf "server 127.0.0.1:$UP;" "127.0.0.1:$NG ssl" \
   "listen 127.0.0.1:$NG_PLAIN; ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;"
 "$NGINX" -e stderr -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" 2>"$WORK/nginx.log" & NGPID=$!; PIDS+=($NGPID)
-GW=$(free_port)
-"$BIN" --listen "127.0.0.1:$GW" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
-  --set log.level=warn --set admin.enabled=false --set server.workers=1 \
-  --set "server.tls_cert_file=$WORK/cert.pem" --set "server.tls_key_file=$WORK/key.pem" & GWPID=$!; PIDS+=($GWPID)
-GW_PLAIN=$(free_port)
-"$BIN" --listen "127.0.0.1:$GW_PLAIN" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
-  --set log.level=warn --set admin.enabled=false --set server.workers=1 & GWPLPID=$!; PIDS+=($GWPLPID)
-wait_port "$NG"; wait_port "$GW"; wait_port "$NG_PLAIN"; wait_port "$GW_PLAIN"
-for url in "https://127.0.0.1:$NG" "https://127.0.0.1:$GW" "http://127.0.0.1:$NG_PLAIN" "http://127.0.0.1:$GW_PLAIN"; do
+# gateways BIN: one with TLS and one without, one worker each; sets GW, GWPID, GW_PLAIN, GWPLPID.
+gateways() {
+  GW=$(free_port)
+  "$1" --listen "127.0.0.1:$GW" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
+    --set log.level=warn --set admin.enabled=false --set server.workers=1 \
+    --set "server.tls_cert_file=$WORK/cert.pem" --set "server.tls_key_file=$WORK/key.pem" & GWPID=$!; PIDS+=($GWPID)
+  GW_PLAIN=$(free_port)
+  "$1" --listen "127.0.0.1:$GW_PLAIN" --upstream "http://127.0.0.1:$UP" --catalog "$WORK/catalog.json" \
+    --set log.level=warn --set admin.enabled=false --set server.workers=1 & GWPLPID=$!; PIDS+=($GWPLPID)
+  wait_port "$GW"; wait_port "$GW_PLAIN"
+}
+gateways "$BIN"
+if [ -n "$BIN_B" ]; then
+  A=("$GW" "$GWPID" "$GW_PLAIN" "$GWPLPID")
+  gateways "$BIN_B"
+  B=("$GW" "$GWPID" "$GW_PLAIN" "$GWPLPID")
+  GW=${A[0]} GWPID=${A[1]} GW_PLAIN=${A[2]} GWPLPID=${A[3]}
+fi
+wait_port "$NG"; wait_port "$NG_PLAIN"
+for url in "https://127.0.0.1:$NG" "https://127.0.0.1:$GW" "http://127.0.0.1:$NG_PLAIN" "http://127.0.0.1:$GW_PLAIN" \
+  ${BIN_B:+"https://127.0.0.1:${B[0]}" "http://127.0.0.1:${B[2]}"}; do
   code=$(curl -s -k -o /dev/null -w '%{http_code}' -H 'X-Api-Key: bench' "$url/users/1")
   [ "$code" = 200 ] || { echo "$url answered $code" >&2; exit 1; }
 done
 
 ROWS=()
-# row NAME PID URL WRK_ARGS...: one wrk run; "name|requests|seconds|cpu_ticks|errors".
+# row NAME PID URL WRK_ARGS...: one wrk run; "round|name|requests|seconds|cpu_ticks|errors".
 row() {
   local name=$1 pid=$2 url=$3; shift 3
   local t0 t1 out
@@ -62,30 +79,43 @@ row() {
   t1=$(cpu_ticks "$pid")
   local n; n=$(echo "$out" | awk '/requests in/{print $1}')
   local errs; errs=$(echo "$out" | awk -F': ' '/Socket errors/{print $2}')
-  ROWS+=("$name|$n|$DURATION|$((t1 - t0))|${errs:-none}")
+  ROWS+=("$ROUND|$name|$n|$DURATION|$((t1 - t0))|${errs:-none}")
 }
-row "nginx ssl, keep-alive" "$NGPID" "https://127.0.0.1:$NG"
-row "quotagate TLS, keep-alive" "$GWPID" "https://127.0.0.1:$GW"
-row "nginx ssl, new connection per request" "$NGPID" "https://127.0.0.1:$NG" -H 'Connection: close'
-row "quotagate TLS, new connection per request" "$GWPID" "https://127.0.0.1:$GW" -H 'Connection: close'
-row "nginx, cleartext new connection per request" "$NGPID" "http://127.0.0.1:$NG_PLAIN" -H 'Connection: close'
-row "quotagate, cleartext new connection per request" "$GWPLPID" "http://127.0.0.1:$GW_PLAIN" -H 'Connection: close'
+for ROUND in $(seq "$ROUNDS"); do
+  echo "round $ROUND of $ROUNDS" >&2
+  row "nginx ssl, keep-alive" "$NGPID" "https://127.0.0.1:$NG"
+  row "quotagate TLS, keep-alive" "$GWPID" "https://127.0.0.1:$GW"
+  if [ -n "$BIN_B" ]; then row "quotagate TLS, keep-alive [B]" "${B[1]}" "https://127.0.0.1:${B[0]}"; fi
+  row "nginx ssl, new connection per request" "$NGPID" "https://127.0.0.1:$NG" -H 'Connection: close'
+  row "quotagate TLS, new connection per request" "$GWPID" "https://127.0.0.1:$GW" -H 'Connection: close'
+  if [ -n "$BIN_B" ]; then row "quotagate TLS, new connection per request [B]" "${B[1]}" "https://127.0.0.1:${B[0]}" -H 'Connection: close'; fi
+  row "nginx, cleartext new connection per request" "$NGPID" "http://127.0.0.1:$NG_PLAIN" -H 'Connection: close'
+  row "quotagate, cleartext new connection per request" "$GWPLPID" "http://127.0.0.1:$GW_PLAIN" -H 'Connection: close'
+  if [ -n "$BIN_B" ]; then row "quotagate, cleartext new connection per request [B]" "${B[3]}" "http://127.0.0.1:${B[2]}" -H 'Connection: close'; fi
+done
 
 TABLE=$(python3 - "$TICKS_PER_S" "${ROWS[@]}" <<'PY'
-import sys
+import statistics, sys
 hz = float(sys.argv[1])
-rows = [r.split("|") for r in sys.argv[2:]]
-print("| server (1 worker) | requests/s | CPU us/request | req/s vs nginx | CPU vs nginx | socket errors |")
-print("|---|---:|---:|---:|---:|---|")
+runs = {}  # name -> [(rps, cpu, rps ratio, cpu ratio, errors)], a round each
 base = {}
-for name, n, secs, ticks, errs in rows:
+for rnd, name, n, secs, ticks, errs in (r.split("|") for r in sys.argv[2:]):
     rps = int(n) / float(secs)
     cpu = int(ticks) / hz * 1e6 / max(int(n), 1)
-    kind = name.split(", ", 1)[1]
+    # A row's nginx is the same kind's ("keep-alive", "new connection per request") of its round.
+    kind = (rnd, name.split(", ", 1)[1].removesuffix(" [B]"))
     if name.startswith("nginx"):
         base[kind] = (rps, cpu)
     b = base[kind]
-    print(f"| {name} | {rps:,.0f} | {cpu:.1f} | {rps / b[0]:.2f}x | {cpu / b[1]:.2f}x | {errs} |")
+    runs.setdefault(name, []).append((rps, cpu, rps / b[0], cpu / b[1], errs))
+med = statistics.median
+span = lambda xs: f"{med(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+print("| server (1 worker) | requests/s | CPU us/request | req/s vs nginx | CPU vs nginx | socket errors |")
+print("|---|---:|---:|---:|---:|---|")
+for name, rs in runs.items():
+    errs = ", ".join(sorted({r[4] for r in rs}))
+    print(f"| {name} | {med(r[0] for r in rs):,.0f} | {med(r[1] for r in rs):.1f} | "
+          f"{span([r[2] for r in rs])} | {span([r[3] for r in rs])} | {errs} |")
 PY
 )
 echo "$TABLE"
@@ -94,7 +124,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "### scripts/bench-tls.sh $DURATION $CONNS, $(date -u +%Y-%m-%d\ %H:%M) UTC, $(git rev-parse --short HEAD)"
     echo
-    echo "Machine: $(machine_line)."
+    echo "Command: \`${QUOTAGATE_BIN:+QUOTAGATE_BIN=$QUOTAGATE_BIN }${BIN_B:+QUOTAGATE_BIN_B=$BIN_B }scripts/bench-tls.sh $DURATION $CONNS\` ($ROUNDS rounds: medians, and for ratios the lowest and highest round). Machine: $(machine_line)."
     echo
     echo "$TABLE"
   } >> docs/benchmarks.md
