@@ -69,8 +69,7 @@ instructions() {
   if [ -n "${PEER:-}" ]; then
     local servers="server 127.0.0.1:$up;" limit=()
     [ -n "$up2pid" ] && servers="$servers server 127.0.0.1:$up2;"
-    [ "$PEER" = nginx-limit ] && limit=("limit_req zone=keys burst=1000 nodelay;"
-      "limit_req_zone \$http_x_api_key zone=keys:10m rate=1000000000r/s;")
+    [ "$PEER" = nginx-limit ] && limit=("$NGINX_LIMIT_SERVER" "$NGINX_LIMIT_HTTP")
     WORK=$W nginx_conf "$servers" "127.0.0.1:$gw" "${limit[@]}"
     # Its one process serves (no master and worker): what callgrind follows.
     sed -i '1i master_process off;' "$W/nginx/nginx.conf"

@@ -23,8 +23,7 @@ cd "$(dirname "$0")/.."
 
 SIZES=("$@")
 [ "${#SIZES[@]}" -gt 0 ] || SIZES=(100000 1000000)
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+quotagate_builds
 bench_workdir
 
 echo "machine: $(machine_line)"

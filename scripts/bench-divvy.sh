@@ -14,9 +14,8 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-10}
 SHAPES=${2:-"16x1 16x16 64x4"}
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
-# QUOTAGATE_BIN=PATH measures another build (an A/B of two binaries, run one after the other).
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+# QUOTAGATE_BIN=PATH measures another build: bench-lib.sh's quotagate_builds.
+quotagate_builds
 bench_workdir
 
 divvy_rules "$WORK/rules.ini"

@@ -24,8 +24,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
 SECONDS_PER_RUN=${2:-5}
 ensure_debian_packages wrk:wrk
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+quotagate_builds
 bench_workdir
 
 python3 - "$WORK" <<'PY'

@@ -23,8 +23,7 @@ command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get in
 OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
 [ -x "$OHA" ] || { echo "installing oha (cargo install oha --locked)" >&2; cargo install oha --locked --quiet; }
 
-cargo build --release --quiet
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+quotagate_builds
 bench_workdir
 
 python3 - "$WORK/catalog.json" <<'PY'

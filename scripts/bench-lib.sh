@@ -61,6 +61,24 @@ ensure_debian_packages() {
   fi
 }
 
+# quotagate_builds: the builds a benchmark measures. QUOTAGATE_BIN=PATH measures that build instead
+# of building one (cargo build --release); QUOTAGATE_BIN_B=PATH, where a script has "[B]" rows, adds
+# a second build's rows to every round: two builds side by side in one run. Sets BIN, BIN_B and
+# BUILDS (those variables as a command line's prefix, for a script's record of its command).
+quotagate_builds() {
+  if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
+  BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+  BIN_B=${QUOTAGATE_BIN_B:-}
+  BUILDS="${QUOTAGATE_BIN:+QUOTAGATE_BIN=$QUOTAGATE_BIN }${BIN_B:+QUOTAGATE_BIN_B=$BIN_B }"
+}
+
+# nginx's per-key limit, the memory store's peer (scripts/bench.sh, PEER=nginx-limit
+# scripts/bench-callgrind.sh): `limit_req` on a zone keyed by the API key at a rate no key reaches,
+# for nginx_conf's SERVER_LINES and HTTP_LINES. A burst: without one, a key's second request in the
+# same millisecond is refused whatever the rate.
+NGINX_LIMIT_SERVER='limit_req zone=keys burst=1000 nodelay;'
+NGINX_LIMIT_HTTP='limit_req_zone $http_x_api_key zone=keys:10m rate=1000000000r/s;'
+
 # bench_workdir: a scratch folder, $WORK, and on exit: every process in $PIDS stopped, the folder
 # removed.
 bench_workdir() {

@@ -16,9 +16,8 @@ CONNS=${2:-8}
 STREAMS=${3:-16}
 ensure_debian_packages h2load:nghttp2-client
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
-# QUOTAGATE_BIN=PATH measures another build (an A/B of two binaries, run one after the other).
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+# QUOTAGATE_BIN=PATH measures another build: bench-lib.sh's quotagate_builds.
+quotagate_builds
 bench_workdir
 
 python3 - "$WORK" <<'PY'

@@ -18,11 +18,8 @@ CONNS=${2:-64}
 ensure_debian_packages wrk:wrk nginx:nginx-light openssl:openssl
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 ROUNDS=${BENCH_ROUNDS:-3}
-# QUOTAGATE_BIN=PATH measures another build instead of building one; QUOTAGATE_BIN_B=PATH adds a
-# second build's rows (names ending in "[B]") to every round: two builds side by side in one run.
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
-BIN_B=${QUOTAGATE_BIN_B:-}
+# QUOTAGATE_BIN, QUOTAGATE_BIN_B (a "[B]" row beside each quotagate row): bench-lib.sh.
+quotagate_builds
 bench_workdir
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench \
@@ -55,13 +52,11 @@ gateways() {
     --set log.level=warn --set admin.enabled=false --set server.workers=1 & GWPLPID=$!; PIDS+=($GWPLPID)
   wait_port "$GW"; wait_port "$GW_PLAIN"
 }
-gateways "$BIN"
 if [ -n "$BIN_B" ]; then
-  A=("$GW" "$GWPID" "$GW_PLAIN" "$GWPLPID")
   gateways "$BIN_B"
   B=("$GW" "$GWPID" "$GW_PLAIN" "$GWPLPID")
-  GW=${A[0]} GWPID=${A[1]} GW_PLAIN=${A[2]} GWPLPID=${A[3]}
 fi
+gateways "$BIN"
 wait_port "$NG"; wait_port "$NG_PLAIN"
 for url in "https://127.0.0.1:$NG" "https://127.0.0.1:$GW" "http://127.0.0.1:$NG_PLAIN" "http://127.0.0.1:$GW_PLAIN" \
   ${BIN_B:+"https://127.0.0.1:${B[0]}" "http://127.0.0.1:${B[2]}"}; do
@@ -124,7 +119,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "### scripts/bench-tls.sh $DURATION $CONNS, $(date -u +%Y-%m-%d\ %H:%M) UTC, $(git rev-parse --short HEAD)"
     echo
-    echo "Command: \`${QUOTAGATE_BIN:+QUOTAGATE_BIN=$QUOTAGATE_BIN }${BIN_B:+QUOTAGATE_BIN_B=$BIN_B }scripts/bench-tls.sh $DURATION $CONNS\` ($ROUNDS rounds: medians, and for ratios the lowest and highest round). Machine: $(machine_line)."
+    echo "Command: \`${BUILDS}scripts/bench-tls.sh $DURATION $CONNS\` ($ROUNDS rounds: medians, and for ratios the lowest and highest round). Machine: $(machine_line)."
     echo
     echo "$TABLE"
   } >> docs/benchmarks.md

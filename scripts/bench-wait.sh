@@ -20,8 +20,7 @@ cd "$(dirname "$0")/.."
 
 REQUESTS=${1:-10000}
 HOLD_SECONDS=${2:-10}
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
+quotagate_builds
 bench_workdir
 ulimit -n "$(ulimit -Hn)"
 

@@ -35,12 +35,8 @@ command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get in
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
-# QUOTAGATE_BIN=PATH measures another build instead of building one. QUOTAGATE_BIN_B=PATH adds a
-# second build's limits-off and memory-store rows to every round (its rows' names end in "[B]"):
-# two builds side by side in one run, e.g. the plain and the profile-guided (scripts/build-pgo.sh).
-if [ -z "${QUOTAGATE_BIN:-}" ]; then cargo build --release --quiet; fi
-BIN=${QUOTAGATE_BIN:-target/release/quotagate}
-BIN_B=${QUOTAGATE_BIN_B:-}
+# QUOTAGATE_BIN, QUOTAGATE_BIN_B (rows "[B]": limits off and the memory store): bench-lib.sh.
+quotagate_builds
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -136,12 +132,10 @@ nginx_row() {
   nginx_limit_row
 }
 
-# nginx_limit_row: nginx's own per-key limit (`limit_req` on a zone keyed by the API key, a rate
-# no key reaches), the per-key peer of the memory store's rows. A burst: without one, a key's
-# second request in the same millisecond is refused whatever the rate.
+# nginx_limit_row: nginx's own per-key limit (bench-lib.sh's NGINX_LIMIT_*), the per-key peer of
+# the memory store's rows.
 nginx_limit_row() {
-  start_nginx "server 127.0.0.1:$UP_PORT;" "limit_req zone=keys burst=1000 nodelay;" \
-    "limit_req_zone \$http_x_api_key zone=keys:10m rate=1000000000r/s;"
+  start_nginx "server 127.0.0.1:$UP_PORT;" "$NGINX_LIMIT_SERVER" "$NGINX_LIMIT_HTTP"
   measure "nginx limit_req, per-key zone (1 worker)" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
 }
@@ -309,7 +303,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo
     echo "## Request path, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
-    echo "Command: \`${QUOTAGATE_BIN:+QUOTAGATE_BIN=$QUOTAGATE_BIN }${BIN_B:+QUOTAGATE_BIN_B=$BIN_B }scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
+    echo "Command: \`${BUILDS}scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
     echo
