@@ -75,20 +75,23 @@ impl Default for Record {
 /// A request's answer: the response, and the rate-limit fields of a forwarded one, written as
 /// they go on the wire (the own HTTP/1.1 server sends them as they are; the map would hash,
 /// allocate and copy each: 13% of a counted request, docs/benchmarks.md).
+///
+/// Boxed where it is made: it goes up through the forwarding and the handling to the server, and
+/// each copied its ~210 bytes (callgrind, docs/benchmarks.md).
 pub struct Answered {
-    pub resp: Response<Body>,
+    pub resp: Box<Response<Body>>,
     pub written: Written,
 }
 
 impl crate::server::Answer for Answered {
     type Body = Body;
     fn split(self) -> (Response<Body>, Written) {
-        (self.resp, self.written)
+        (*self.resp, self.written)
     }
 }
 
-fn own(resp: Response<Full<Bytes>>) -> Response<Body> {
-    resp.map(Either::Right)
+fn own(resp: Response<Full<Bytes>>) -> Box<Response<Body>> {
+    Box::new(resp.map(Either::Right))
 }
 
 /// Everything a request needs, shared by all connections.
@@ -468,7 +471,7 @@ impl Proxy {
         target: Target<'_>,
         record: &mut Record,
         grpc: bool,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+    ) -> impl std::future::Future<Output = Box<Response<Body>>> + Send {
         async move {
             // Held until the request ends, however it ends (dropped with this future, with the
             // response's body, or with an upgraded connection's relay).
@@ -567,10 +570,11 @@ impl Proxy {
                     }
                     if let Some(protocol) = switched {
                         upgrade::restore(&mut head.headers, protocol);
-                        return Response::from_parts(head, Either::Right(Full::new(Bytes::new())));
+                        let empty = Either::Right(Full::new(Bytes::new()));
+                        return Box::new(Response::from_parts(head, empty));
                     }
                     let body = report::Tapped::new(body, tap).holding(in_flight);
-                    Response::from_parts(head, Either::Left(body))
+                    Box::new(Response::from_parts(head, Either::Left(body)))
                 }
                 Err(e) => self.failed(e, record, grpc),
             }
@@ -589,7 +593,7 @@ impl Proxy {
         e: upstream::UpstreamError,
         record: &mut Record,
         grpc: bool,
-    ) -> Response<Body> {
+    ) -> Box<Response<Body>> {
         let (decision, rejection) = answer::upstream_failure(e);
         record.decision = decision;
         if decision == Decision::UpstreamError
@@ -625,7 +629,7 @@ impl Proxy {
         held: Option<in_flight::InFlight>,
     ) -> Option<http::HeaderValue> {
         let agreed = resp.headers().get(http::header::UPGRADE).cloned();
-        let upstream = hyper::upgrade::on(resp);
+        let upstream = hyper::upgrade::on(&mut **resp);
         upgrade::relay(client, upstream, self.policy.upgrade_idle, held);
         agreed
     }
