@@ -219,6 +219,12 @@ impl Tls {
         // One ticket per handshake, as OpenSSL sends after a resumption (rustls: 2 by default):
         // each costs an encryption and a record on every new connection.
         config.send_tls13_tickets = 1;
+        // Resumption by stateless tickets (AES-256 and HMAC-SHA256 under keys made at start and
+        // rotated every 6 hours, a ticket good for 12), as nginx resumes by default: rustls'
+        // default is a cache of 256 sessions, so with more clients than that coming and going a
+        // returning one mostly paid a full handshake (a signature, the certificate) again.
+        config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()
+            .map_err(|e| problem(&settings.pairs[0].0, format!("session tickets: {e}")))?;
         let tls = Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             resolver,

@@ -272,6 +272,12 @@ async fn tls_connect(
     name: &str,
     ca: &Path,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    tls_connect_with(port, name, &tls_client(ca)).await
+}
+
+/// A TLS client of its own (its own session store: what it resumes is its own), verified
+/// against `ca`, asking for HTTP/1.1 by ALPN.
+fn tls_client(ca: &Path) -> Arc<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
@@ -284,21 +290,79 @@ async fn tls_connect(
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+async fn tls_connect_with(
+    port: u16,
+    name: &str,
+    config: &Arc<rustls::ClientConfig>,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
     let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(config.clone())
         .connect(name, tcp)
         .await
         .unwrap()
 }
 
+/// Whether `s`'s handshake resumed a session.
+fn resumed(s: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> bool {
+    s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_resumes_a_returning_client_after_more_clients_than_a_session_cache_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pem, key) = cert(dir.path(), "a", "a", &["a.test"]);
+    let (gw, _up) = gateway(|c| {
+        c.server.tls_cert_file = pem.display().to_string();
+        c.server.tls_key_file = key.display().to_string();
+    })
+    .await;
+    let port = gw.addr.port();
+    let returning = tls_client(&pem);
+    // The session it will come back with: its ticket comes with (before) the first answer.
+    let mut first = tls_connect_with(port, "a.test", &returning).await;
+    assert!(!resumed(&first));
+    assert!(
+        request_as(&mut first, "LOAD")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    drop(first);
+    // More clients than rustls' default cache holds (256 sessions), each given a session.
+    for _ in 0..300 {
+        let mut other = tls_connect_with(port, "a.test", &tls_client(&pem)).await;
+        assert!(
+            request_as(&mut other, "LOAD")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+    }
+    let mut back = tls_connect_with(port, "a.test", &returning).await;
+    assert!(resumed(&back), "a full handshake again");
+    assert!(
+        request_as(&mut back, "LOAD")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+}
+
 /// One keep-alive GET on an open connection; the response head and body as text.
 async fn request_on(s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
-    s.write_all(b"GET /users/1 HTTP/1.1\r\nhost: a.test\r\nx-api-key: K1\r\n\r\n")
-        .await
-        .unwrap();
+    request_as(s, "K1").await
+}
+
+/// One keep-alive GET on an open connection with API key `key`; the response as text.
+async fn request_as(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    key: &str,
+) -> String {
+    let head = format!("GET /users/1 HTTP/1.1\r\nhost: a.test\r\nx-api-key: {key}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 64 * 1024];
     let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
         .await
