@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 thread_local! {
@@ -125,7 +126,9 @@ impl Workers {
 
 /// Accepts connections on `listener` until `shutdown` completes, and serves each with
 /// `serve(socket, peer, permit)` on the thread that accepted it: on each of `workers`, or on the
-/// caller's runtime when there are none. At most `max_connections` are open at once (a connection
+/// caller's runtime when there are none. The socket is non-blocking and not yet registered with
+/// the runtime (`tokio::net::TcpStream::from_std` does that; [`crate::server`] waits until it
+/// must). At most `max_connections` are open at once (a connection
 /// holds its permit until it drops it); more wait in the kernel's accept queue. Returns once no
 /// thread accepts any more and the listening sockets are closed.
 ///
@@ -139,7 +142,7 @@ pub async fn accept<S, Fut>(
     shutdown: impl Future<Output = ()>,
     serve: S,
 ) where
-    S: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut + Clone + Send + 'static,
+    S: Fn(std::net::TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(max_connections.max(1)));
@@ -152,7 +155,12 @@ pub async fn accept<S, Fut>(
             let stop = Arc::new(Stop::default());
             stops.push(stop.clone());
             let (permits, running, serve) = (permits.clone(), running.clone(), serve.clone());
-            tokio::spawn(accept_loop(listener, permits, stop, running, serve));
+            match listener.into_std() {
+                Ok(listener) => {
+                    tokio::spawn(accept_loop(listener, permits, stop, running, serve));
+                }
+                Err(e) => tracing::error!(error = %e, "cannot accept"),
+            }
         }
         Some(workers) => match per_worker(listener, workers.len()) {
             Ok(sockets) => {
@@ -161,15 +169,8 @@ pub async fn accept<S, Fut>(
                     stops.push(stop.clone());
                     let (permits, running, serve) =
                         (permits.clone(), running.clone(), serve.clone());
-                    workers.run_on(i, move || async move {
-                        match TcpListener::from_std(socket) {
-                            Ok(listener) => {
-                                accept_loop(listener, permits, stop, running, serve).await;
-                            }
-                            Err(e) => {
-                                tracing::error!(error = %e, worker = i, "cannot accept on a worker");
-                            }
-                        }
+                    workers.run_on(i, move || {
+                        accept_loop(socket, permits, stop, running, serve)
                     });
                 }
             }
@@ -261,16 +262,75 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     s.listen(BACKLOG)
 }
 
+/// How long the kernel holds a new connection back until its client has sent something, in
+/// seconds (`TCP_DEFER_ACCEPT`; Linux rounds it up to its SYN-ACK retransmissions: ~1 s).
+const DEFER_ACCEPT_SECONDS: libc::c_int = 1;
+
+/// Has the kernel hand over a new connection only once its first bytes have come (or after
+/// [`DEFER_ACCEPT_SECONDS`], without them), as nginx's `deferred` and HAProxy's `defer-accept`:
+/// every protocol served here has the client speak first, and then the first read of a new
+/// connection finds its request, without waiting (nor registering the socket, `server::socket`).
+/// Only for speed: where the kernel refuses it, connections are accepted as they come.
+fn defer_accept(listener: &std::net::TcpListener) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the option's value is the `c_int` it points to, of the length given; the
+        // descriptor is the listener's, open while it is borrowed.
+        let _ = unsafe {
+            libc::setsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                (&DEFER_ACCEPT_SECONDS as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = listener;
+}
+
+/// One connection from `listener`, as `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)` gives it (mio's
+/// accept, which tokio's `TcpListener::accept` calls before it registers the socket).
+async fn accept_one(
+    listener: &AsyncFd<mio::net::TcpListener>,
+) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        // Would block: the readiness is cleared, and the loop waits for the next.
+        if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
+            return accepted.map(|(tcp, peer)| (tcp.into(), peer));
+        }
+    }
+}
+
 async fn accept_loop<S, Fut>(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     permits: Arc<Semaphore>,
     stopped: Arc<Stop>,
     running: mpsc::Sender<()>,
     serve: S,
 ) where
-    S: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
+    S: Fn(std::net::TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    // Registered with this thread's runtime (the worker's): its connections are accepted here.
+    defer_accept(&listener);
+    let registered = listener.set_nonblocking(true).and_then(|()| {
+        let listener = mio::net::TcpListener::from_std(listener);
+        // SAFETY: the mio listener owns its descriptor, gives that one for as long as it lives,
+        // and lives as long as the `AsyncFd`, which closes it when dropped.
+        unsafe { AsyncFd::register_with_interest(listener, tokio::io::Interest::READABLE) }
+            .map_err(std::io::Error::from)
+    });
+    let listener = match registered {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot accept on this thread");
+            return;
+        }
+    };
     let mut inherits = None;
     // One wait for the stop, made once, and a permit is mostly there to be taken at once.
     let stop = stopped.wait();
@@ -291,7 +351,7 @@ async fn accept_loop<S, Fut>(
         // connection comes: a stop still ends a loop that always has one ready.
         let (tcp, peer) = tokio::select! {
             biased;
-            res = listener.accept() => match res {
+            res = accept_one(&listener) => match res {
                 Ok(c) => c,
                 Err(e) => {
                     // Typically EMFILE: back off briefly instead of spinning.
@@ -322,10 +382,12 @@ async fn accept_loop<S, Fut>(
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     /// Each connection answers the name of the thread that serves it, if its socket has
     /// `TCP_NODELAY` (inherited or set).
-    async fn name_thread(mut tcp: TcpStream, _: SocketAddr, _permit: OwnedSemaphorePermit) {
+    async fn name_thread(tcp: std::net::TcpStream, _: SocketAddr, _permit: OwnedSemaphorePermit) {
+        let mut tcp = TcpStream::from_std(tcp).unwrap();
         let name = match tcp.nodelay() {
             Ok(true) => std::thread::current().name().unwrap_or("").to_owned(),
             _ => "without TCP_NODELAY".to_owned(),

@@ -77,10 +77,14 @@ pub async fn serve(
     // connection: no request of the connection crosses threads.
     let serve_one = {
         let stop = stop.clone();
-        move |stream: TcpStream, _, permit| {
+        move |stream: std::net::TcpStream, _, permit| {
             let (divvy, settings, stop) = (divvy.clone(), settings.clone(), stop.clone());
             async move {
-                connection(stream, divvy, &settings, stop).await;
+                // A Divvy client keeps its connection: registered at once.
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => connection(stream, divvy, &settings, stop).await,
+                    Err(e) => tracing::warn!(error = %e, "cannot serve a Divvy connection"),
+                }
                 drop(permit);
             }
         }

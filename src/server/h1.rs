@@ -397,6 +397,7 @@ where
         let head_request = req.method() == Method::HEAD;
         let mut answer = pin!((conn.handler)(conn.peer, req));
         // While the answer is made, a client that closes is gone: its request is dropped.
+        conn.activity.watch_for_departure(true);
         let resp = loop {
             if buf.len() >= conn.max_head {
                 break answer.as_mut().await;
@@ -416,6 +417,7 @@ where
                 },
             }
         };
+        conn.activity.watch_for_departure(false);
         let (resp, written) = resp.split();
         let resp = request_in_flight.respond(resp);
         if !draining && futures_util::poll!(drain.as_mut()).is_ready() {

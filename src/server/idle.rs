@@ -41,6 +41,10 @@ pub struct Activity {
     /// request it reads for the next head itself, so the socket starts the idle time then, and
     /// needs no timer while a request is in flight.
     own_loop: AtomicBool,
+    /// The request (its number, from 1) whose answer is awaited while the socket is read only to
+    /// see the client go; 0 while no read is of that kind (`super::Lingering` may wait before
+    /// such a read registers the socket).
+    watching: AtomicU64,
     epoch: Instant,
 }
 
@@ -53,6 +57,7 @@ impl Activity {
             upgraded: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
             own_loop: AtomicBool::new(false),
+            watching: AtomicU64::new(0),
             epoch: Instant::now(),
         })
     }
@@ -77,6 +82,25 @@ impl Activity {
     /// server (`false`): see `own_loop`.
     pub fn served_by_own_loop(&self, own: bool) {
         self.own_loop.store(own, Ordering::Relaxed);
+    }
+
+    /// Reads of the socket from now on only look for the client going (`true`, while a request's
+    /// answer is made), or are for the request's bytes again (`false`).
+    pub fn watch_for_departure(&self, watch: bool) {
+        let of = match watch {
+            true => self.begun.load(Ordering::Relaxed),
+            false => 0,
+        };
+        self.watching.store(of, Ordering::Relaxed);
+    }
+
+    /// The request whose answer a read now waits on, looking for the client going: see
+    /// `watching`.
+    pub fn watched(&self) -> Option<u64> {
+        match self.watching.load(Ordering::Relaxed) {
+            0 => None,
+            of => Some(of),
+        }
     }
 
     fn ended(&self) -> u64 {

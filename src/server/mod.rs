@@ -9,6 +9,7 @@ mod body;
 pub mod h1;
 pub mod idle;
 mod sniff;
+mod socket;
 
 pub use body::RequestBody;
 
@@ -24,7 +25,9 @@ use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
+
+use socket::Socket;
 
 use crate::cold;
 use crate::config::{ConfigError, ServerConfig, positive_ms};
@@ -339,7 +342,9 @@ where
     let drain = Arc::new(drain);
     let serve_one = {
         let drain = drain.clone();
-        move |tcp: TcpStream, peer: SocketAddr, permit: tokio::sync::OwnedSemaphorePermit| {
+        move |tcp: std::net::TcpStream,
+              peer: SocketAddr,
+              permit: tokio::sync::OwnedSemaphorePermit| {
             let h = handler.clone();
             let activity = idle::Activity::new();
             let bounds = idle::Bounds {
@@ -370,7 +375,7 @@ where
                     // `Timed` bounds the wait for the first head from now, so a client that
                     // connects and sends nothing is closed after `header_read_timeout`.
                     None => {
-                        let tcp = Lingering::new(tcp, Some(conn.activity.clone()));
+                        let tcp = Lingering::new(Socket::new(tcp), conn.activity.clone());
                         let io = idle::Timed::accepted(tcp, conn.activity.clone(), bounds);
                         cold::boxed(|| http.serve(io, conn, draining)).await;
                     }
@@ -410,7 +415,7 @@ where
     reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
 )]
 fn serve_tls<H, F, A, B>(
-    tcp: TcpStream,
+    tcp: std::net::TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     first_byte: Duration,
     http: &Http,
@@ -429,7 +434,7 @@ where
     async move {
         // The first bytes tell a handshake (a TLS record starts with 22) from a plain HTTP request.
         // They are read once, and read again by the handshake.
-        let mut tcp = Lingering::new(tcp, Some(conn.activity.clone()));
+        let mut tcp = Lingering::new(Socket::new(tcp), conn.activity.clone());
         let first = match tokio::time::timeout(first_byte, sniff::read_some(&mut tcp)).await {
             Ok(Ok(first)) if !first.is_empty() => first,
             _ => return,
@@ -626,23 +631,64 @@ const LINGER_BYTES: usize = 16 * 1024 * 1024;
 /// and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`], before the socket is closed.
 /// Unless the connection's activity says the client sends nothing more (nginx looks too, only
 /// where a client may still be sending): the look is a system call each connection.
-struct Lingering(Option<TcpStream>, Option<Arc<idle::Activity>>);
+///
+/// It also holds off registering a socket that has not had to wait yet ([`Socket`]) while it is
+/// read only to see the client go (a request's answer is being made): for [`WATCH_AFTER`], so a
+/// short connection whose answer comes sooner is never registered at all.
+struct Lingering {
+    tcp: Option<Socket>,
+    activity: Arc<idle::Activity>,
+    /// The request whose answer the watch waits on, and when the socket is registered for it.
+    watch: Option<(u64, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+/// How long a request's answer may take before its client's socket is registered to see the
+/// client go, when it has not been registered yet; a client that goes sooner is noticed when
+/// the answer is sent or this much after the request, whichever is first. Default: 20 ms.
+const WATCH_AFTER: Duration = Duration::from_millis(20);
 
 impl Lingering {
-    fn new(tcp: TcpStream, activity: Option<Arc<idle::Activity>>) -> Lingering {
-        Lingering(Some(tcp), activity)
+    fn new(tcp: Socket, activity: Arc<idle::Activity>) -> Lingering {
+        Lingering {
+            tcp: Some(tcp),
+            activity,
+            watch: None,
+        }
     }
 
-    fn get(self: std::pin::Pin<&mut Self>) -> std::pin::Pin<&mut TcpStream> {
-        let tcp = self.get_mut().0.as_mut().expect("present until dropped");
+    fn get(self: std::pin::Pin<&mut Self>) -> std::pin::Pin<&mut Socket> {
+        let tcp = self.get_mut().tcp.as_mut().expect("present until dropped");
         std::pin::Pin::new(tcp)
+    }
+
+    /// Whether a read of the unregistered socket, which only watches for the client going, is to
+    /// wait ([`WATCH_AFTER`]) before it registers the socket.
+    fn hold_off(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let Some(of) = self.activity.watched() else {
+            return false;
+        };
+        let timer = match &mut self.watch {
+            Some((watched, timer)) if *watched == of => timer,
+            Some((watched, timer)) => {
+                *watched = of;
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + WATCH_AFTER);
+                timer
+            }
+            None => {
+                let timer = Box::pin(tokio::time::sleep(WATCH_AFTER));
+                &mut self.watch.insert((of, timer)).1
+            }
+        };
+        timer.as_mut().poll(cx).is_pending()
     }
 }
 
 impl Drop for Lingering {
     fn drop(&mut self) {
-        let Some(tcp) = self.0.take() else { return };
-        if self.1.as_ref().is_some_and(|a| a.is_quiet()) {
+        let Some(tcp) = self.tcp.take() else { return };
+        if self.activity.is_quiet() {
             return;
         }
         // Nothing unread (the usual close): close now.
@@ -654,7 +700,9 @@ impl Drop for Lingering {
         };
         runtime.spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut tcp = tcp;
+            let Ok(mut tcp) = tcp.into_tokio() else {
+                return;
+            };
             let _ = tcp.shutdown().await;
             let mut buf = vec![0u8; 16 * 1024];
             let mut left = LINGER_BYTES;
@@ -677,7 +725,17 @@ impl tokio::io::AsyncRead for Lingering {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        self.get().poll_read(cx, buf)
+        let this = self.get_mut();
+        let tcp = this.tcp.as_mut().expect("present until dropped");
+        if !tcp.is_registered() {
+            if let Some(read) = tcp.read_now(buf) {
+                return std::task::Poll::Ready(read);
+            }
+            if this.hold_off(cx) {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(this).get().poll_read(cx, buf)
     }
 }
 
@@ -715,7 +773,7 @@ impl tokio::io::AsyncWrite for Lingering {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        if self.1.as_ref().is_some_and(|a| a.is_quiet()) {
+        if self.activity.is_quiet() {
             return std::task::Poll::Ready(Ok(()));
         }
         self.get().poll_shutdown(cx)
@@ -725,6 +783,51 @@ impl tokio::io::AsyncWrite for Lingering {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One poll of a read of `tcp`: the bytes read, when it is ready.
+    fn poll_read(tcp: &mut Lingering) -> std::task::Poll<std::io::Result<usize>> {
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut buf = [0u8; 64];
+        let mut buf = tokio::io::ReadBuf::new(&mut buf);
+        tokio::io::AsyncRead::poll_read(Pin::new(tcp), &mut cx, &mut buf)
+            .map_ok(|()| buf.filled().len())
+    }
+
+    fn registered(tcp: &Lingering) -> bool {
+        tcp.tcp.as_ref().is_some_and(Socket::is_registered)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_socket_watched_for_its_client_going_is_registered_once_the_answer_takes_long() {
+        use tokio::io::AsyncReadExt;
+        let (socket, client) = socket::tests::pair().await;
+        let activity = idle::Activity::new();
+        let mut tcp = Lingering::new(socket, activity.clone());
+        let _request = activity.begin();
+        activity.watch_for_departure(true);
+        assert!(poll_read(&mut tcp).is_pending());
+        assert!(!registered(&tcp), "held off");
+        // Gone while its answer is quick to come: noticed when the answer is sent.
+        drop(client);
+        tokio::time::sleep(WATCH_AFTER / 2).await;
+        assert!(poll_read(&mut tcp).is_pending());
+        assert!(!registered(&tcp), "still held off");
+        // The answer takes long: the watch registers the socket, and the client is seen gone.
+        tokio::time::sleep(WATCH_AFTER / 2).await;
+        let mut buf = [0u8; 64];
+        assert_eq!(tcp.read(&mut buf).await.unwrap(), 0);
+        assert!(registered(&tcp));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_for_a_request_registers_at_once() {
+        let (socket, _client) = socket::tests::pair().await;
+        let activity = idle::Activity::new();
+        let mut tcp = Lingering::new(socket, activity.clone());
+        // The next request, say: nothing watched.
+        assert!(poll_read(&mut tcp).is_pending());
+        assert!(registered(&tcp));
+    }
 
     #[test]
     fn a_field_value_has_no_control_character_wherever_it_is() {
