@@ -727,15 +727,30 @@ impl tokio::io::AsyncRead for Lingering {
     ) -> std::task::Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let tcp = this.tcp.as_mut().expect("present until dropped");
-        if !tcp.is_registered() {
-            if let Some(read) = tcp.read_now(buf) {
-                return std::task::Poll::Ready(read);
-            }
-            if this.hold_off(cx) {
-                return std::task::Poll::Pending;
-            }
+        if tcp.is_registered() {
+            return std::pin::Pin::new(tcp).poll_read(cx, buf);
         }
-        std::pin::Pin::new(this).get().poll_read(cx, buf)
+        this.poll_read_unregistered(cx, buf)
+    }
+}
+
+impl Lingering {
+    /// A read before the socket has had to wait: what has come, or a wait, which registers the
+    /// socket unless the read only watches for the client going ([`Lingering::hold_off`]).
+    #[inline(never)]
+    fn poll_read_unregistered(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let tcp = self.tcp.as_mut().expect("present until dropped");
+        if let Some(read) = tcp.read_now(buf) {
+            return std::task::Poll::Ready(read);
+        }
+        if self.hold_off(cx) {
+            return std::task::Poll::Pending;
+        }
+        tokio::io::AsyncRead::poll_read(std::pin::Pin::new(self).get(), cx, buf)
     }
 }
 

@@ -106,6 +106,7 @@ impl Socket {
     }
 
     /// Registers the socket (it is about to wait), and gives the registered stream.
+    #[cold]
     fn registered(&mut self) -> io::Result<Pin<&mut TcpStream>> {
         if let State::Raw { .. } = self.0 {
             let State::Raw { tcp, .. } = std::mem::replace(&mut self.0, State::Failed) else {
@@ -133,47 +134,80 @@ fn unless_blocked<T>(res: io::Result<T>) -> Option<io::Result<T>> {
     }
 }
 
+// The registered stream first and inline: a keep-alive connection's every call takes it. The
+// unregistered paths are a new connection's first calls, out of line.
 impl AsyncRead for Socket {
+    #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(read) = this.read_now(buf) {
+        if let State::Registered(s) = &mut this.0 {
+            return Pin::new(s).poll_read(cx, buf);
+        }
+        this.poll_read_unregistered(cx, buf)
+    }
+}
+
+impl Socket {
+    #[inline(never)]
+    fn poll_read_unregistered(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(read) = self.read_now(buf) {
             return Poll::Ready(read);
         }
-        this.registered()?.poll_read(cx, buf)
+        self.registered()?.poll_read(cx, buf)
+    }
+
+    #[inline(never)]
+    fn poll_write_unregistered(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let State::Raw { tcp, .. } = &self.0 {
+            let res = match bufs {
+                [one] => (&*tcp).write(one),
+                _ => (&*tcp).write_vectored(bufs),
+            };
+            if let Some(res) = unless_blocked(res) {
+                return Poll::Ready(res);
+            }
+        }
+        self.registered()?.poll_write_vectored(cx, bufs)
     }
 }
 
 impl AsyncWrite for Socket {
+    #[inline]
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if let State::Raw { tcp, .. } = &this.0
-            && let Some(res) = unless_blocked((&*tcp).write(buf))
-        {
-            return Poll::Ready(res);
+        if let State::Registered(s) = &mut this.0 {
+            return Pin::new(s).poll_write(cx, buf);
         }
-        this.registered()?.poll_write(cx, buf)
+        this.poll_write_unregistered(cx, &[io::IoSlice::new(buf)])
     }
 
+    #[inline]
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if let State::Raw { tcp, .. } = &this.0
-            && let Some(res) = unless_blocked((&*tcp).write_vectored(bufs))
-        {
-            return Poll::Ready(res);
+        if let State::Registered(s) = &mut this.0 {
+            return Pin::new(s).poll_write_vectored(cx, bufs);
         }
-        this.registered()?.poll_write_vectored(cx, bufs)
+        this.poll_write_unregistered(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
