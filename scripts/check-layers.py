@@ -42,7 +42,7 @@ def module_files(src: Path) -> dict:
 
 def strip(text: str) -> str:
     """The code without comments, string literals and the `#[cfg(test)]` tail."""
-    cut = re.search(r"^#\[cfg\(test\)\]\s*\n\s*mod\s+\w+\s*\{", text, re.M)
+    cut = re.search(r"^#\[cfg\(test\)\]\s*\n\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text, re.M)
     if cut:
         text = text[: cut.start()]
     text = re.sub(r"//[^\n]*", "", text)
