@@ -315,8 +315,8 @@ async fn accept_loop<S, Fut>(
     S: Fn(std::net::TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    // Registered with this thread's runtime (the worker's): its connections are accepted here.
     defer_accept(&listener);
+    // Registered with this thread's runtime (the worker's): its connections are accepted here.
     let registered = listener.set_nonblocking(true).and_then(|()| {
         let listener = mio::net::TcpListener::from_std(listener);
         // SAFETY: the mio listener owns its descriptor, gives that one for as long as it lives,

@@ -750,6 +750,9 @@ impl Lingering {
         if self.hold_off(cx) {
             return std::task::Poll::Pending;
         }
+        // Registered from here: no watch needs the timer again (left armed, it would wake the
+        // connection for nothing).
+        self.watch = None;
         tokio::io::AsyncRead::poll_read(std::pin::Pin::new(self).get(), cx, buf)
     }
 }
