@@ -15,10 +15,19 @@
 # BODY=N sends each request as a POST with a body of N bytes (and a Content-Length).
 # CLOSE=1 sends each request on a new connection (`Connection: close`): the cost of a connection.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
+# LOAD=1 counts under load instead of one request at a time: `wrk -t1 -c16` (LOAD_CONNECTIONS),
+# 1000 API keys round robin as scripts/bench.sh sends them, for 4 s and then 16 s, and prints
+# (Ir(16 s) - Ir(4 s)) / (requests(16 s) - requests(4 s)). One request at a time, the worker
+# parks (epoll_wait, the timer wheel, the clock) after every request, which a loaded worker
+# seldom does (bench.sh: 0.07 epoll_wait a request), so that count weighs the park path
+# ~3,000 instructions a request more than a loaded gateway runs it; a change to that path
+# looks far larger one at a time than it is under load (docs/benchmarks.md). Repeats within
+# ~0.2%. With PEER too; with CLOSE, PAD and BODY as above; not with LIMITS=refused.
 set -euo pipefail
 BIN=$1; shift
 # CG_OUT=FILE keeps the profile of the larger run, for callgrind_annotate, and the smaller one's
-# as FILE.few (their difference by function: scripts/callgrind-report.py FILE).
+# as FILE.few (their difference by function: scripts/callgrind-report.py FILE; with LOAD=1 the two
+# runs' request counts go to FILE.requests, which the report divides by).
 # CACHE=1 also simulates the caches (L1i and L1d 32 KiB, last level 512 KiB: this CPU's L1 and L2)
 # and records each instruction's address: the code a request runs, by function, with
 # scripts/callgrind-report.py --lines FILE (docs/benchmarks.md, "Rare paths' code kept apart").
@@ -27,6 +36,9 @@ BIN=$1; shift
 # with `limit_req` on a per-key zone (scripts/bench.sh's rows): the gateway's peers, side by side in
 # instructions. BIN then only runs the example upstream.
 . "$(dirname "$0")/bench-lib.sh"
+if [ -n "${LOAD:-}" ]; then
+  ensure_debian_packages wrk:wrk
+fi
 if [ -n "${PEER:-}" ]; then
   ensure_debian_packages nginx:nginx-light
   NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -81,6 +93,12 @@ instructions() {
       --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
   fi
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
+  local served=$n
+  if [ -n "${LOAD:-}" ]; then
+    # n is seconds here; what was served is wrk's count.
+    served=$(wrk -t1 -c"${LOAD_CONNECTIONS:-16}" -d"${n}s" -s "$W/load.lua" "http://127.0.0.1:$gw/" |
+      awk '/ requests in /{print $1}')
+  else
   CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
@@ -99,13 +117,41 @@ for i in range(int(sys.argv[2])):
     r = c.getresponse(); r.read()
     assert r.status == (200 if i == 0 else int(os.environ["EXPECT"])), r.status
 PY
+  fi
   kill "$gpid"; wait "$gpid" 2>/dev/null || true
   kill "$upid" $up2pid; wait "$upid" $up2pid 2>/dev/null || true
-  grep -E "^(summary|totals):" "$W/cg.out" | head -1 | awk '{print $2}'
+  echo "$(grep -E "^(summary|totals):" "$W/cg.out" | head -1 | awk '{print $2}') $served"
 }
 
-few=$(instructions 500 "$@")
+if [ -n "${LOAD:-}" ]; then
+  [ "${LIMITS:-}" = refused ] && { echo "LOAD=1 does not check answers: not with LIMITS=refused" >&2; exit 2; }
+  # bench.sh's requests (many_keys_lua), with CLOSE, PAD and BODY as the one-at-a-time client's.
+  many_keys_lua "$W/load.lua"
+  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} python3 - "$W/load.lua" <<'PY'
+import os, sys
+extra = []
+if os.environ["CLOSE"]:
+    extra.append('["Connection"] = "close"')
+if int(os.environ["PAD"]):
+    extra.append(f'["X-Pad"] = string.rep("p", {int(os.environ["PAD"])})')
+body = int(os.environ["BODY"])
+method, payload = ("POST", f'string.rep("b", {body})') if body else ("GET", "nil")
+lua = open(sys.argv[1]).read()
+lua = lua.replace('wrk.format("GET", ', f'wrk.format("{method}", ')
+lua = lua.replace('string.format("key-%04d", n % 1000) }',
+                  'string.format("key-%04d", n % 1000)' + "".join(", " + e for e in extra) + f" }}, {payload}")
+open(sys.argv[1], "w").write(lua)
+PY
+  read -r few few_n <<<"$(instructions 4 "$@")"
+  if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT.few"; fi
+  read -r many many_n <<<"$(instructions 16 "$@")"
+  if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT"; echo "$few_n $many_n" >"$CG_OUT.requests"; fi
+  echo "requests: $few_n, $many_n"
+  echo "instructions per request under load: $(( (many - few) / (many_n - few_n) ))"
+  exit 0
+fi
+read -r few _ <<<"$(instructions 500 "$@")"
 if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT.few"; fi
-many=$(instructions 2500 "$@")
+read -r many _ <<<"$(instructions 2500 "$@")"
 if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT"; fi
 echo "instructions per request: $(( (many - few) / 2000 ))"

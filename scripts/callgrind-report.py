@@ -2,7 +2,8 @@
 """callgrind-report.py [--lines] FILE [N]: what a request costs, by function, from the two
 profiles that `CG_OUT=FILE scripts/bench-callgrind.sh` keeps (FILE: 2,500 requests, FILE.few:
 500). Every figure is a request's: (count in FILE - count in FILE.few) / 2000, so start-up and
-shutdown cancel out.
+shutdown cancel out; with FILE.requests (`LOAD=1`: the two runs' request counts), divided by their
+difference instead.
 
 Without --lines: the instructions a request runs in each function itself (callees apart), the N
 largest differences (default 40), after their total.
@@ -87,6 +88,11 @@ def main():
     top = int(args[1]) if len(args) > 1 else (30 if lines else 40)
     many, owner, by_instr = parse(path)
     few, owner_few, _ = parse(path + ".few")
+    try:
+        n_few, n_many = map(int, open(path + ".requests").read().split())
+        served = n_many - n_few
+    except FileNotFoundError:
+        served = 2000
     owner = {**owner_few, **owner}
     if lines and not by_instr:
         sys.exit(f"{path} has no instruction addresses: make it with CACHE=1 scripts/bench-callgrind.sh")
@@ -95,9 +101,9 @@ def main():
     for where in set(many) | set(few):
         ir, miss = many.get(where, [0, 0])
         f = per[owner.get(where)]
-        d_ir = (ir - few.get(where, [0, 0])[0]) / 2000
+        d_ir = (ir - few.get(where, [0, 0])[0]) / served
         f[0] += d_ir
-        f[1] += (miss - few.get(where, [0, 0])[1]) / 2000
+        f[1] += (miss - few.get(where, [0, 0])[1]) / served
         if by_instr and d_ir >= 0.9:
             f[2] += 1
             f[3].add(where >> 6)
