@@ -75,8 +75,9 @@ impl Decision {
 /// Where an admitted request goes upstream, and the rate-limit fields its answer gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target<'s> {
-    /// The path to forward: the endpoint's canonical path, or the client's own when unlimited.
-    pub path: String,
+    /// The path to forward: the endpoint's canonical path; `None`, the client's own as it came
+    /// (limits off: not copied, an allocation a request).
+    pub path: Option<String>,
     /// The endpoint's canonical method, replacing the client's spelling.
     pub method: Option<Method>,
     /// For the rate-limit fields.
@@ -106,7 +107,7 @@ pub struct Reserved<'s> {
 }
 
 impl Target<'_> {
-    fn plain(path: String) -> Self {
+    fn plain(path: Option<String>) -> Self {
         Target {
             path,
             method: None,
@@ -260,7 +261,7 @@ impl<'s> Pending<'s, '_> {
             Verdict::Decided(o) | Verdict::Local(o) => o,
             Verdict::Open => {
                 let target = Target {
-                    path: self.held.path,
+                    path: Some(self.held.path),
                     method: Some(endpoint.method.clone()),
                     limit: None,
                     report: None,
@@ -309,7 +310,7 @@ impl<'s> Pending<'s, '_> {
                 Decision::Allowed
             };
             let target = Target {
-                path: self.held.path,
+                path: Some(self.held.path),
                 method: Some(endpoint.method.clone()),
                 limit: Some(rate),
                 report,
@@ -394,7 +395,7 @@ pub fn admit<'s, 'r>(
     let fields = Fields::of(head, policy);
     passed!(check_head(head, &fields, policy));
     if !policy.enabled {
-        let target = Target::plain(head.uri.path().to_owned());
+        let target = Target::plain(None);
         return Step::Done(Admission::forward(Decision::Unlimited, None, target));
     }
     let key = passed!(api_key(fields.api_key, policy));
@@ -691,7 +692,7 @@ fn unknown_endpoint<'s>(method: &str, policy: &Policy, path: &path::NormalPath) 
         Uncovered::Forward => Admission::forward(
             Decision::UnknownEndpoint,
             None,
-            Target::plain(path.to_path()),
+            Target::plain(Some(path.to_path())),
         ),
     }
 }
@@ -711,7 +712,7 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
             Decision::NoLimit,
             Some(endpoint),
             Target {
-                path,
+                path: Some(path),
                 method: Some(endpoint.method.clone()),
                 limit: None,
                 report: None,
@@ -949,7 +950,7 @@ mod tests {
         assert_eq!(
             a.action,
             Action::Forward(Target {
-                path: "/users/7".into(),
+                path: Some("/users/7".into()),
                 method: Some(Method::GET),
                 limit: None,
                 report: None,

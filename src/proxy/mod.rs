@@ -479,7 +479,8 @@ impl Proxy {
                 (Some(holds), Some(rate)) => in_flight::InFlight::took(&self.freer, rate, *holds),
                 _ => None,
             };
-            let Some(uri) = self.upstream.uri(&target.path, req.uri()) else {
+            let path = target.path.as_deref().unwrap_or(req.uri().path());
+            let Some(uri) = self.upstream.uri(path, req.uri()) else {
                 record.decision = Decision::BadRequest;
                 return own(crate::problem::problem(
                     http::StatusCode::BAD_REQUEST,
