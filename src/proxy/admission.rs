@@ -261,7 +261,7 @@ impl<'s> Pending<'s, '_> {
             Verdict::Decided(o) | Verdict::Local(o) => o,
             Verdict::Open => {
                 let target = Target {
-                    path: Some(self.held.path),
+                    path: self.held.path,
                     method: Some(endpoint.method.clone()),
                     limit: None,
                     report: None,
@@ -310,7 +310,7 @@ impl<'s> Pending<'s, '_> {
                 Decision::Allowed
             };
             let target = Target {
-                path: Some(self.held.path),
+                path: self.held.path,
                 method: Some(endpoint.method.clone()),
                 limit: Some(rate),
                 report,
@@ -471,8 +471,8 @@ pub struct Held<'s, 'r> {
     /// Its limits here, as the catalog has them (before `limits.shadow`): its own, and its
     /// pools'.
     pub limits: Applied<'s>,
-    /// The endpoint's canonical path for this request.
-    pub path: String,
+    /// The endpoint's canonical path for this request; `None`: the request's own, as it came.
+    pub path: Option<String>,
     /// How long it may wait for room, per limit (`None`: none of its limits waits).
     pub waits: Option<[u16; MAX_LIMITS]>,
 }
@@ -698,7 +698,7 @@ fn unknown_endpoint<'s>(method: &str, policy: &Policy, path: &path::NormalPath) 
 }
 
 /// Step 5: the key has no limit on this endpoint (`limits.no_limit`); no counter either way.
-fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admission<'s> {
+fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: Option<String>) -> Admission<'s> {
     match policy.no_limit {
         Uncovered::Reject => Admission {
             endpoint: Some(endpoint),
@@ -712,7 +712,7 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: String) -> Admiss
             Decision::NoLimit,
             Some(endpoint),
             Target {
-                path: Some(path),
+                path,
                 method: Some(endpoint.method.clone()),
                 limit: None,
                 report: None,
@@ -943,20 +943,25 @@ mod tests {
             done(admit(&h, &p, Some(&s), PEER)),
             (Decision::UnknownEndpoint, None)
         );
-        let h = head("get", "/users/7", &[("x-api-key", "stranger")]);
-        let Step::Done(a) = admit(&h, &p, Some(&s), PEER) else {
-            panic!()
-        };
-        assert_eq!(
-            a.action,
-            Action::Forward(Target {
-                path: Some("/users/7".into()),
-                method: Some(Method::GET),
-                limit: None,
-                report: None,
-                holds: None,
-            })
-        );
+        // The endpoint's spelling where the client's differs; the client's own path (`None`,
+        // not copied) where it is that spelling.
+        for (raw, path) in [("/users/7", None), ("/USERS/./7", Some("/users/7"))] {
+            let h = head("get", raw, &[("x-api-key", "stranger")]);
+            let Step::Done(a) = admit(&h, &p, Some(&s), PEER) else {
+                panic!()
+            };
+            assert_eq!(
+                a.action,
+                Action::Forward(Target {
+                    path: path.map(str::to_owned),
+                    method: Some(Method::GET),
+                    limit: None,
+                    report: None,
+                    holds: None,
+                }),
+                "{raw}"
+            );
+        }
         let off = policy(&[("enabled", "false")]);
         let h = head("GET", "/anything", &[]);
         assert_eq!(

@@ -49,27 +49,31 @@ pub enum PathError {
 /// A normalised path: its segments (escapes normalised, dot segments resolved) and whether it ended
 /// with a slash.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NormalPath {
+pub struct NormalPath<'a> {
     /// Each segment after a `/` (`/users/42`; empty for the root): one string, not one per
     /// segment (this runs for every request). A segment never holds a `/` (an escaped one stays
-    /// escaped), so splitting at each `/` gives the segments back.
-    joined: String,
+    /// escaped), so splitting at each `/` gives the segments back. Borrowed when the path was
+    /// normal as it came, as most are: it is then the path itself (less a trailing slash).
+    joined: Cow<'a, str>,
     pub trailing_slash: bool,
 }
 
-impl NormalPath {
+impl NormalPath<'_> {
     /// The segments, in order.
     pub fn segments(&self) -> impl Iterator<Item = &str> {
         split_slashes(self.joined.get(1..))
     }
 
-    /// The path to forward, in the string it was normalised into.
-    pub fn into_path(self) -> String {
-        let mut out = self.joined;
+    /// The path to forward, in the string it was normalised into; `None` when it is the path
+    /// [`normalize`] was given, as it was given (no copy of it: an allocation a request).
+    pub fn into_path(self) -> Option<String> {
+        let Cow::Owned(mut out) = self.joined else {
+            return None;
+        };
         if out.is_empty() || self.trailing_slash {
             out.push('/');
         }
-        out
+        Some(out)
     }
 
     /// The path to forward when no template applies.
@@ -189,7 +193,7 @@ fn is_plain(rest: &[u8]) -> bool {
 }
 
 /// Normalises a request path (no query string).
-pub fn normalize(raw: &str, slashes: EscapedSlashes) -> Result<NormalPath, PathError> {
+pub fn normalize(raw: &str, slashes: EscapedSlashes) -> Result<NormalPath<'_>, PathError> {
     let Some(rest) = raw.strip_prefix('/') else {
         return Err(PathError::NotAbsolute);
     };
@@ -198,7 +202,7 @@ pub fn normalize(raw: &str, slashes: EscapedSlashes) -> Result<NormalPath, PathE
         let trailing_slash = raw.len() > 1 && raw.ends_with('/');
         let joined = raw.strip_suffix('/').unwrap_or(raw);
         return Ok(NormalPath {
-            joined: joined.to_owned(),
+            joined: Cow::Borrowed(joined),
             trailing_slash,
         });
     }
@@ -221,7 +225,7 @@ pub fn normalize(raw: &str, slashes: EscapedSlashes) -> Result<NormalPath, PathE
     }
     Ok(NormalPath {
         trailing_slash: trailing_slash && !joined.is_empty(),
-        joined,
+        joined: Cow::Owned(joined),
     })
 }
 

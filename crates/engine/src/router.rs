@@ -148,8 +148,8 @@ impl Template {
 pub struct RouteMatch {
     /// Index of the endpoint in the catalog.
     pub endpoint: usize,
-    /// The path to forward upstream.
-    pub path: String,
+    /// The path to forward upstream; `None`: the request's own, as it came.
+    pub path: Option<String>,
 }
 
 /// The routes of one catalog version.
@@ -204,7 +204,11 @@ impl RouteTable {
 
     /// Finds the endpoint for `method` (any case) and a normalised path; `Err` gives the path
     /// back when none matches.
-    pub fn lookup(&self, method: &str, path: NormalPath) -> Result<RouteMatch, NormalPath> {
+    pub fn lookup<'p>(
+        &self,
+        method: &str,
+        path: NormalPath<'p>,
+    ) -> Result<RouteMatch, NormalPath<'p>> {
         let Some((_, router)) = self
             .routers
             .iter()
@@ -221,7 +225,7 @@ impl RouteTable {
         // canonical one, without a string built again (an allocation a request).
         let path = match template.is_canonical(&path) {
             true => path.into_path(),
-            false => template.canonical_path(&path),
+            false => Some(template.canonical_path(&path)),
         };
         Ok(RouteMatch { endpoint, path })
     }
@@ -251,8 +255,9 @@ mod tests {
             .collect::<Vec<_>>();
         let r = t.lookup(m, n).ok()?;
         // Whichever way the path was made, it is the template's spelling.
-        assert_eq!(r.path, slow[r.endpoint]);
-        Some((r.endpoint, r.path))
+        let path = r.path.unwrap_or_else(|| p.to_owned());
+        assert_eq!(path, slow[r.endpoint]);
+        Some((r.endpoint, path))
     }
 
     #[test]

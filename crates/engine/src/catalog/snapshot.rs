@@ -187,11 +187,11 @@ impl Snapshot {
     }
 
     /// Finds the endpoint of a request; `Err` gives the path back when none matches.
-    pub fn route(
+    pub fn route<'p>(
         &self,
         method: &str,
-        path: crate::path::NormalPath,
-    ) -> Result<RouteMatch, crate::path::NormalPath> {
+        path: crate::path::NormalPath<'p>,
+    ) -> Result<RouteMatch, crate::path::NormalPath<'p>> {
         self.routes.lookup(method, path)
     }
 
