@@ -126,22 +126,11 @@ PY
 if [ -n "${LOAD:-}" ]; then
   [ "${LIMITS:-}" = refused ] && { echo "LOAD=1 does not check answers: not with LIMITS=refused" >&2; exit 2; }
   # bench.sh's requests (many_keys_lua), with CLOSE, PAD and BODY as the one-at-a-time client's.
-  many_keys_lua "$W/load.lua"
-  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} python3 - "$W/load.lua" <<'PY'
-import os, sys
-extra = []
-if os.environ["CLOSE"]:
-    extra.append('["Connection"] = "close"')
-if int(os.environ["PAD"]):
-    extra.append(f'["X-Pad"] = string.rep("p", {int(os.environ["PAD"])})')
-body = int(os.environ["BODY"])
-method, payload = ("POST", f'string.rep("b", {body})') if body else ("GET", "nil")
-lua = open(sys.argv[1]).read()
-lua = lua.replace('wrk.format("GET", ', f'wrk.format("{method}", ')
-lua = lua.replace('string.format("key-%04d", n % 1000) }',
-                  'string.format("key-%04d", n % 1000)' + "".join(", " + e for e in extra) + f" }}, {payload}")
-open(sys.argv[1], "w").write(lua)
-PY
+  fields=() method=GET body=""
+  [ -n "${CLOSE:-}" ] && fields+=('["Connection"] = "close"')
+  [ "${PAD:-0}" -gt 0 ] && fields+=("[\"X-Pad\"] = string.rep(\"p\", $PAD)")
+  [ "${BODY:-0}" -gt 0 ] && { method=POST; body="string.rep(\"b\", $BODY)"; }
+  many_keys_lua "$W/load.lua" "$method" "$(IFS=,; echo "${fields[*]}")" "$body"
   read -r few few_n <<<"$(instructions 4 "$@")"
   if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT.few"; fi
   read -r many many_n <<<"$(instructions 16 "$@")"

@@ -131,14 +131,17 @@ creditLimit = 0
 INI
 }
 
-# many_keys_lua FILE: a wrk script in FILE that sends every request with one of 1000 API keys
-# (key-0000 .. key-0999), round robin per wrk thread, to /users/N.
+# many_keys_lua FILE [METHOD] [HEADERS] [BODY]: a wrk script in FILE that sends every request with
+# one of 1000 API keys (key-0000 .. key-0999), round robin per wrk thread, to /users/N. METHOD
+# (default GET); HEADERS, more entries of the Lua table of fields (`["Connection"] = "close"`);
+# BODY, a Lua expression for the body (default none).
 many_keys_lua() {
-  cat > "$1" <<'LUA'
+  local method=${2:-GET} headers=${3:+, $3} body=${4:+, $4}
+  cat > "$1" <<LUA
 local n = 0
 request = function()
   n = n + 1
-  return wrk.format("GET", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000) })
+  return wrk.format("$method", "/users/" .. n, { ["X-Api-Key"] = string.format("key-%04d", n % 1000)$headers }$body)
 end
 LUA
 }
