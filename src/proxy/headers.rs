@@ -230,7 +230,8 @@ pub trait Fields {
     /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
     fn set(&mut self, name: &HeaderName, value: &[u8]);
 
-    /// Sets `name` to the value `write` appends to an empty buffer.
+    /// Sets `name` to the value `write` appends to an empty buffer: bytes a field value may
+    /// hold (a map checks them anyway; lines do in debug builds only).
     fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
         let mut value = Vec::with_capacity(64);
         write(&mut value);
@@ -288,7 +289,7 @@ impl Fields for Lines<'_> {
 
     /// Written in place: the structured fields' values are built in the lines themselves.
     fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
-        self.replacing(name).push_with(name, write);
+        self.replacing(name).push_valid_with(name, write);
     }
 
     /// Digits need no check ([`crate::server::Written::push_number`]).

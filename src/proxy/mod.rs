@@ -45,10 +45,11 @@ pub type Body =
 
 /// What happened to one request, for metrics and the access log.
 #[derive(Debug)]
-struct Record {
+struct Record<'s> {
     decision: Decision,
-    /// The endpoint's name, empty when none matched.
-    endpoint: String,
+    /// The endpoint's name, empty when none matched: the catalog's, not a copy (an allocation
+    /// and a copy a request).
+    endpoint: &'s str,
     /// The API key's fingerprint (for the access log and traces only).
     key: Option<String>,
     /// Whether to take `key` (it costs a SHA-256).
@@ -59,11 +60,11 @@ struct Record {
     written: Written,
 }
 
-impl Default for Record {
+impl Default for Record<'_> {
     fn default() -> Self {
         Record {
             decision: Decision::BadRequest,
-            endpoint: String::new(),
+            endpoint: "",
             key: None,
             want_key: false,
             store_seconds: None,
@@ -211,6 +212,9 @@ impl Proxy {
                 .access_log
                 .then(|| (parts.method.clone(), parts.uri.path().to_owned()));
             let traced = self.tracer.as_ref().and_then(|t| t.start(&parts.headers));
+            // Taken after a forced refresh (below); declared first, so that the record may
+            // borrow the endpoint's name from it.
+            let catalog;
             let mut record = Record {
                 want_key: self.policy.access_log,
                 ..Record::default()
@@ -226,7 +230,7 @@ impl Proxy {
                 let record = &mut record;
                 self.forced_refresh(&mut parts).await;
                 let grpc = answer::is_grpc(&parts.headers);
-                let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+                catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
                 let admission =
                     match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
                         Step::Done(admission) => admission,
@@ -246,7 +250,7 @@ impl Proxy {
                     };
                 record.decision = admission.decision;
                 if let Some(e) = admission.endpoint {
-                    record.endpoint.clone_from(&e.name);
+                    record.endpoint = &e.name;
                 }
                 let target = match admission.into_action() {
                     Action::Reject(r) if grpc => {
@@ -296,7 +300,7 @@ impl Proxy {
     fn decide<'s>(
         &self,
         pending: admission::Pending<'s, '_>,
-        record: &mut Record,
+        record: &mut Record<'_>,
     ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
         async move {
             let (counters, now_ms, asked) = self.asking(&pending, record);
@@ -330,7 +334,7 @@ impl Proxy {
         pending: admission::Pending<'s, '_>,
         waits: [u16; quotagate_engine::limiter::MAX_LIMITS],
         head: &mut Parts,
-        record: &mut Record,
+        record: &mut Record<'_>,
     ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
         async move {
             let (counters, now_ms, asked) = self.asking(&pending, record);
@@ -372,7 +376,7 @@ impl Proxy {
     fn asking(
         &self,
         pending: &admission::Pending<'_, '_>,
-        record: &mut Record,
+        record: &mut Record<'_>,
     ) -> (admission::Counters, u64, Instant) {
         if record.want_key {
             record.key = Some(match pending.held.anonymous {
@@ -395,7 +399,7 @@ impl Proxy {
         verdict: quotagate_store::Verdict,
         now_ms: u64,
         asked: Instant,
-        record: &mut Record,
+        record: &mut Record<'_>,
     ) -> admission::Admission<'s> {
         let store_seconds = asked.elapsed().as_secs_f64();
         self.metrics.decision_seconds.observe(store_seconds);
@@ -469,7 +473,7 @@ impl Proxy {
         mut req: Box<Request<upstream::UpstreamBody>>,
         peer: SocketAddr,
         target: Target<'_>,
-        record: &mut Record,
+        record: &mut Record<'_>,
         grpc: bool,
     ) -> impl std::future::Future<Output = Box<Response<Body>>> + Send {
         async move {
@@ -592,7 +596,7 @@ impl Proxy {
     fn failed(
         &self,
         e: upstream::UpstreamError,
-        record: &mut Record,
+        record: &mut Record<'_>,
         grpc: bool,
     ) -> Box<Response<Body>> {
         let (decision, rejection) = answer::upstream_failure(e);
@@ -673,7 +677,7 @@ fn log_access(
     method: &http::Method,
     path: &str,
     status: u16,
-    record: &Record,
+    record: &Record<'_>,
     elapsed: std::time::Duration,
 ) {
     tracing::info!(
@@ -696,13 +700,13 @@ fn finish_span(
     started: crate::otel::Started,
     method: http::Method,
     status: u16,
-    record: &mut Record,
+    record: &mut Record<'_>,
 ) {
     tracer.finish(crate::otel::Span {
         started,
         end: std::time::SystemTime::now(),
         method,
-        endpoint: std::mem::take(&mut record.endpoint),
+        endpoint: record.endpoint.to_owned(),
         status,
         decision: record.decision.as_str(),
         key: record.key.take(),
