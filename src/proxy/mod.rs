@@ -271,7 +271,7 @@ impl Proxy {
             let elapsed = started.elapsed();
             let decision = record.decision;
             self.metrics.count_request(
-                &record.endpoint,
+                record.endpoint,
                 (decision as usize, decision.as_str()),
                 elapsed.as_secs_f64(),
             );
