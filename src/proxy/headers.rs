@@ -25,13 +25,29 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 /// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.
 const HTTP: HeaderValue = HeaderValue::from_static("http");
-// The rate-limit fields' names: statics, lent to [`Fields`] (a const made a name at each use and
-// dropped it through its `Bytes`' vtable, five times an answer).
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-pub static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-pub static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-pub static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+/// A field the gateway writes on answers: its name for a map (a static, lent to [`Fields`]: a
+/// const made a name at each use and dropped it through its `Bytes`' vtable, five times an
+/// answer) and its line's start for the lines (`name: `, a const, so that it is copied as the
+/// constant it is: a name's bytes read from the static were a `memcpy` call a field), both from
+/// one literal.
+macro_rules! written_field {
+    ($(#[$doc:meta])* $name:ident, $line:ident, $literal:literal) => {
+        $(#[$doc])*
+        pub static $name: HeaderName = HeaderName::from_static($literal);
+        const $line: &str = concat!($literal, ": ");
+    };
+}
+written_field!(RATELIMIT_POLICY, RATELIMIT_POLICY_LINE, "ratelimit-policy");
+written_field!(RATELIMIT, RATELIMIT_LINE, "ratelimit");
+written_field!(RATELIMIT_LIMIT, RATELIMIT_LIMIT_LINE, "ratelimit-limit");
+written_field!(
+    RATELIMIT_REMAINING,
+    RATELIMIT_REMAINING_LINE,
+    "ratelimit-remaining"
+);
+written_field!(RATELIMIT_RESET, RATELIMIT_RESET_LINE, "ratelimit-reset");
+/// `Retry-After`'s line start (its name is `http`'s).
+const RETRY_AFTER_LINE: &str = "retry-after: ";
 
 /// Removes hop-by-hop fields, including those named in `Connection`, except `keep`: a client must
 /// not be able to hide from the upstream a field the gateway decided on (the API key it was counted
@@ -230,16 +246,24 @@ pub trait Fields {
     /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
     fn set(&mut self, name: &HeaderName, value: &[u8]);
 
-    /// Sets `name` to the value `write` appends to an empty buffer: bytes a field value may
-    /// hold (a map checks them anyway; lines do in debug builds only).
-    fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+    /// Sets `name` (whose line starts `line`: `name: `) to the value `write` appends to an empty
+    /// buffer: bytes a field value may hold (a map checks them anyway; lines do in debug builds
+    /// only).
+    fn set_with(
+        &mut self,
+        name: &HeaderName,
+        line: &'static str,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let _ = line;
         let mut value = Vec::with_capacity(64);
         write(&mut value);
         self.set(name, &value);
     }
 
-    /// Sets `name` to `n` in decimal.
-    fn set_number(&mut self, name: &HeaderName, n: u64) {
+    /// Sets `name` (whose line starts `line`) to `n` in decimal.
+    fn set_number(&mut self, name: &HeaderName, line: &'static str, n: u64) {
+        let _ = line;
         self.set(name, itoa::Buffer::new().format(n).as_bytes());
     }
 }
@@ -288,13 +312,20 @@ impl Fields for Lines<'_> {
     }
 
     /// Written in place: the structured fields' values are built in the lines themselves.
-    fn set_with(&mut self, name: &HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
-        self.replacing(name).push_valid_with(name, write);
+    #[inline(always)]
+    fn set_with(
+        &mut self,
+        name: &HeaderName,
+        line: &'static str,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        self.replacing(name).push_valid_with(line, write);
     }
 
     /// Digits need no check ([`crate::server::Written::push_number`]).
-    fn set_number(&mut self, name: &HeaderName, n: u64) {
-        self.replacing(name).push_number(name, n);
+    #[inline(always)]
+    fn set_number(&mut self, name: &HeaderName, line: &'static str, n: u64) {
+        self.replacing(name).push_number(line, n);
     }
 }
 
@@ -376,19 +407,19 @@ pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
                 }
             }
         };
-        headers.set_with(&RATELIMIT_POLICY, |v| list(v, false));
-        headers.set_with(&RATELIMIT, |v| list(v, true));
+        headers.set_with(&RATELIMIT_POLICY, RATELIMIT_POLICY_LINE, |v| list(v, false));
+        headers.set_with(&RATELIMIT, RATELIMIT_LINE, |v| list(v, true));
     }
     if matches!(set, HeaderSet::Both | HeaderSet::Legacy)
         && let Some(i) = rate.outcome.most_restrictive(&rate.limits)
     {
         let d = &quotas[i];
-        headers.set_number(&RATELIMIT_LIMIT, d.limit);
-        headers.set_number(&RATELIMIT_REMAINING, d.remaining);
-        headers.set_number(&RATELIMIT_RESET, d.reset);
+        headers.set_number(&RATELIMIT_LIMIT, RATELIMIT_LIMIT_LINE, d.limit);
+        headers.set_number(&RATELIMIT_REMAINING, RATELIMIT_REMAINING_LINE, d.remaining);
+        headers.set_number(&RATELIMIT_RESET, RATELIMIT_RESET_LINE, d.reset);
     }
     if let Some(s) = rate.outcome.retry_after(&rate.limits) {
-        headers.set_number(&header::RETRY_AFTER, s);
+        headers.set_number(&header::RETRY_AFTER, RETRY_AFTER_LINE, s);
     }
 }
 
