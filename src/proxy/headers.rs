@@ -816,6 +816,20 @@ mod tests {
     }
 
     #[test]
+    fn each_written_line_starts_with_its_fields_name() {
+        for (name, line) in [
+            (&RATELIMIT_POLICY, RATELIMIT_POLICY_LINE),
+            (&RATELIMIT, RATELIMIT_LINE),
+            (&RATELIMIT_LIMIT, RATELIMIT_LIMIT_LINE),
+            (&RATELIMIT_REMAINING, RATELIMIT_REMAINING_LINE),
+            (&RATELIMIT_RESET, RATELIMIT_RESET_LINE),
+            (&header::RETRY_AFTER, RETRY_AFTER_LINE),
+        ] {
+            assert_eq!(line, format!("{}: ", name.as_str()));
+        }
+    }
+
+    #[test]
     fn policy_names_are_escaped() {
         assert_eq!(sf_string(r#"GET /a"b\c"#), r#""GET /a\"b\\c""#);
     }
