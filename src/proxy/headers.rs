@@ -31,8 +31,7 @@ const HTTP: HeaderValue = HeaderValue::from_static("http");
 /// constant it is: a name's bytes read from the static were a `memcpy` call a field), both from
 /// one literal.
 macro_rules! written_field {
-    ($(#[$doc:meta])* $name:ident, $line:ident, $literal:literal) => {
-        $(#[$doc])*
+    ($name:ident, $line:ident, $literal:literal) => {
         pub static $name: HeaderName = HeaderName::from_static($literal);
         const $line: &str = concat!($literal, ": ");
     };

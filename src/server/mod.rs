@@ -79,16 +79,15 @@ impl Written {
         self.lines.extend_from_slice(b"\r\n");
     }
 
-    /// Adds `name: ` and the value `write` appends, which the caller makes of bytes a field may
-    /// hold, so it is not checked again (debug builds do): the rate-limit lists, made of the
-    /// catalog's names (printable ASCII, checked as it loads), digits and fixed ASCII. Their
+    /// Adds a line that starts `start` (a field's name and `: `, as `"ratelimit: "`: best a
+    /// constant, copied as one inline, where a name's bytes read from a `HeaderName` were a
+    /// `memcpy` call a field) with the value `write` appends, which the caller makes of bytes a
+    /// field may hold, so it is not checked again (debug builds do): the rate-limit lists, made of
+    /// the catalog's names (printable ASCII, checked as it loads), digits and fixed ASCII. Their
     /// check was ~200 instructions a counted request (callgrind, docs/benchmarks.md).
-    /// `start` is the line's start, a field name and `: ` (`"ratelimit: "`), best a constant:
-    /// inline, it is copied as one (a name's bytes read from a `HeaderName` were a `memcpy`
-    /// call a field, callgrind).
     #[inline(always)]
     pub fn push_valid_with(&mut self, start: &str, write: impl FnOnce(&mut Vec<u8>)) {
-        self.start_line(start);
+        self.start_named(start);
         let value = self.lines.len();
         write(&mut self.lines);
         debug_assert!(
@@ -104,7 +103,7 @@ impl Written {
     /// `start` as [`Written::push_valid_with`]'s.
     #[inline(always)]
     pub fn push_number(&mut self, start: &str, n: u64) {
-        self.start_line(start);
+        self.start_named(start);
         self.lines
             .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         self.lines.extend_from_slice(b"\r\n");
@@ -125,27 +124,33 @@ impl Written {
 
     /// Starts a line: its name and `: `; where it starts.
     fn start(&mut self, name: &http::HeaderName) -> usize {
-        let line = self.start_line(name.as_str());
+        let line = self.start_line(name.as_str().as_bytes());
         self.lines.extend_from_slice(b": ");
         line
     }
 
-    /// Starts a line with `start`; where it starts.
+    /// Starts a line with `bytes`; where it starts.
     #[inline(always)]
-    fn start_line(&mut self, start: &str) -> usize {
-        debug_assert!(
-            start.strip_suffix(": ").is_none_or(
-                |n| http::HeaderName::from_bytes(n.as_bytes()).is_ok_and(|h| h.as_str() == n)
-            ),
-            "{start:?}"
-        );
+    fn start_line(&mut self, bytes: &[u8]) -> usize {
         if self.lines.capacity() == 0 {
             // The usual answer's fields at once (they grew the lines four times).
             self.lines.reserve(256);
         }
         let line = self.lines.len();
-        self.lines.extend_from_slice(start.as_bytes());
+        self.lines.extend_from_slice(bytes);
         line
+    }
+
+    /// Starts a line with `start`, a lower-case field name and `: ` (checked in debug builds).
+    #[inline(always)]
+    fn start_named(&mut self, start: &str) -> usize {
+        debug_assert!(
+            start.strip_suffix(": ").is_some_and(
+                |n| http::HeaderName::from_bytes(n.as_bytes()).is_ok_and(|h| h.as_str() == n)
+            ),
+            "{start:?}"
+        );
+        self.start_line(start.as_bytes())
     }
 
     pub fn as_bytes(&self) -> &[u8] {
