@@ -332,7 +332,7 @@ impl Fields for Lines<'_> {
 /// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
 fn push_sf_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
-    if s.bytes().any(|b| b == b'"' || b == b'\\') {
+    if quotagate_engine::ascii::has_either(s.as_bytes(), b'"', b'\\') {
         for b in s.bytes() {
             if b == b'"' || b == b'\\' {
                 out.push(b'\\');

@@ -9,6 +9,7 @@
 //! Must not depend on: any other quotagate crate, tokio, hyper, sockets or files. Everything here
 //! is a function of its arguments, so it is unit-tested beside the code and fuzzed.
 
+pub mod ascii;
 pub mod catalog;
 pub mod clock;
 pub mod limiter;

@@ -86,12 +86,12 @@ impl NormalPath<'_> {
         out
     }
 
-    /// The key the router matches: lower-case ASCII, no trailing slash (borrowed when the path
-    /// has no upper-case letter, as most have).
+    /// The key the router matches: lower-case ASCII, no trailing slash; borrowed exactly when
+    /// the path has no upper-case letter, as most have (the router counts on it).
     pub fn match_key(&self) -> Cow<'_, str> {
         if self.joined.is_empty() {
             Cow::Borrowed("/")
-        } else if self.joined.bytes().any(|b| b.is_ascii_uppercase()) {
+        } else if crate::ascii::has_upper(self.joined.as_bytes()) {
             Cow::Owned(self.joined.to_ascii_lowercase())
         } else {
             Cow::Borrowed(&self.joined)

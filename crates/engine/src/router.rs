@@ -30,6 +30,9 @@ pub struct Template {
     trailing_slash: bool,
     /// The shape matchit sees: lower-case statics, parameters named by position.
     route_key: String,
+    /// Whether its statics are written in lower case: a request path without upper-case letters
+    /// that matched it then spells them as it does (see [`Template::is_canonical`]).
+    lower: bool,
 }
 
 /// Why a catalog template was refused, said in one line.
@@ -103,26 +106,36 @@ impl Template {
         if route_key.is_empty() {
             route_key.push('/');
         }
+        let lower = segments.iter().all(|s| match s {
+            Segment::Static(s) => !crate::ascii::has_upper(s.as_bytes()),
+            Segment::Param => true,
+        });
         Ok(Template {
             method,
             path: path.to_owned(),
             segments,
             trailing_slash,
             route_key,
+            lower,
         })
     }
 
     /// Whether `req` (which matched) is spelled as [`Template::canonical_path`] would spell it:
     /// each static segment as written here, and the trailing slash where the template has one.
-    fn is_canonical(&self, req: &NormalPath) -> bool {
-        let statics = self
-            .segments
-            .iter()
-            .zip(req.segments())
-            .all(|(seg, value)| match seg {
-                Segment::Static(s) => s == value,
-                Segment::Param => true,
-            });
+    /// `req_lower`: `req` has no upper-case letter. It matched the route key, whose statics are
+    /// the template's in lower case; when the template writes them so too, they are already
+    /// spelled as here, and comparing them segment by segment (a scan of the path, ~100
+    /// instructions a request) would tell nothing new.
+    fn is_canonical(&self, req: &NormalPath, req_lower: bool) -> bool {
+        let statics = (req_lower && self.lower)
+            || self
+                .segments
+                .iter()
+                .zip(req.segments())
+                .all(|(seg, value)| match seg {
+                    Segment::Static(s) => s == value,
+                    Segment::Param => true,
+                });
         statics && (self.segments.is_empty() || self.trailing_slash == req.trailing_slash)
     }
 
@@ -212,18 +225,21 @@ impl RouteTable {
         let Some((_, router)) = self
             .routers
             .iter()
-            .find(|(m, _)| m.eq_ignore_ascii_case(method))
+            .find(|(m, _)| m == method || m.eq_ignore_ascii_case(method))
         else {
             return Err(path);
         };
-        let found = router.at(&path.match_key()).ok().map(|m| *m.value);
+        let key = path.match_key();
+        let req_lower = matches!(key, std::borrow::Cow::Borrowed(_));
+        let found = router.at(&key).ok().map(|m| *m.value);
+        drop(key);
         let Some(endpoint) = found else {
             return Err(path);
         };
         let template = &self.templates[endpoint];
         // Usually the client spelled the endpoint as the template does: its path is then the
         // canonical one, without a string built again (an allocation a request).
-        let path = match template.is_canonical(&path) {
+        let path = match template.is_canonical(&path, req_lower) {
             true => path.into_path(),
             false => Some(template.canonical_path(&path)),
         };
@@ -296,6 +312,25 @@ mod tests {
                 "{p}"
             );
         }
+    }
+
+    #[test]
+    fn a_lower_case_path_is_forwarded_with_the_templates_capitals() {
+        // Lower-case statics need no comparison (`Template::lower`); these do.
+        let t = table(&[("GET", "/Users/{id}/PREFS"), ("GET", "/items/{id}/")]);
+        assert_eq!(
+            find(&t, "GET", "/users/ab/prefs"),
+            Some((0, "/Users/ab/PREFS".into()))
+        );
+        assert_eq!(find(&t, "GET", "/items/ab"), Some((1, "/items/ab/".into())));
+        assert_eq!(
+            find(&t, "GET", "/items/ab/"),
+            Some((1, "/items/ab/".into()))
+        );
+        assert_eq!(
+            find(&t, "GET", "/Items/ab/"),
+            Some((1, "/items/ab/".into()))
+        );
     }
 
     #[test]
