@@ -262,8 +262,13 @@ pub trait Fields {
 
     /// Sets `name` (whose line starts `line`) to `n` in decimal.
     fn set_number(&mut self, name: &HeaderName, line: &'static str, n: u64) {
+        self.set_digits(name, line, itoa::Buffer::new().format(n));
+    }
+
+    /// Sets `name` (whose line starts `line`) to `digits`, a number written in decimal.
+    fn set_digits(&mut self, name: &HeaderName, line: &'static str, digits: &str) {
         let _ = line;
-        self.set(name, itoa::Buffer::new().format(n).as_bytes());
+        self.set(name, digits.as_bytes());
     }
 }
 
@@ -321,10 +326,10 @@ impl Fields for Lines<'_> {
         self.replacing(name).push_valid_with(line, write);
     }
 
-    /// Digits need no check ([`crate::server::Written::push_number`]).
+    /// Digits need no check ([`crate::server::Written::push_digits`]).
     #[inline(always)]
-    fn set_number(&mut self, name: &HeaderName, line: &'static str, n: u64) {
-        self.replacing(name).push_number(line, n);
+    fn set_digits(&mut self, name: &HeaderName, line: &'static str, digits: &str) {
+        self.replacing(name).push_digits(line, digits);
     }
 }
 
@@ -356,8 +361,7 @@ fn sf_string(s: &str) -> String {
 /// The policy of a window other than 60 s is named `<name> <w>s`, a calendar quota's `<name>
 /// <period>` (`"GET /a day"`), so every policy of an endpoint has a distinct name and the
 /// per-minute one keeps the endpoint's name.
-fn push_sf_item(v: &mut Vec<u8>, name: &str, l: &Limit, a: u8, x: u64, b: u8, y: u64) {
-    let mut digits = itoa::Buffer::new();
+fn push_sf_item(v: &mut Vec<u8>, name: &str, l: &Limit, a: u8, x: &str, b: u8, y: &str) {
     push_sf_string(v, name);
     if let Some(p) = l.period() {
         v.pop(); // the closing quote
@@ -367,13 +371,13 @@ fn push_sf_item(v: &mut Vec<u8>, name: &str, l: &Limit, a: u8, x: u64, b: u8, y:
     } else if u64::from(l.w) != WINDOW_SECONDS {
         v.pop();
         v.push(b' ');
-        v.extend_from_slice(digits.format(l.w).as_bytes());
+        v.extend_from_slice(itoa::Buffer::new().format(l.w).as_bytes());
         v.extend_from_slice(b"s\"");
     }
     v.extend_from_slice(&[b';', a, b'=']);
-    v.extend_from_slice(digits.format(x).as_bytes());
+    v.extend_from_slice(x.as_bytes());
     v.extend_from_slice(&[b';', b, b'=']);
-    v.extend_from_slice(digits.format(y).as_bytes());
+    v.extend_from_slice(y.as_bytes());
 }
 
 /// Writes the rate-limit fields of one answer: every enforced policy in `RateLimit-Policy` and
@@ -384,6 +388,23 @@ pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
     let quotas = rate.outcome.quotas();
     // A concurrency limit is not a rate: no window to tell (the 429's problem names it).
     let told = |l: &Limit| !l.shadow && !l.is_concurrent();
+    let legacy = match set {
+        HeaderSet::Both | HeaderSet::Legacy => rate.outcome.most_restrictive(&rate.limits),
+        HeaderSet::Ietf | HeaderSet::None => None,
+    };
+    // The legacy trio's numbers, written once: the lists repeat them for the same limit (three
+    // of the seven numbers an answer with one limit tells, ~140 instructions; callgrind).
+    let mut buffers = [itoa::Buffer::new(); 3];
+    let [limit, remaining, reset] = &mut buffers;
+    let trio = legacy.map(|i| {
+        let d = &quotas[i];
+        (
+            i,
+            limit.format(d.limit),
+            remaining.format(d.remaining),
+            reset.format(d.reset),
+        )
+    });
     if matches!(set, HeaderSet::Both | HeaderSet::Ietf) && rate.limits.iter().any(told) {
         // Each list written where it goes (the own server's lines): no string of its own.
         let list = |v: &mut Vec<u8>, state: bool| {
@@ -397,25 +418,29 @@ pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
                 }
                 // A pool's policies are named after its group.
                 let name = rate.limits.pool_of(i).unwrap_or(rate.name);
+                let (mut x, mut y) = (itoa::Buffer::new(), itoa::Buffer::new());
+                let told = trio.filter(|t| t.0 == i);
                 match state {
                     false => {
-                        let w = l.seconds_at(rate.at_ms);
-                        push_sf_item(v, name, l, b'q', q.limit, b'w', w)
+                        let q = told.map_or_else(|| x.format(q.limit), |t| t.1);
+                        let w = y.format(l.seconds_at(rate.at_ms));
+                        push_sf_item(v, name, l, b'q', q, b'w', w)
                     }
-                    true => push_sf_item(v, name, l, b'r', q.remaining, b't', q.reset),
+                    true => {
+                        let r = told.map_or_else(|| x.format(q.remaining), |t| t.2);
+                        let t = told.map_or_else(|| y.format(q.reset), |t| t.3);
+                        push_sf_item(v, name, l, b'r', r, b't', t)
+                    }
                 }
             }
         };
         headers.set_with(&RATELIMIT_POLICY, RATELIMIT_POLICY_LINE, |v| list(v, false));
         headers.set_with(&RATELIMIT, RATELIMIT_LINE, |v| list(v, true));
     }
-    if matches!(set, HeaderSet::Both | HeaderSet::Legacy)
-        && let Some(i) = rate.outcome.most_restrictive(&rate.limits)
-    {
-        let d = &quotas[i];
-        headers.set_number(&RATELIMIT_LIMIT, RATELIMIT_LIMIT_LINE, d.limit);
-        headers.set_number(&RATELIMIT_REMAINING, RATELIMIT_REMAINING_LINE, d.remaining);
-        headers.set_number(&RATELIMIT_RESET, RATELIMIT_RESET_LINE, d.reset);
+    if let Some((_, limit, remaining, reset)) = trio {
+        headers.set_digits(&RATELIMIT_LIMIT, RATELIMIT_LIMIT_LINE, limit);
+        headers.set_digits(&RATELIMIT_REMAINING, RATELIMIT_REMAINING_LINE, remaining);
+        headers.set_digits(&RATELIMIT_RESET, RATELIMIT_RESET_LINE, reset);
     }
     if let Some(s) = rate.outcome.retry_after(&rate.limits) {
         headers.set_number(&header::RETRY_AFTER, RETRY_AFTER_LINE, s);

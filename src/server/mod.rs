@@ -103,9 +103,16 @@ impl Written {
     /// `start` as [`Written::push_valid_with`]'s.
     #[inline(always)]
     pub fn push_number(&mut self, start: &str, n: u64) {
+        self.push_digits(start, itoa::Buffer::new().format(n));
+    }
+
+    /// Adds `name: ` and `digits` (a number in decimal, not checked again), as
+    /// [`Written::push_number`].
+    #[inline(always)]
+    pub fn push_digits(&mut self, start: &str, digits: &str) {
+        debug_assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{digits:?}");
         self.start_named(start);
-        self.lines
-            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        self.lines.extend_from_slice(digits.as_bytes());
         self.lines.extend_from_slice(b"\r\n");
     }
 
