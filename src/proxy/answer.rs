@@ -43,8 +43,7 @@ mod grpc {
 
 /// Is this request gRPC (`content-type: application/grpc...`)? Its refusals then take gRPC's form.
 pub fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
+    super::headers::find(headers, &http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 

@@ -425,7 +425,7 @@ impl Proxy {
     async fn forced_refresh(&self, parts: &mut Parts) {
         // Looked up before `entry`, which makes room for a field it might insert: a map that
         // hyper sized to the client's fields grew for every request (callgrind).
-        if !parts.headers.contains_key(&self.refresh.header) {
+        if headers::find(&parts.headers, &self.refresh.header).is_none() {
             return;
         }
         // Apart: rare, and inline its wait would be part of every request's future and code.
@@ -497,7 +497,7 @@ impl Proxy {
             // map: each way to the upstream puts the target's in its place (the own exchange
             // skips the map's, hyper's HTTP/1.1 replaces it, HTTP/2 removes it), and taking it
             // out cost ~230 instructions a request (callgrind).
-            let host = match req.headers().get(HOST) {
+            let host = match headers::find(req.headers(), &HOST) {
                 Some(v) if v.to_str().is_ok() => Some(v.clone()),
                 _ => req
                     .uri()
