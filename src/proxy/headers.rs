@@ -48,13 +48,13 @@ written_field!(RATELIMIT_RESET, RATELIMIT_RESET_LINE, "ratelimit-reset");
 /// `Retry-After`'s line start (its name is `http`'s).
 const RETRY_AFTER_LINE: &str = "retry-after: ";
 
-/// The first value of `name` in `map`: a request's few fields compared by name, where the map
-/// would hash the name first (25-110 instructions for the names every request is looked up by,
-/// a custom one's bytes each hashed; callgrind, docs/benchmarks.md); a map of more fields looked
-/// up as usual.
+/// The first value of `name` in `map`: a request's few fields (up to eight values) compared by
+/// name, where the map would hash the name first (25-110 instructions for the names every request
+/// is looked up by, a custom one's bytes each hashed; callgrind, docs/benchmarks.md); a larger
+/// map looked up as usual.
 pub fn find<'m>(map: &'m HeaderMap, name: &HeaderName) -> Option<&'m HeaderValue> {
     const SCANNED: usize = 8;
-    match map.keys_len() <= SCANNED {
+    match map.len() <= SCANNED {
         true => map.iter().find_map(|(n, v)| (n == name).then_some(v)),
         false => map.get(name),
     }
