@@ -431,16 +431,17 @@ pub fn set_rate_limit(headers: &mut impl Fields, set: HeaderSet, rate: &Rate) {
                 // A pool's policies are named after its group.
                 let name = rate.limits.pool_of(i).unwrap_or(rate.name);
                 let (mut x, mut y) = (itoa::Buffer::new(), itoa::Buffer::new());
-                let told = trio.filter(|t| t.0 == i);
+                // The trio's limit: its digits are written already.
+                let trios = trio.filter(|t| t.0 == i);
                 match state {
                     false => {
-                        let q = told.map_or_else(|| x.format(q.limit), |t| t.1);
+                        let q = trios.map_or_else(|| x.format(q.limit), |t| t.1);
                         let w = y.format(l.seconds_at(rate.at_ms));
                         push_sf_item(v, name, l, b'q', q, b'w', w)
                     }
                     true => {
-                        let r = told.map_or_else(|| x.format(q.remaining), |t| t.2);
-                        let t = told.map_or_else(|| y.format(q.reset), |t| t.3);
+                        let r = trios.map_or_else(|| x.format(q.remaining), |t| t.2);
+                        let t = trios.map_or_else(|| y.format(q.reset), |t| t.3);
                         push_sf_item(v, name, l, b'r', r, b't', t)
                     }
                 }
