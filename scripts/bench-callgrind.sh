@@ -13,6 +13,9 @@
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
 # BODY=N sends each request as a POST with a body of N bytes (and a Content-Length).
+# FIELDS=1 adds the six fields an API client or browser usually sends and the gateway does not
+# read (User-Agent, Accept, Accept-Encoding, Accept-Language, Cache-Control, X-Request-Id: 200
+# bytes), which the gateway and its peers hand on to the upstream.
 # CLOSE=1 sends each request on a new connection (`Connection: close`): the cost of a connection.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 # LOAD=1 counts under load instead of one request at a time: `wrk -t1 -c16` (LOAD_CONNECTIONS),
@@ -99,7 +102,7 @@ instructions() {
     served=$(wrk -t1 -c"${LOAD_CONNECTIONS:-16}" -d"${n}s" -s "$W/load.lua" "http://127.0.0.1:$gw/" |
       awk '/ requests in /{print $1}')
   else
-  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
+  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} FIELDS=${FIELDS:-} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
 import http.client, os, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 headers = {"X-Api-Key": "key-0001"}
@@ -107,6 +110,8 @@ if int(os.environ["PAD"]):
     headers["X-Pad"] = "p" * int(os.environ["PAD"])
 if os.environ["CLOSE"]:
     headers["Connection"] = "close"
+if os.environ["FIELDS"]:
+    headers.update(l.split(": ", 1) for l in os.environ["USUAL_FIELDS"].splitlines())
 for i in range(int(sys.argv[2])):
     if os.environ["CLOSE"]:
         c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
@@ -130,6 +135,7 @@ if [ -n "${LOAD:-}" ]; then
   [ -n "${CLOSE:-}" ] && fields+=('["Connection"] = "close"')
   [ "${PAD:-0}" -gt 0 ] && fields+=("[\"X-Pad\"] = string.rep(\"p\", $PAD)")
   [ "${BODY:-0}" -gt 0 ] && { method=POST; body="string.rep(\"b\", $BODY)"; }
+  [ -n "${FIELDS:-}" ] && fields+=("$(usual_fields_lua)")
   many_keys_lua "$W/load.lua" "$method" "$(IFS=,; echo "${fields[*]}")" "$body"
   read -r few few_n <<<"$(instructions 4 "$@")"
   if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT.few"; fi

@@ -131,6 +131,26 @@ creditLimit = 0
 INI
 }
 
+# The fields an API client or browser usually sends besides its key, none of which a gateway reads
+# (bench-callgrind.sh FIELDS=1): "Name: value" lines.
+USUAL_FIELDS='User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36
+Accept: application/json, text/plain, */*
+Accept-Encoding: gzip, deflate, br
+Accept-Language: en-US,en;q=0.9
+Cache-Control: no-cache
+X-Request-Id: 4bf92f35-77b3-4da6-a3ce-929d0e0e4736'
+export USUAL_FIELDS
+
+# usual_fields_lua: USUAL_FIELDS as entries of a Lua table of fields (many_keys_lua's HEADERS).
+usual_fields_lua() {
+  local out=() name value
+  while IFS= read -r line; do
+    name=${line%%: *} value=${line#*: }
+    out+=("[\"$name\"] = \"$value\"")
+  done <<<"$USUAL_FIELDS"
+  (IFS=,; echo "${out[*]}")
+}
+
 # many_keys_lua FILE [METHOD] [HEADERS] [BODY]: a wrk script in FILE that sends every request with
 # one of 1000 API keys (key-0000 .. key-0999), round robin per wrk thread, to /users/N. METHOD
 # (default GET); HEADERS, more entries of the Lua table of fields (`["Connection"] = "close"`);

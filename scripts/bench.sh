@@ -16,7 +16,9 @@
 # requests served, and its user time apart (its own code's share: the kernel's, most of a proxy's
 # CPU here, is much alike for every proxy). Ratios are to nginx proxy_pass in the same run (nginx: 1 worker, keep-alive to
 # the upstream, and with `limit_req` on a per-key zone, the memory store's peer; HAProxy: 1 thread; Envoy: 1 worker, when the `envoy` command is there). Two rows each for nginx and quotagate balance over two upstream
-# targets (a second example upstream), beside their one-target rows. Then the added latency: a fixed-rate load with oha
+# targets (a second example upstream), beside their one-target rows; and one each sends, beside
+# the key, the six fields a client usually sends and no proxy reads (bench-lib.sh's USUAL_FIELDS:
+# `User-Agent`, `Accept`, ...; wrk's own requests carry only `Host`). Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
 # idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
 # Prints the tables and appends them, with the machine and the command, to docs/benchmarks.md
@@ -58,6 +60,8 @@ json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], 
 PY
 # Every request uses one of the 1000 keys, round robin per wrk thread.
 many_keys_lua "$WORK/many-keys.lua"
+# The same, with a client's usual fields.
+many_keys_lua "$WORK/many-keys-fields.lua" GET "$(usual_fields_lua)"
 
 UP_PORT=$(free_port)
 "$BIN" example-upstream --listen "127.0.0.1:$UP_PORT" 2>/dev/null & PIDS+=($!)
@@ -91,6 +95,7 @@ measure() {
 }
 
 MANY=(-s "$WORK/many-keys.lua")
+FIELDS=(-s "$WORK/many-keys-fields.lua")
 HOG=(-H "X-Api-Key: hog")
 HOT=(-H "X-Api-Key: hot")
 
@@ -128,6 +133,9 @@ nginx_row() {
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
   start_nginx "server 127.0.0.1:$UP_PORT; server 127.0.0.1:$UP2_PORT;"
   measure "nginx proxy_pass (1 worker), 2 targets round robin" "$NGINX_PORT" "$NGINX_PID" "${MANY[@]}"
+  kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
+  start_nginx
+  measure "nginx proxy_pass (1 worker), a client's usual fields" "$NGINX_PORT" "$NGINX_PID" "${FIELDS[@]}"
   kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true
   nginx_limit_row
 }
@@ -224,9 +232,11 @@ for ROUND in $(seq "$ROUNDS"); do
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }"
   gateway "quotagate, limits off" MANY --set limits.enabled=false
   gateway "quotagate, memory store, 1000 keys under limit" MANY
+  gateway "quotagate, limits off, a client's usual fields" FIELDS --set limits.enabled=false
   if [ -n "$BIN_B" ]; then
     GW_BIN=$BIN_B gateway "quotagate, limits off [B]" MANY --set limits.enabled=false
     GW_BIN=$BIN_B gateway "quotagate, memory store, 1000 keys under limit [B]" MANY
+    GW_BIN=$BIN_B gateway "quotagate, limits off, a client's usual fields [B]" FIELDS --set limits.enabled=false
   fi
   gateway "quotagate, memory store, 1000 keys under limit, 1 worker (nginx's shape)" MANY --set server.workers=1
   TWO="http://127.0.0.1:$UP_PORT,http://127.0.0.1:$UP2_PORT"
