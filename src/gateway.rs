@@ -258,9 +258,13 @@ impl Gateway {
     /// Serves the proxy on `listener` until `shutdown`, then drains. `false` if draining timed out.
     pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> bool {
         let proxy = self.proxy.clone();
+        let http = HttpSettings {
+            passes: Some(Arc::new(proxy.passes())),
+            ..self.http.clone()
+        };
         server::serve(
             listener,
-            self.http.clone(),
+            http,
             self.executor.clone(),
             move |peer, req| proxy.clone().handle(peer, req),
             shutdown,

@@ -388,6 +388,88 @@ async fn forwarded_request_headers() {
     assert_eq!(seen.version, http::Version::HTTP_11);
 }
 
+/// A client's usual fields (`User-Agent`, `Cookie`, ...: the proxy hands them on as lines, not
+/// through the request's map, when its own HTTP/1.1 server read them) reach the upstream exactly
+/// as those the map carries: whichever server read the request (HTTP/1.1: the own; HTTP/2:
+/// hyper's) and whichever way it went upstream (the own exchange; hyper's client, HTTP/2), every
+/// field once, a name's values in their order, beside the forwarding fields.
+#[tokio::test]
+async fn request_fields_reach_the_upstream_the_same_whichever_way_they_go() {
+    let fields = [
+        KEY,
+        ("User-Agent", "agent/1.0"),
+        ("Accept", "application/json"),
+        ("Accept-Encoding", "gzip"),
+        ("Cache-Control", "no-cache"),
+        ("Cache-Control", "max-age=0"),
+        ("Authorization", "Bearer t0ken"),
+        ("Cookie", "a=1"),
+        ("Cookie", "b=2"),
+        ("X-Request-Id", "r-1"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        ("X-Forwarded-For", "203.0.113.7"),
+        ("X-Custom", "kept"),
+    ];
+    let mut want: Vec<(String, String)> = fields
+        .iter()
+        .filter(|(n, _)| *n != "X-Forwarded-For")
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_string()))
+        .collect();
+    want.push(("x-forwarded-for".into(), "203.0.113.7, 127.0.0.1".into()));
+    want.push(("x-forwarded-proto".into(), "http".into()));
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    let up = Upstream::start().await;
+    for upstream_h2 in [false, true] {
+        let mut c = config(&up);
+        if upstream_h2 {
+            c.upstream.protocol = quotagate::config::UpstreamProtocol::H2;
+        }
+        let gw = gateway(c).await;
+        for (client, version) in [(http1_client(), "HTTP/1.1"), (http2_client(), "HTTP/2")] {
+            let case = format!("{version} client, upstream HTTP/2 {upstream_h2}");
+            let r = send(&client, "GET", &gw.url("/items/1"), &fields, Bytes::new()).await;
+            assert_eq!(r.status, 200, "{case}");
+            let seen = up.last();
+            assert_eq!(seen.version == http::Version::HTTP_2, upstream_h2, "{case}");
+            // Stable: a name's values stay in the order they came.
+            let mut got: Vec<(String, String)> = seen
+                .headers
+                .iter()
+                .filter(|(n, _)| !matches!(n.as_str(), "host" | "x-forwarded-host"))
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(got, want, "{case}");
+        }
+    }
+}
+
+/// A name the proxy reads by configuration is never handed on unread, even one it would
+/// otherwise hand on (`Authorization`, `X-Request-Id`): the key counts, the refresh header is
+/// taken out.
+#[tokio::test]
+async fn configured_names_are_read_even_where_usual_fields_are_handed_on() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_header = "Authorization".into();
+    c.catalog.refresh_header = "X-Request-Id".into();
+    let gw = gateway(c).await;
+    let r = get(
+        &gw.url("/users/1/prefs"),
+        &[("Authorization", "k1"), ("X-Request-Id", "not-the-secret")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-limit"), Some("3"));
+    let seen = up.last();
+    assert_eq!(seen.headers.get("x-request-id"), None);
+    assert_eq!(seen.headers["authorization"], "k1");
+    assert_eq!(get(&gw.url("/users/1/prefs"), &[KEY]).await.status, 401);
+}
+
 #[tokio::test]
 async fn upstream_response_headers_are_cleaned_and_ours_win() {
     let up = Upstream::start().await;

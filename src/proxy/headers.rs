@@ -8,6 +8,10 @@
 //! - Rate-limit fields: the current IETF draft (`RateLimit-Policy`, `RateLimit`) and/or the
 //!   DynLimits-compatible trio (`RateLimit-Limit`, `-Remaining`, `-Reset`), plus `Retry-After` on
 //!   rejections. They replace any fields of the same names from the upstream.
+//! - A request's fields that the gateway never reads ([`HANDED_ON`]: a client's usual
+//!   `User-Agent`, `Accept`, `Cookie`, ...) go upstream as the own HTTP/1.1 server read them,
+//!   as lines, not through the request's map; the names the gateway reads, configured or not,
+//!   never do.
 
 use std::net::IpAddr;
 
@@ -23,6 +27,47 @@ use quotagate_engine::limiter::{Limit, Rate, WINDOW_SECONDS};
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// Request fields the gateway hands on unread ([`handed_on`]): those an API client or a browser
+/// usually sends besides its key. A field of one of these names is not in the request's map on
+/// its way through the own HTTP/1.1 server: nothing on the request path may read one of them
+/// (what it reads: `Host`, the framing, `Content-Type` for gRPC, `traceparent`, the
+/// `X-Forwarded-*` it replaces, and the configured API key, cost and refresh header names,
+/// which [`handed_on`] takes out of these).
+pub const HANDED_ON: [HeaderName; 26] = [
+    header::USER_AGENT,
+    header::ACCEPT,
+    header::ACCEPT_ENCODING,
+    header::ACCEPT_LANGUAGE,
+    header::ACCEPT_CHARSET,
+    header::CACHE_CONTROL,
+    header::PRAGMA,
+    header::REFERER,
+    header::ORIGIN,
+    header::COOKIE,
+    header::AUTHORIZATION,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_MATCH,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+    header::RANGE,
+    header::DNT,
+    HeaderName::from_static("x-request-id"),
+    HeaderName::from_static("x-correlation-id"),
+    HeaderName::from_static("x-requested-with"),
+    HeaderName::from_static("sec-fetch-site"),
+    HeaderName::from_static("sec-fetch-mode"),
+    HeaderName::from_static("sec-fetch-dest"),
+    HeaderName::from_static("sec-ch-ua"),
+    HeaderName::from_static("priority"),
+];
+
+/// The fields the proxy hands on unread: [`HANDED_ON`] but those it reads by configuration (the
+/// API key's, the cost's, the forced refresh's: any name may be configured).
+pub fn handed_on<'a>(read: impl IntoIterator<Item = &'a HeaderName>) -> crate::http1::Passes {
+    crate::http1::Passes::new(&HANDED_ON, read)
+}
+
 /// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.
 const HTTP: HeaderValue = HeaderValue::from_static("http");
 /// A field the gateway writes on answers: its name for a map (a static, lent to [`Fields`]: a

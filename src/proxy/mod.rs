@@ -192,6 +192,13 @@ impl Proxy {
         &self.policy.api_key_header
     }
 
+    /// The request fields this proxy hands on unread ([`headers::HANDED_ON`] but the names it
+    /// is configured to read), for its listener ([`crate::server::HttpSettings::passes`]).
+    pub fn passes(&self) -> crate::http1::Passes {
+        let configured = [&self.policy.api_key_header, &self.refresh.header];
+        headers::handed_on(configured.into_iter().chain(&self.policy.cost_header))
+    }
+
     /// Handles one request from `peer`. Never fails: every outcome is a response.
     #[allow(
         clippy::manual_async_fn,
@@ -262,10 +269,8 @@ impl Proxy {
                 // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
                 // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
                 let max = self.policy.max_body_bytes as usize;
-                let req = Box::new(Request::from_parts(
-                    parts,
-                    upstream::Outgoing::new(body, max),
-                ));
+                let body = upstream::Outgoing::new(body, max, &mut parts.headers);
+                let req = Box::new(Request::from_parts(parts, body));
                 self.forward(req, peer, target, record, grpc).await
             };
             let elapsed = started.elapsed();

@@ -7,19 +7,32 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::http1::Passed;
+
 /// A request's body: read by hyper as it arrives, or already read whole by the gateway's own
 /// HTTP/1 server ([`super::h1`]), which takes only bodies of a known, small length.
 #[derive(Debug)]
 pub enum RequestBody {
     Hyper(Incoming),
-    /// `None` once read.
-    Whole(Option<Bytes>),
+    /// `None` once read. Beside it, the fields that the own server hands on as lines and did not
+    /// put in the request's map ([`crate::http1::Passes`]): they go with the body because the
+    /// body is what goes upstream with the head (a request's extensions would cost three
+    /// allocations), and only the own server reads bodies whole.
+    Whole(Option<Bytes>, Passed),
 }
 
 impl RequestBody {
     /// A body of these bytes (none when empty).
     pub fn whole(bytes: Bytes) -> RequestBody {
-        RequestBody::Whole((!bytes.is_empty()).then_some(bytes))
+        RequestBody::Whole((!bytes.is_empty()).then_some(bytes), Passed::default())
+    }
+
+    /// Takes the fields handed on as lines, if any.
+    pub fn take_passed(&mut self) -> Passed {
+        match self {
+            RequestBody::Whole(_, passed) => std::mem::take(passed),
+            RequestBody::Hyper(_) => Passed::default(),
+        }
     }
 }
 
@@ -39,21 +52,23 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             RequestBody::Hyper(b) => Pin::new(b).poll_frame(cx),
-            RequestBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            RequestBody::Whole(b, _) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Hyper(b) => b.is_end_stream(),
-            RequestBody::Whole(b) => b.is_none(),
+            RequestBody::Whole(b, _) => b.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Hyper(b) => b.size_hint(),
-            RequestBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            RequestBody::Whole(b, _) => {
+                SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
         }
     }
 }

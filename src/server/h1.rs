@@ -71,7 +71,7 @@ pub struct Head {
     pub connection: Option<usize>,
 }
 
-use crate::http1::{KEPT_ROOM, has_token, plain_number};
+use crate::http1::{KEPT_ROOM, Passed, Passes, has_token, plain_number};
 pub use crate::http1::{Line, Lines};
 use crate::shelf::Shelf;
 
@@ -116,10 +116,11 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
     let (mut connection, mut named_close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
         let line = at(h.name.as_bytes()).start;
-        let Some(name) = crate::http1::set_line(lines, i, h.name.as_bytes(), line, at(h.value))
+        let Some(line) = crate::http1::set_line(lines, i, h.name.as_bytes(), line, at(h.value))
         else {
             return Parsed::Hyper;
         };
+        let name = &line.name;
         match *name {
             header::CONTENT_LENGTH => match (plain_number(h.value), body) {
                 (Some(n), None) => body = Some(n),
@@ -315,6 +316,8 @@ pub struct Conn<'a, H> {
     pub activity: &'a std::sync::Arc<super::idle::Activity>,
     /// `server.max_header_bytes` (at least 8 KiB).
     pub max_head: usize,
+    /// Fields the handler hands on unread ([`HttpSettings::passes`](super::HttpSettings)).
+    pub passes: Option<&'a Passes>,
 }
 
 /// Serves HTTP/1.1 requests on `io` (whose first bytes, already read, are `buf`) until it
@@ -375,7 +378,15 @@ where
         };
         let head_bytes = buf.split_to(head.len).freeze();
         let Room { mut out, map } = Room::take();
-        let Some(parts) = request(&head, &head_bytes, &lines, map) else {
+        let mut passed = Passed::default();
+        let Some(parts) = request(
+            &head,
+            &head_bytes,
+            &mut lines,
+            map,
+            conn.passes,
+            &mut passed,
+        ) else {
             // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
             return again(&head_bytes, buf, io, draining);
         };
@@ -390,7 +401,10 @@ where
                 return again(&head_bytes, buf, io, draining);
             }
         }
-        let mut req = Request::new(RequestBody::whole(buf.split_to(body).freeze()));
+        let mut req = Request::new(RequestBody::Whole(
+            Some(buf.split_to(body).freeze()).filter(|b| !b.is_empty()),
+            passed,
+        ));
         *req.method_mut() = parts.0;
         *req.uri_mut() = parts.1;
         *req.headers_mut() = parts.2;
@@ -535,12 +549,19 @@ const READ: usize = 4096;
 /// it must remove it, and what it names, and that cost a new connection's request ~700
 /// instructions (`wrk` and most clients send `Connection: close` to open one a request; some
 /// send `keep-alive` on every request).
+///
+/// With `passes`, the fields it passes go to `passed`, not the map (each line judged by it here,
+/// once for a connection's name).
 fn request(
     head: &Head,
     bytes: &Bytes,
-    lines: &[Line],
+    lines: &mut [Line],
     mut headers: HeaderMap,
+    passes: Option<&Passes>,
+    passed: &mut Passed,
 ) -> Option<(Method, http::Uri, HeaderMap)> {
+    let passes = passes.filter(|p| lines.iter_mut().fold(false, |any, l| p.judge(l) | any));
+    let lines = &*lines;
     let uri = http::Uri::from_maybe_shared(bytes.slice(head.target.clone())).ok()?;
     // SAFETY: `lines` are the fields httparse parsed out of these bytes ([`parse`]; `bytes` is
     // the head it parsed, split off the same buffer).
@@ -552,12 +573,39 @@ fn request(
         None => (lines, &[][..]),
     };
     unsafe {
-        crate::http1::append_lines(before, bytes, &mut headers);
-        if !after.is_empty() {
-            crate::http1::append_lines(after, bytes, &mut headers);
+        match passes {
+            None => {
+                crate::http1::append_lines(before, bytes, &mut headers);
+                if !after.is_empty() {
+                    crate::http1::append_lines(after, bytes, &mut headers);
+                }
+            }
+            Some(passes) => {
+                crate::http1::split_lines(before, bytes, &mut headers, passes, passed);
+                if !after.is_empty() {
+                    crate::http1::split_lines(after, bytes, &mut headers, passes, passed);
+                }
+            }
         }
     }
     Some((head.method.clone(), uri, headers))
+}
+
+/// What `serve` hands its handler for the head at the start of `buf` ([`parse`], then
+/// [`request`]): its method, target, header map and the lines handed on beside it; `None` if it
+/// is not a whole head read here. For tests and fuzzing.
+pub fn read_head(
+    buf: &Bytes,
+    lines: &mut Lines,
+    passes: Option<&Passes>,
+) -> Option<(Method, http::Uri, HeaderMap, Passed)> {
+    let Parsed::Own(head) = parse(buf, buf.len().max(8192), lines) else {
+        return None;
+    };
+    let mut passed = Passed::default();
+    let bytes = buf.slice(..head.len);
+    let (method, uri, map) = request(&head, &bytes, lines, HeaderMap::new(), passes, &mut passed)?;
+    Some((method, uri, map, passed))
 }
 
 /// Writes `resp` (its head, then its body as it comes: bytes are sent whenever the body has no
@@ -764,15 +812,86 @@ mod tests {
 
     /// The map handed to the handler, for a head read here.
     fn map_of(s: &str) -> Vec<(String, String)> {
-        let mut lines = Vec::new();
-        let Parsed::Own(head) = parse(s.as_bytes(), 8192, &mut lines) else {
-            panic!("{s:?}")
-        };
-        let bytes = Bytes::copy_from_slice(s.as_bytes());
-        let (_, _, map) = request(&head, &bytes, &lines, HeaderMap::new()).unwrap();
-        map.iter()
+        handed(s, None, &mut Vec::new()).0
+    }
+
+    /// The map handed to the handler and the lines handed on beside it, for a head read here
+    /// with `passes`, on a connection that read `lines` last.
+    fn handed(
+        s: &str,
+        passes: Option<&Passes>,
+        lines: &mut Lines,
+    ) -> (Vec<(String, String)>, String) {
+        let (_, _, map, passed) = read_head(&Bytes::copy_from_slice(s.as_bytes()), lines, passes)
+            .unwrap_or_else(|| panic!("{s:?}"));
+        let map = map
+            .iter()
             .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-            .collect()
+            .collect();
+        (map, String::from_utf8(passed.as_bytes().to_vec()).unwrap())
+    }
+
+    #[test]
+    fn fields_handed_on_go_as_lines_and_the_rest_in_the_map() {
+        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        };
+        let key = HeaderName::from_static("x-api-key");
+        let passes = Passes::new(
+            &[
+                header::USER_AGENT,
+                header::ACCEPT,
+                header::COOKIE,
+                key.clone(),
+                // Never handed on: the proxy must see it, or remove it.
+                header::CONTENT_LENGTH,
+                header::TE,
+            ],
+            [&key],
+        );
+        let s = "POST / HTTP/1.1\r\nHost: a\r\nUSER-agent: u/1 \r\nX-Api-Key: k\r\nCookie: a=1\r\n\
+                 Accept:*/*\r\ncookie: b=2\r\nContent-Length: 0\r\nConnection: close\r\nX-Other: o\r\n\r\n";
+        let mut lines = Vec::new();
+        let want_map = pairs(&[
+            ("host", "a"),
+            ("x-api-key", "k"),
+            ("content-length", "0"),
+            ("x-other", "o"),
+        ]);
+        // As written where written `Name: value` (the value as httparse trims it), else made
+        // so; one name's lines in their order.
+        let want_lines = "USER-agent: u/1\r\nCookie: a=1\r\naccept: */*\r\ncookie: b=2\r\n";
+        assert_eq!(
+            handed(s, Some(&passes), &mut lines),
+            (want_map.clone(), want_lines.to_owned())
+        );
+        // The next request on the connection: the lines judged once, the same answer.
+        assert_eq!(
+            handed(s, Some(&passes), &mut lines),
+            (want_map, want_lines.to_owned())
+        );
+        // A listener that hands on nothing, on a thread whose lines another one judged: all in
+        // the map, as before.
+        let (map, passed) = handed(s, None, &mut lines);
+        assert_eq!((map.len(), passed.as_str()), (8, ""));
+        // Another set of names judges them again.
+        let (map, passed) = handed(s, Some(&Passes::new(&[header::ACCEPT], [])), &mut lines);
+        assert_eq!((map.len(), passed.as_str()), (7, "accept: */*\r\n"));
+        // Given back to a map, as hyper's client needs them: the same fields, in order.
+        let (_, _, mut map, passed) = read_head(
+            &Bytes::copy_from_slice(s.as_bytes()),
+            &mut lines,
+            Some(&passes),
+        )
+        .unwrap();
+        passed.restore(&mut map);
+        assert_eq!(map["user-agent"], "u/1");
+        assert_eq!(map["accept"], "*/*");
+        let cookies: Vec<_> = map.get_all(header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(map.len(), 8);
     }
 
     #[test]

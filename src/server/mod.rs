@@ -252,6 +252,10 @@ pub struct HttpSettings {
     pub drain_timeout: Duration,
     /// TLS on this listener (`server.tls_*`). Default: none, cleartext.
     pub tls: Option<crate::tls::TlsSettings>,
+    /// Fields the handler hands on unread: the own HTTP/1.1 server gives them to it as lines
+    /// beside the body, not in the request's map ([`crate::http1::Passes`]). Default: none,
+    /// every field in the map. Not a setting: the proxy sets its own ([`crate::proxy`]).
+    pub passes: Option<Arc<crate::http1::Passes>>,
 }
 
 /// Where a listener's connections run and what counts them: runtime objects, handed to
@@ -314,6 +318,7 @@ impl TryFrom<&ServerConfig> for HttpSettings {
             max_connections: c.max_connections,
             drain_timeout: positive_ms("server.drain_timeout_ms", c.drain_timeout_ms)?,
             tls: tls_settings(c)?,
+            passes: None,
         })
     }
 }
@@ -534,6 +539,7 @@ struct Http {
     h2: http2::Builder<TokioExecutor>,
     /// `server.max_header_bytes`, at least 8 KiB (hyper's read buffer's bound).
     max_head: usize,
+    passes: Option<Arc<crate::http1::Passes>>,
 }
 
 impl Http {
@@ -554,6 +560,7 @@ impl Http {
             h1,
             h2,
             max_head: settings.max_header_bytes.max(8192),
+            passes: settings.passes.clone(),
         }
     }
 
@@ -599,6 +606,7 @@ impl Http {
                         peer: conn.peer,
                         activity: &conn.activity,
                         max_head: self.max_head,
+                        passes: self.passes.as_deref(),
                     };
                     conn.activity.served_by_own_loop(true);
                     let h1::End::Hyper(rest, io) = h1::serve(io, first, own, drain.as_mut()).await

@@ -40,13 +40,15 @@ fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 }
 
 /// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
-/// `Host` of its own and those `after` replaces, then `after`'s. The `http` types hold no CR,
-/// LF or other control byte, so nothing here can split a line.
+/// `Host` of its own and those `after` replaces, then the lines `passed` (the fields handed on
+/// as they came, [`crate::http1::Passed`]), then `after`'s. The `http` types hold no CR, LF or
+/// other control byte, nor do `passed`'s names and values, so nothing here can split a line.
 pub fn encode_request(
     method: &Method,
     target: &str,
     host: &HeaderValue,
     headers: &HeaderMap,
+    passed: &[u8],
     after: &impl After,
     out: &mut Vec<u8>,
 ) {
@@ -67,6 +69,9 @@ pub fn encode_request(
             continue;
         }
         line(out, name, value);
+    }
+    if !passed.is_empty() {
+        out.extend_from_slice(passed);
     }
     after.write(headers, replaced, |name, value| line(out, name, value));
     out.extend_from_slice(b"\r\n");
@@ -542,6 +547,7 @@ mod tests {
             "/users/1?q=2",
             &host,
             &headers,
+            b"",
             &Nothing,
             &mut out,
         );
@@ -569,10 +575,17 @@ mod tests {
                 );
             }
         }
-        encode_request(&Method::POST, "/", &host, &headers, &NewA, &mut out);
+        encode_request(&Method::POST, "/", &host, &headers, b"", &NewA, &mut out);
         assert_eq!(
             out,
             b"POST / HTTP/1.1\r\nhost: up:8080\r\nx-b: 3\r\nx-a: new\r\n\r\n"
+        );
+        // The fields handed on as lines go as they are, after the map's and before those after.
+        let passed = b"user-agent: u\r\naccept: */*\r\n";
+        encode_request(&Method::GET, "/", &host, &headers, passed, &NewA, &mut out);
+        assert_eq!(
+            out,
+            b"GET / HTTP/1.1\r\nhost: up:8080\r\nx-b: 3\r\nuser-agent: u\r\naccept: */*\r\nx-a: new\r\n\r\n"
         );
     }
 

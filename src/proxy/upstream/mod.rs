@@ -401,6 +401,10 @@ impl Upstream {
                     .send_raw(t, idle, req, flight, forwarded.as_ref(), written)
                     .await;
             }
+            let passed = req.body_mut().take_passed();
+            if !passed.is_empty() {
+                passed.restore(req.headers_mut());
+            }
             if let Some(f) = forwarded.take() {
                 f.set(req.headers_mut());
             }
@@ -464,6 +468,7 @@ impl Upstream {
                     .exchange(
                         &req,
                         req.body().whole(),
+                        req.body().passed(),
                         &t.url.host,
                         &Fields(forwarded),
                         max_head,

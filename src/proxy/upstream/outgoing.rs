@@ -7,8 +7,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::http1::Passed;
 use crate::server::RequestBody;
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 
@@ -21,21 +23,46 @@ pub const WHOLE_MAX: u64 = crate::server::h1::BODY_MAX;
 pub enum Outgoing {
     /// Read from the client as it is sent on.
     Streaming(Limited<RequestBody>),
-    /// Read whole ([`Outgoing::read_whole`]); `None` once sent.
-    Whole(Option<Bytes>),
+    /// Read whole ([`Outgoing::read_whole`]); `None` once sent. Beside it, the request's fields
+    /// that the own server handed on as lines ([`Passed`]): the own exchange writes them as they
+    /// are, and before any other way upstream they go back into the map
+    /// ([`Outgoing::take_passed`]).
+    Whole(Option<Bytes>, Passed),
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Outgoing {
-    /// The client's `body`, at most `max` bytes of it.
-    pub fn new(body: RequestBody, max: usize) -> Outgoing {
+    /// The client's `body`, at most `max` bytes of it; `headers`, its request's (which take back
+    /// the fields handed on as lines, unless they stay beside a whole body).
+    pub fn new(mut body: RequestBody, max: usize, headers: &mut HeaderMap) -> Outgoing {
+        let passed = body.take_passed();
         match body {
             // Read whole by the gateway's own server already: nothing to wait for.
-            RequestBody::Whole(b) if b.as_ref().is_none_or(|b| b.len() <= max) => {
-                Outgoing::Whole(Some(b.unwrap_or_default()))
+            RequestBody::Whole(b, _) if b.as_ref().is_none_or(|b| b.len() <= max) => {
+                Outgoing::Whole(Some(b.unwrap_or_default()), passed)
             }
-            body => Outgoing::Streaming(Limited::new(body, max)),
+            body => {
+                passed.restore(headers);
+                Outgoing::Streaming(Limited::new(body, max))
+            }
+        }
+    }
+
+    /// The fields handed on as lines, to be written after the request's map's.
+    pub fn passed(&self) -> &[u8] {
+        match self {
+            Outgoing::Whole(_, passed) => passed.as_bytes(),
+            Outgoing::Streaming(_) => &[],
+        }
+    }
+
+    /// Takes the fields handed on as lines: for a way upstream that writes a request's map
+    /// (hyper's client), which takes them back ([`Passed::restore`]).
+    pub fn take_passed(&mut self) -> Passed {
+        match self {
+            Outgoing::Whole(_, passed) => std::mem::take(passed),
+            Outgoing::Streaming(_) => Passed::default(),
         }
     }
 
@@ -43,7 +70,7 @@ impl Outgoing {
     /// length of at most [`WHOLE_MAX`].
     pub fn fits_whole(&self) -> bool {
         match self {
-            Outgoing::Whole(_) => true,
+            Outgoing::Whole(..) => true,
             Outgoing::Streaming(b) => {
                 b.is_end_stream() || b.size_hint().exact().is_some_and(|n| n <= WHOLE_MAX)
             }
@@ -54,7 +81,7 @@ impl Outgoing {
     /// (cut short, past the size limit).
     pub async fn read_whole(&mut self) -> Result<(), BoxError> {
         if let Outgoing::Streaming(b) = self {
-            *self = Outgoing::Whole(Some(b.collect().await?.to_bytes()));
+            *self = Outgoing::Whole(Some(b.collect().await?.to_bytes()), Passed::default());
         }
         Ok(())
     }
@@ -62,7 +89,7 @@ impl Outgoing {
     /// The bytes of a whole body (empty for a streaming one).
     pub fn whole(&self) -> &[u8] {
         match self {
-            Outgoing::Whole(Some(b)) => b,
+            Outgoing::Whole(Some(b), _) => b,
             _ => &[],
         }
     }
@@ -78,7 +105,7 @@ impl Body for Outgoing {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             Outgoing::Streaming(b) => Pin::new(b).poll_frame(cx),
-            Outgoing::Whole(b) => Poll::Ready(
+            Outgoing::Whole(b, _) => Poll::Ready(
                 b.take()
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
@@ -89,14 +116,14 @@ impl Body for Outgoing {
     fn is_end_stream(&self) -> bool {
         match self {
             Outgoing::Streaming(b) => b.is_end_stream(),
-            Outgoing::Whole(b) => b.as_ref().is_none_or(Bytes::is_empty),
+            Outgoing::Whole(b, _) => b.as_ref().is_none_or(Bytes::is_empty),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             Outgoing::Streaming(b) => b.size_hint(),
-            Outgoing::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Outgoing::Whole(b, _) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
 }
@@ -107,18 +134,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_read_whole_by_the_server_is_whole_within_its_limit() {
-        let b = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abc")), 3);
-        assert!(matches!(&b, Outgoing::Whole(Some(w)) if w == "abc"));
-        let none = Outgoing::new(RequestBody::whole(Bytes::new()), 3);
+        let map = &mut HeaderMap::new();
+        let b = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abc")), 3, map);
+        assert!(matches!(&b, Outgoing::Whole(Some(w), _) if w == "abc"));
+        let none = Outgoing::new(RequestBody::whole(Bytes::new()), 3, map);
         assert!(none.is_end_stream() && none.fits_whole());
         // Over the limit: it fails as a streamed one would (413).
-        let mut over = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abcd")), 3);
+        let mut over = Outgoing::new(RequestBody::whole(Bytes::from_static(b"abcd")), 3, map);
         assert!(over.read_whole().await.is_err());
     }
 
     #[tokio::test]
     async fn a_whole_body_is_sent_once_with_its_length() {
-        let mut body = Outgoing::Whole(Some(Bytes::from_static(b"hello")));
+        let mut body = Outgoing::Whole(Some(Bytes::from_static(b"hello")), Passed::default());
         assert!(body.fits_whole());
         assert_eq!(body.whole(), b"hello");
         assert_eq!(body.size_hint().exact(), Some(5));

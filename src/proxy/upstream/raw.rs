@@ -72,14 +72,19 @@ impl RawConn {
         !matches!(self.0.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`, `after` its own
-    /// fields) and `body` (the length its head gives), and reads the response's head; the
-    /// body's first bytes stay in the buffer. `written`: where the response's fields go as lines
-    /// ([`h1::parse_response`]).
+    /// Writes `req`'s head (its URI in origin form, `host` for its `Host`, `passed` after its
+    /// map's fields, `after` after those) and `body` (the length its head gives), and reads the
+    /// response's head; the body's first bytes stay in the buffer. `written`: where the
+    /// response's fields go as lines ([`h1::parse_response`]).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each is one part of the exchange; a struct would only name them again"
+    )]
     pub async fn exchange<B>(
         &mut self,
         req: &Request<B>,
         body: &[u8],
+        passed: &[u8],
         host: &http::HeaderValue,
         after: &impl h1::After,
         max_head: usize,
@@ -88,7 +93,15 @@ impl RawConn {
         let c = &mut *self.0;
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         let headers = req.headers();
-        h1::encode_request(req.method(), target, host, headers, after, &mut c.out);
+        h1::encode_request(
+            req.method(),
+            target,
+            host,
+            headers,
+            passed,
+            after,
+            &mut c.out,
+        );
         match body.is_empty() {
             true => c.io.write_all(&c.out).await,
             false => write_both(&mut c.io, &c.out, body).await,
