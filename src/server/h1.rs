@@ -831,13 +831,14 @@ mod tests {
         (map, String::from_utf8(passed.as_bytes().to_vec()).unwrap())
     }
 
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn fields_handed_on_go_as_lines_and_the_rest_in_the_map() {
-        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
-            p.iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect()
-        };
         let key = HeaderName::from_static("x-api-key");
         let passes = Passes::new(
             &[
@@ -896,11 +897,6 @@ mod tests {
 
     #[test]
     fn a_connection_field_acted_on_here_is_not_handed_on_unless_it_names_a_field() {
-        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
-            p.iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect()
-        };
         for value in ["close", "Keep-Alive"] {
             let s =
                 format!("GET / HTTP/1.1\r\nHost: a\r\nConnection: {value}\r\nX-Api-Key: k\r\n\r\n");
