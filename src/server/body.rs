@@ -16,15 +16,20 @@ pub enum RequestBody {
     Hyper(Incoming),
     /// `None` once read. Beside it, the fields that the own server hands on as lines and did not
     /// put in the request's map ([`crate::http1::Passes`]): they go with the body because the
-    /// body is what goes upstream with the head (a request's extensions would cost three
-    /// allocations), and only the own server reads bodies whole.
+    /// body is what goes upstream with the head (a request's extensions would allocate a map
+    /// for them), and only the own server reads bodies whole.
     Whole(Option<Bytes>, Passed),
 }
 
 impl RequestBody {
     /// A body of these bytes (none when empty).
     pub fn whole(bytes: Bytes) -> RequestBody {
-        RequestBody::Whole((!bytes.is_empty()).then_some(bytes), Passed::default())
+        RequestBody::read(bytes, Passed::default())
+    }
+
+    /// A body of these bytes (none when empty), with the fields handed on beside it.
+    pub fn read(bytes: Bytes, passed: Passed) -> RequestBody {
+        RequestBody::Whole((!bytes.is_empty()).then_some(bytes), passed)
     }
 
     /// Takes the fields handed on as lines, if any.

@@ -401,10 +401,7 @@ where
                 return again(&head_bytes, buf, io, draining);
             }
         }
-        let mut req = Request::new(RequestBody::Whole(
-            Some(buf.split_to(body).freeze()).filter(|b| !b.is_empty()),
-            passed,
-        ));
+        let mut req = Request::new(RequestBody::read(buf.split_to(body).freeze(), passed));
         *req.method_mut() = parts.0;
         *req.uri_mut() = parts.1;
         *req.headers_mut() = parts.2;
