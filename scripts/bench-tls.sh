@@ -145,7 +145,13 @@ for name, rs in runs.items():
           f"{span([r[2] for r in rs])} | {span([r[3] for r in rs])} | {errs} |")
 PY
 )
+# Issue 32's bounds for new connections, each judged on ratios paired by round.
+GOALS=$(printf '%s\n' "${ROWS[@]}" |
+  awk -F'|' -v hz="$TICKS_PER_S" '{ n = $3 > 0 ? $3 : 1; printf "%s|%s|%f\n", $1, $2, $5 / hz * 1e6 / n }' |
+  python3 scripts/bench_goals.py connections)
 echo "$TABLE"
+echo
+echo "$GOALS"
 if [ -z "${BENCH_NO_RECORD:-}" ]; then
   {
     echo
@@ -154,5 +160,7 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`${BUILDS}scripts/bench-tls.sh $DURATION $CONNS\` ($ROUNDS rounds: medians, and for ratios the lowest and highest round). Machine: $(machine_line)."
     echo
     echo "$TABLE"
+    echo
+    echo "$GOALS"
   } >> docs/benchmarks.md
 fi

@@ -300,7 +300,11 @@ done
 LATENCY_TABLE=$(printf '%s\n' "${LATENCY[@]}" | python3 scripts/bench_latency.py "$CONNS")
 
 TABLE=$(printf '%s\n' "${RESULTS[@]}" | python3 scripts/bench_table.py "nginx proxy_pass (1 worker)")
+# Issue 32's bounds, each judged on ratios paired by round (scripts/bench_goals.py).
+GOALS=$(printf '%s\n' "${RESULTS[@]}" | cut -d'|' -f1,2,4 | python3 scripts/bench_goals.py request-path)
 echo "$TABLE"
+echo
+echo "$GOALS"
 echo "$LATENCY_TABLE"
 
 # Resident memory per idle keep-alive connection, and after they close (memory store).
@@ -316,6 +320,8 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`${BUILDS}scripts/bench.sh $DURATION $CONNS\` (wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS rounds; medians, and for ratios the lowest and highest round). Machine: $(machine_line); wrk, the proxies, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
+    echo
+    echo "$GOALS"
     echo
     echo "Added latency with a fixed-rate load (oha with latency correction):"
     echo
