@@ -15,8 +15,9 @@
 #   served, and the gateway's peak memory during the change over its steady memory; the server's
 #   peak memory.
 # Goals (issue 32): <= 250 bytes per key; validate <= 2x the gateway's peak; the change seen
-# <= 1 s after the refresh request with peak <= 1.5x steady; start-up <= 6 s. QUOTAGATE_BIN=...
-# measures another build. Appends nothing.
+# <= 1 s after the refresh request with peak <= 1.5x steady and p99 <= 3x before; start-up <= 6 s:
+# printed last, measured against this run's figures. QUOTAGATE_BIN=... measures another build.
+# Appends nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -110,10 +111,12 @@ class Sampler:
     def stop(self):
         self.running = False; self.thread.join()
     def p99_max(self, start, end):
+        """Seconds: the p99 and the slowest of the requests started in [start, end); None if none."""
         lat = sorted(l for t, l in self.samples if start <= t < end)
-        if not lat:
-            return "-"
-        return f"{lat[int(0.99 * (len(lat) - 1))] * 1e3:.1f} / {lat[-1] * 1e3:.0f} ms"
+        return (lat[int(0.99 * (len(lat) - 1))], lat[-1]) if lat else None
+
+def p99_max_text(pm):
+    return "-" if pm is None else f"{pm[0] * 1e3:.1f} / {pm[1] * 1e3:.0f} ms"
 
 def change(port, cport, ready):
     """Triggers a fetch with the refresh header; seconds until ready() holds; p99/max before
@@ -238,5 +241,31 @@ print("|---:|---|---:|---:|---:|---:|")
 for (n, size, pv, sf, rss, ps, ss, one, every, steady, sl, sc, srss) in rows:
     for name, (seen, before, during, peak) in (("one key added", one), ("every key changed", every)):
         seen_s = f"{seen:.2f} s" if seen is not None else "never"
-        print(f"| {n:,} | {name} | {seen_s} | {before} | {during} | {mb(peak)} / {mb(steady)} = {peak / max(steady, 1):.2f}x |")
+        print(f"| {n:,} | {name} | {seen_s} | {p99_max_text(before)} | {p99_max_text(during)} "
+              f"| {mb(peak)} / {mb(steady)} = {peak / max(steady, 1):.2f}x |")
+
+# Issue 32's bounds, as this run measured them.
+def p99_ratio(before, during):
+    return during[0] / before[0] if before and during and before[0] > 0 else None
+print()
+print("| keys | bound | measured | met |")
+print("|---:|---|---:|---|")
+for (n, size, pv, sf, rss, ps, ss, one, every, steady, sl, sc, srss) in rows:
+    goals = [
+        # Below 100,000 keys the gateway's fixed costs and the allocator's page-sized steps are
+        # most of the difference: the bound is the issue's for a million keys.
+        ("resident <= 250 B a key (3 limits; 100,000 keys and more)",
+         (rss - base_rss) / n if n >= 100_000 else None, 250, "{:.0f} B"),
+        ("`quotagate validate` peak <= 2x the gateway's", pv / max(ps, 1), 2.0, "{:.2f}x"),
+        ("start-up from the file <= 6 s", sf, 6.0, "{:.2f} s"),
+        ("start-up from the catalog server <= 6 s", ss, 6.0, "{:.2f} s"),
+        ("one key added: seen <= 1 s after the refresh request", one[0], 1.0, "{:.2f} s"),
+    ]
+    for name, (seen, before, during, peak) in (("one key added", one), ("every key changed", every)):
+        goals.append((f"{name}: peak memory <= 1.5x steady", peak / max(steady, 1), 1.5, "{:.2f}x"))
+        goals.append((f"{name}: p99 during <= 3x before", p99_ratio(before, during), 3.0, "{:.2f}x"))
+    for what, value, bound, fmt in goals:
+        shown = ("-" if what.startswith("resident") else "never") if value is None else fmt.format(value)
+        met = "-" if shown == "-" else "yes" if value is not None and value <= bound else "no"
+        print(f"| {n:,} | {what} | {shown} | {met} |")
 PY
