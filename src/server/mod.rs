@@ -17,6 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -587,8 +588,16 @@ impl Http {
     {
         async move {
             // One wait for the drain for the connection's life (each new one joins, then leaves,
-            // a waiter list every connection shares, under its lock).
-            let drain = draining.changed();
+            // a waiter list every connection shares, under its lock), looked at through
+            // `DrainWait`: a request looks at it twice.
+            let sent = draining.clone();
+            let wait = draining.changed();
+            tokio::pin!(wait);
+            let drain = DrainWait {
+                wait,
+                sent,
+                joined: false,
+            };
             tokio::pin!(drain);
             // A connection that has sent nothing yet has nothing to finish when the drain begins.
             let first = tokio::select! {
@@ -638,6 +647,33 @@ impl Http {
                 }
             }
         }
+    }
+}
+
+/// A connection's wait for its server's drain (`wait`, `watch`'s `changed`). The wait joins the
+/// channel's waiter list on its first poll with the task's waker, which stays the same for the
+/// task's life; each later poll of it takes the list's lock, one lock every connection of every
+/// worker shares, and a connection looks at the drain twice a request (callgrind: four atomic
+/// operations a request on a line both workers write; docs/benchmarks.md). So after the first
+/// poll the wait is polled again only once `sent`, a receiver of the same channel, has seen the
+/// drain's value (a load) or the server is gone; until then it is pending, and the drain's send
+/// wakes the task through the waker the wait holds.
+struct DrainWait<'a, F> {
+    wait: Pin<&'a mut F>,
+    sent: tokio::sync::watch::Receiver<()>,
+    joined: bool,
+}
+
+impl<F: Future> Future for DrainWait<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        if this.joined && matches!(this.sent.has_changed(), Ok(false)) {
+            return Poll::Pending;
+        }
+        this.joined = true;
+        this.wait.as_mut().poll(cx)
     }
 }
 
