@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""callgrind-report.py [--lines] FILE [N]: what a request costs, by function, from the two
+"""callgrind-report.py [--lines | --atomics] FILE [N]: what a request costs, by function, from the two
 profiles that `CG_OUT=FILE scripts/bench-callgrind.sh` keeps (FILE: 2,500 requests, FILE.few:
 500). Every figure is a request's: (count in FILE - count in FILE.few) / 2000, so start-up and
 shutdown cancel out; with FILE.requests (`LOAD=1`: the two runs' request counts), divided by their
@@ -13,8 +13,14 @@ caches): how much code a request runs. An instruction is hot when it runs at lea
 on average (>= 0.9); a hot line is a 64-byte line of code holding one. Prints the hot lines in all
 (what a request's code needs of the instruction cache), then the N functions (default 30) with the
 most: instructions a request, L1i misses a request, hot instructions, hot lines, and hot
-instructions a line (a line holds ~14 of x86-64's: fewer means cold code among the hot)."""
-import collections, re, signal, sys
+instructions a line (a line holds ~14 of x86-64's: fewer means cold code among the hot).
+
+--atomics (a profile of `CACHE=1` too): the atomic read-modify-write instructions (`lock`-prefixed,
+and `xchg` with memory, which locks without the prefix) a request runs in the gateway's own binary
+(the profile's `cmd:`), by function, found by `objdump -d` at the profile's addresses. Each costs a
+few nanoseconds where nginx's one-threaded worker has none, and far more when the line it writes is
+the other worker's (docs/benchmarks.md, "Atomic operations a request")."""
+import collections, re, signal, subprocess, sys
 
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
 
@@ -79,9 +85,37 @@ def shorten(name, width):
     return re.sub(r"/rustc/[0-9a-f]+/library/", "std:", name)[:width]
 
 
+def locked_instructions(binary):
+    """Addresses (as linked) of the binary's atomic read-modify-write instructions."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", binary],
+                         capture_output=True, text=True, check=True).stdout
+    found = set()
+    for line in out.splitlines():
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S+)\s*(.*)", line)
+        if m and (m.group(2) == "lock" or m.group(2).startswith("xchg") and "(" in m.group(3)):
+            found.add(int(m.group(1), 16))
+    return found
+
+
+def atomics(path, per_instr, owner, top):
+    binary = next(l.split()[1] for l in open(path, errors="replace") if l.startswith("cmd:"))
+    locked = locked_instructions(binary)
+    # Where the binary was loaded (valgrind maps a PIE binary at its linked addresses or at
+    # 0x108000): the offset at which its atomic instructions are the ones the profile ran.
+    base = max((0, 0x108000), key=lambda b: sum(1 for a in locked if b + a in per_instr))
+    by_fn = collections.Counter()
+    for a in locked:
+        by_fn[owner.get(base + a)] += per_instr.get(base + a, 0.0)
+    print(f"{sum(by_fn.values()):10.1f}  atomic read-modify-writes a request ({binary})")
+    for name, n in by_fn.most_common(top):
+        if n >= 0.05:
+            print(f"{n:10.2f}  {shorten(name, 150)}")
+
+
 def main():
-    args = [a for a in sys.argv[1:] if a != "--lines"]
-    lines = len(args) < len(sys.argv) - 1
+    args = [a for a in sys.argv[1:] if a not in ("--lines", "--atomics")]
+    lines = "--lines" in sys.argv[1:]
+    atomic = "--atomics" in sys.argv[1:]
     if not args:
         sys.exit(__doc__)
     path = args[0]
@@ -94,8 +128,12 @@ def main():
     except FileNotFoundError:
         served = 2000
     owner = {**owner_few, **owner}
-    if lines and not by_instr:
+    if (lines or atomic) and not by_instr:
         sys.exit(f"{path} has no instruction addresses: make it with CACHE=1 scripts/bench-callgrind.sh")
+    if atomic:
+        per_instr = {w: (many.get(w, [0, 0])[0] - few.get(w, [0, 0])[0]) / served
+                     for w in set(many) | set(few)}
+        return atomics(path, per_instr, owner, top)
     per = collections.defaultdict(lambda: [0.0, 0.0, 0, set()])
     hot_lines = set()
     for where in set(many) | set(few):
