@@ -121,14 +121,17 @@ for ROUND in $(seq "$ROUNDS"); do
   if [ -n "$BIN_B" ]; then row "quotagate, cleartext new connection per request [B]" "${B[3]}" "http://127.0.0.1:${B[2]}" -H 'Connection: close'; fi
 done
 
-TABLE=$(python3 - "$TICKS_PER_S" "${ROWS[@]}" <<'PY'
+TABLE=$(python3 - "$TICKS_PER_S" "$WORK/cpu-lines" "${ROWS[@]}" <<'PY'
 import statistics, sys
 hz = float(sys.argv[1])
+# Each row's CPU a request by round, for scripts/bench_goals.py.
+cpu_lines = open(sys.argv[2], "w")
 runs = {}  # name -> [(rps, cpu, rps ratio, cpu ratio, errors)], a round each
 base = {}
-for rnd, name, n, secs, ticks, errs in (r.split("|") for r in sys.argv[2:]):
+for rnd, name, n, secs, ticks, errs in (r.split("|") for r in sys.argv[3:]):
     rps = int(n) / float(secs)
     cpu = int(ticks) / hz * 1e6 / max(int(n), 1)
+    print(f"{rnd}|{name}|{cpu}", file=cpu_lines)
     # A row's nginx is the same kind's ("keep-alive", "new connection per request") of its round.
     kind = (rnd, name.split(", ", 1)[1].removesuffix(" [B]"))
     if name.startswith("nginx"):
@@ -146,9 +149,7 @@ for name, rs in runs.items():
 PY
 )
 # Issue 32's bounds for new connections, each judged on ratios paired by round.
-GOALS=$(printf '%s\n' "${ROWS[@]}" |
-  awk -F'|' -v hz="$TICKS_PER_S" '{ n = $3 > 0 ? $3 : 1; printf "%s|%s|%f\n", $1, $2, $5 / hz * 1e6 / n }' |
-  python3 scripts/bench_goals.py connections)
+GOALS=$(python3 scripts/bench_goals.py connections <"$WORK/cpu-lines")
 echo "$TABLE"
 echo
 echo "$GOALS"

@@ -5,10 +5,9 @@ table under theirs.
 stdin: `round|name|CPU us per request` lines. For each bound and build (the rows named plainly,
 and `... [B]` when the run has them): the row's CPU a request divided by its reference's in the
 same round (for "the best peer", the cheapest of the peers' rows that round: never kinder than
-the peer with the best median), so the machine's
-drift between rounds cancels, where the main table's two medians of ratios to nginx do not; then
-the median of those ratios, the lowest and highest round, and in how many rounds it was within the
-bound. A bound is met when the median is."""
+the peer with the best median), so the machine's drift between rounds cancels, where the main
+table's two medians of ratios to nginx do not; then the median of those ratios, the lowest and
+highest round, and in how many rounds it was within the bound. A bound is met when the median is."""
 import statistics
 import sys
 
