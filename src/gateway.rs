@@ -15,7 +15,7 @@ use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
 use crate::config::{Config, ConfigError, address};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::proxy::upstream::{Upstream, UpstreamSettings};
 use crate::proxy::{Policy, Proxy, ProxySettings, Refresh};
 use crate::runtime::Runtime;
@@ -56,7 +56,7 @@ impl TryFrom<&Config> for GatewaySettings {
             proxy: ProxySettings {
                 policy: Policy::try_from(c)?,
                 refresh,
-                trace: crate::otel::TraceSettings::from_config(&c.telemetry)?,
+                trace: crate::observe::otel::TraceSettings::from_config(&c.telemetry)?,
             },
             upstream: UpstreamSettings::try_from(c)?,
             catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
@@ -76,9 +76,9 @@ pub struct Gateway {
     /// Channel of the catalog announcements, when counters are in Redis and a poller runs.
     announcements: Option<(Arc<Announcer>, String)>,
     /// The listener's TLS, when configured (its watcher runs in the background).
-    tls: Option<Arc<crate::tls::Tls>>,
+    tls: Option<Arc<crate::server::tls::Tls>>,
     /// What the trace exporter needs, until [`Gateway::spawn_background`] starts it.
-    exporter: std::sync::Mutex<Option<crate::otel::Exporter>>,
+    exporter: std::sync::Mutex<Option<crate::observe::otel::Exporter>>,
 }
 
 /// The upstream the gateway forwards to, its metrics registered.
@@ -112,7 +112,7 @@ impl Gateway {
         let tls = match &s.http.tls {
             None => None,
             Some(t) => {
-                let tls = crate::tls::Tls::new(t, rt.clock.clone())
+                let tls = crate::server::tls::Tls::new(t, rt.clock.clone())
                     .map_err(|e| ConfigError::option("server.tls_cert_file", e.to_string()))?;
                 rt.metrics.register(|r| tls.register(r));
                 Some(Arc::new(tls))
@@ -167,7 +167,7 @@ impl Gateway {
         };
         let mut exporter = None;
         let tracer = s.proxy.trace.as_ref().map(|t| {
-            let (counts, c) = crate::otel::SpanCounts::new();
+            let (counts, c) = crate::observe::otel::SpanCounts::new();
             rt.metrics.register(|r| {
                 r.register(
                     "quotagate_trace_spans",
@@ -175,7 +175,7 @@ impl Gateway {
                     c,
                 )
             });
-            let (tracer, queue) = crate::otel::Tracer::new(t, counts.clone());
+            let (tracer, queue) = crate::observe::otel::Tracer::new(t, counts.clone());
             exporter = Some((t.clone(), queue, counts));
             tracer
         });
@@ -219,7 +219,7 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some((settings, queue, counts)) = exporter {
-            tokio::spawn(crate::otel::export::run(
+            tokio::spawn(crate::observe::otel::export::run(
                 settings,
                 queue,
                 counts,

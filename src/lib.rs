@@ -1,14 +1,17 @@
 //! quotagate: a rate-limiting reverse proxy. This crate is the application: the configuration,
-//! the runtime the doors share, and the doors themselves (HTTP proxy, Divvy port, admin).
+//! the runtime the doors share, and the doors themselves (HTTP proxy, Divvy port, rate-limit
+//! service, admin).
 //!
 //! # Layout (one page: `docs/architecture.md`)
-//! - [`settings`]: the configuration ([`config`]) turned into plain, checked values, once.
-//! - [`app`]: builds the [`runtime::Runtime`] and serves every part, for every command.
-//! - [`gateway`]: the HTTP side: [`proxy`] (the request path; [`proxy::admission`] decides, pure),
-//!   its [`catalog`] and its listener ([`server`]).
-//! - [`divvy`]: the Divvy-compatible quota port (`HIT` line protocol, Divvy rule files).
-//! - [`admin`] and [`metrics`]: the operator's listener and what it reports.
-//! - [`demo`]: the example upstream API.
+//! - [`app`]: the commands, the configuration turned into plain checked values
+//!   ([`app::settings`], from [`config`]), building the [`runtime::Runtime`] and serving every
+//!   part; the example upstream ([`app::demo`]). [`start`]: the one error a start fails with.
+//! - The doors: [`gateway`] (the HTTP side: [`proxy`], the request path, whose
+//!   [`proxy::admission`] decides, pure; its [`catalog`]), [`divvy`] (the `HIT` line protocol),
+//!   [`rls`] (Envoy's rate-limit service).
+//! - [`admin`]: the operator's listener, `/status` and the dashboard.
+//! - [`observe`]: metrics, logs, traces, the dashboard's history, the keys refused most.
+//! - [`server`]: the serving plumbing: listeners, workers, TLS, HTTP/1, idle time and drain.
 //!
 //! Owns what touches sockets, files and the configuration. Depends on `quotagate-engine` (the
 //! catalog, routes, paths and the window arithmetic) and `quotagate-store` (the counters); neither
@@ -18,31 +21,12 @@ pub mod admin;
 pub mod alloc;
 pub mod app;
 pub mod catalog;
-pub mod coarse;
-pub mod cold;
-pub mod commands;
 pub mod config;
-pub mod deadline;
-pub mod demo;
 pub mod divvy;
-pub mod files;
 pub mod gateway;
-pub mod glob;
-pub mod history;
-pub mod http1;
-pub mod metrics;
-pub mod otel;
-pub mod problem;
+pub mod observe;
 pub mod proxy;
 pub mod rls;
 pub mod runtime;
 pub mod server;
-pub mod settings;
-pub mod shelf;
-pub mod shutdown;
 pub mod start;
-pub mod status;
-pub mod telemetry;
-pub mod tls;
-pub mod top;
-pub mod workers;

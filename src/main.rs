@@ -1,16 +1,17 @@
 //! The `quotagate` command: parses the command line, loads the configuration, starts logging and
-//! the signal handlers, and hands over to `quotagate::commands`.
+//! the signal handlers, and hands over to `quotagate::app::commands`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use quotagate::app::settings::{Serve, Settings};
+use quotagate::app::{commands, shutdown};
 use quotagate::config::Config;
 use quotagate::divvy::load::LoadOptions;
-use quotagate::settings::{Serve, Settings};
+use quotagate::observe::telemetry;
 use quotagate::start::StartError;
-use quotagate::{commands, shutdown, telemetry};
 
 /// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
 /// docs/benchmarks.md).

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use quotagate_engine::clock::Clock;
 use quotagate_store::{Announcer, Store};
 
-use crate::metrics::Metrics;
-use crate::workers::Workers;
+use crate::observe::metrics::Metrics;
+use crate::server::workers::Workers;
 
 /// The shared objects of a running quotagate.
 #[derive(Clone)]

@@ -46,18 +46,18 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
 /// Binds a listener, turning the OS error into a start-up error that names the address.
 ///
 /// The socket has `SO_REUSEPORT`, so that each worker can listen on the address with a socket of
-/// its own ([`crate::workers::accept`]). That option alone would also let another process of the
+/// its own ([`crate::server::workers::accept`]). That option alone would also let another process of the
 /// same user (a second quotagate started by mistake) bind the address and silently take a share
 /// of the connections, so the address is first bound without it: anything already there makes
 /// this fail, as a plain bind would.
 pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listen = |source| StartError::Listen { addr, source };
-    let probe = crate::workers::socket(addr).map_err(listen)?;
+    let probe = crate::server::workers::socket(addr).map_err(listen)?;
     probe.bind(addr).map_err(listen)?;
     // With port 0 the probe picked the port; the listener takes the same one.
     let local = probe.local_addr().map_err(listen)?;
     drop(probe);
-    let listener = crate::workers::listen(local).map_err(listen)?;
+    let listener = crate::server::workers::listen(local).map_err(listen)?;
     Ok((listener, local))
 }
 

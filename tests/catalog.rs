@@ -236,7 +236,7 @@ async fn a_wrong_secret_triggers_nothing_and_the_header_never_reaches_the_upstre
         before,
         "nothing reached the catalog server"
     );
-    let invalid = quotagate::metrics::OutcomeLabels { outcome: "invalid" };
+    let invalid = quotagate::observe::metrics::OutcomeLabels { outcome: "invalid" };
     assert_eq!(
         gw.gateway
             .metrics()
@@ -602,7 +602,7 @@ async fn a_forced_fetch_waits_for_the_spacing_and_then_runs() {
         gw.gateway
             .metrics()
             .catalog_refreshes
-            .get_or_create(&quotagate::metrics::OutcomeLabels { outcome })
+            .get_or_create(&quotagate::observe::metrics::OutcomeLabels { outcome })
             .get()
     };
     // Spacing far beyond the request's wait: the fetch cannot start in time, the request goes on

@@ -345,7 +345,7 @@ async fn quickstart_answers_the_readme_requests() {
     );
     assert_eq!(
         line["key"],
-        quotagate::telemetry::fingerprint(b"demo-key").as_str()
+        quotagate::observe::telemetry::fingerprint(b"demo-key").as_str()
     );
     q.signal("-TERM");
     assert!(q.wait_exit().success());
@@ -535,7 +535,7 @@ async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
         "{status}"
     );
     // The most limited keys: demo-key, by its fingerprint only.
-    let fingerprint = quotagate::telemetry::fingerprint(b"demo-key");
+    let fingerprint = quotagate::observe::telemetry::fingerprint(b"demo-key");
     assert_eq!(
         status["top_limited"],
         serde_json::json!([{"key": fingerprint, "limited": 3, "over_by_at_most": 0,

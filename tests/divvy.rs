@@ -137,9 +137,9 @@ impl Port {
     ) -> Port {
         // On Redis, every case also runs the connections on two workers, each with its own
         // Redis connection, as the binary does (memory cases use the test's runtime).
-        let workers = redis
-            .is_some()
-            .then(|| Arc::new(quotagate::workers::Workers::start(2, "test-divvy").unwrap()));
+        let workers = redis.is_some().then(|| {
+            Arc::new(quotagate::server::workers::Workers::start(2, "test-divvy").unwrap())
+        });
         let store = Arc::new(match &redis {
             None => Store::memory(),
             Some(r) => {
@@ -155,7 +155,7 @@ impl Port {
                     concurrency_hold: Duration::from_secs(10),
                 })
                 .unwrap()
-                .with_thread_slot(quotagate::workers::current);
+                .with_thread_slot(quotagate::server::workers::current);
                 Store::redis(s, policy, Duration::from_millis(50))
             }
         });

@@ -247,7 +247,11 @@ async fn tls_settings_that_cannot_work_stop_the_start_with_the_file_named() {
         let mut c = Config::default();
         c.server.tls_cert_file = cert;
         c.server.tls_key_file = key;
-        match quotagate::settings::Settings::new(c, |_| None, quotagate::settings::Serve::all()) {
+        match quotagate::app::settings::Settings::new(
+            c,
+            |_| None,
+            quotagate::app::settings::Serve::all(),
+        ) {
             Err(e) => e.to_string(),
             Ok(s) => match quotagate::app::App::build(&s, Arc::new(FakeClock::new(T0)), None) {
                 Err(e) => e.to_string(),
@@ -645,8 +649,8 @@ async fn a_websocket_client_talks_to_its_server_through_the_gateway() {
 /// An upstream speaking TLS with `cert` (`<dir>/<cert>.pem` and `.key`), requiring client
 /// certificates signed by `client_ca` when given.
 async fn tls_upstream(dir: &Path, cert: &str, client_ca: Option<&str>) -> Upstream {
-    let tls = quotagate::tls::Tls::new(
-        &quotagate::tls::TlsSettings {
+    let tls = quotagate::server::tls::Tls::new(
+        &quotagate::server::tls::TlsSettings {
             pairs: vec![(
                 dir.join(format!("{cert}.pem")),
                 dir.join(format!("{cert}.key")),

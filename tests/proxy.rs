@@ -573,7 +573,7 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     let up = Upstream::start().await;
     let mut c = config(&up);
     c.upstream.response_timeout_ms = 200;
-    // One worker: the requests before share its kept timers (crate::deadline), set to their own
+    // One worker: the requests before share its kept timers (crate::server::deadline), set to their own
     // earlier deadlines, which the slow request's timeout must move on.
     c.server.workers = 1;
     let gw = gateway(c).await;
@@ -1455,7 +1455,7 @@ async fn explain_and_reset(gw: &TestGateway) {
             ),
             "{v}"
         );
-        assert_eq!(v["key"], quotagate::telemetry::fingerprint(b"k1"));
+        assert_eq!(v["key"], quotagate::observe::telemetry::fingerprint(b"k1"));
     }
     assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
     assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
@@ -2834,7 +2834,7 @@ async fn requests_are_traced_as_server_spans_that_continue_the_callers_trace() {
     ] {
         assert_eq!(attribute(&span, key).as_deref(), Some(value), "{key}");
     }
-    let fingerprint = quotagate::telemetry::fingerprint(b"k1");
+    let fingerprint = quotagate::observe::telemetry::fingerprint(b"k1");
     assert_eq!(attribute(&span, "quotagate.key"), Some(fingerprint.clone()));
     assert!(attribute(&span, "quotagate.store.duration").is_some());
 
@@ -2919,7 +2919,7 @@ async fn a_hung_collector_costs_requests_nothing() {
         assert_eq!(get(&gw.url("/items/1"), &[KEY]).await.status, 200);
     }
     assert!(
-        started.elapsed() < quotagate::otel::export::EXPORT_TIMEOUT,
+        started.elapsed() < quotagate::observe::otel::export::EXPORT_TIMEOUT,
         "no request waited for the export"
     );
     let m = support::scrape(gw.admin).await;

@@ -698,8 +698,12 @@ async fn a_rule_file_with_problems_lists_every_one_at_start() {
     let mut c = Config::default();
     c.upstream.url = up.url();
     c.rls.config = rules.path().display().to_string();
-    let settings =
-        quotagate::settings::Settings::new(c, |_| None, quotagate::settings::Serve::all()).unwrap();
+    let settings = quotagate::app::settings::Settings::new(
+        c,
+        |_| None,
+        quotagate::app::settings::Serve::all(),
+    )
+    .unwrap();
     let catalog = quotagate::catalog::Snapshot::from_json("test", CATALOG.as_bytes()).unwrap();
     let err = quotagate::app::App::build(
         &settings,

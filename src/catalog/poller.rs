@@ -25,7 +25,7 @@ use super::live::Live;
 use super::server::content_hash;
 use super::{CatalogDoc, CatalogVersion, Snapshot, UnknownFields};
 use crate::config::{CatalogConfig, ConfigError, header_name, positive_ms};
-use crate::metrics::OutcomeLabels;
+use crate::observe::metrics::OutcomeLabels;
 
 /// Triggered fetches (refresh header, pub/sub) wait this long so that triggers arriving together
 /// share one fetch.

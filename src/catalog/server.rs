@@ -32,7 +32,7 @@ use subtle::ConstantTimeEq;
 
 use super::version::format_rfc3339;
 use super::{CatalogDoc, CatalogVersion, Snapshot};
-use crate::problem::problem;
+use crate::server::problem::problem;
 use quotagate_engine::clock::Clock;
 use serde_json::value::RawValue;
 

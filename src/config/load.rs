@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{Config, ConfigError};
-use crate::files::read_capped;
+use crate::config::files::read_capped;
 
 /// Largest configuration file accepted. Default: 1 MiB.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;

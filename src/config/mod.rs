@@ -7,9 +7,10 @@
 //! default in `docs/configuration.md`; the file is parsed strictly, so a misspelt key is an error.
 //!
 //! These structs hold text as written. Each module turns its section into its own typed settings
-//! (`TryFrom`), checking the values there, and [`crate::settings::Settings`] does that once for
+//! (`TryFrom`), checking the values there, and [`crate::app::settings::Settings`] does that once for
 //! the whole application.
 
+pub mod files;
 mod load;
 mod redact;
 
@@ -359,7 +360,7 @@ impl Default for CatalogConfig {
             refresh_min_interval_ms: 1_000,
             refresh_wait_ms: 2_000,
             announce_channel: "quotagate:catalog".into(),
-            max_bytes: crate::catalog::MAX_CATALOG_BYTES,
+            max_bytes: quotagate_engine::catalog::MAX_CATALOG_BYTES,
         }
     }
 }
@@ -592,7 +593,7 @@ impl Default for LogConfig {
     }
 }
 
-/// `[telemetry]`: OpenTelemetry traces (see `crate::otel`).
+/// `[telemetry]`: OpenTelemetry traces (see `crate::observe::otel`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {

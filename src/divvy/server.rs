@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::Divvy;
 use super::protocol::{self, ProtoError, Reply, Request};
 use crate::config::{ConfigError, DivvyConfig};
-use crate::workers::{self, Workers};
+use crate::server::workers::{self, Workers};
 use quotagate_store::Sequence;
 
 /// Limits of the Divvy port's connections.

@@ -10,7 +10,7 @@ use super::admission::{Decision, Rejection};
 use super::headers;
 use super::upstream::UpstreamError;
 use crate::config::HeaderSet;
-use crate::problem::{QUOTA_EXCEEDED, problem};
+use crate::server::problem::{QUOTA_EXCEEDED, problem};
 
 impl Rejection<'_> {
     /// The response, with the rate-limit fields of `fields` on a 429.

@@ -48,7 +48,7 @@ impl Proxy {
             .0;
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let mut out = json!({
-            "key": crate::telemetry::fingerprint(api_key),
+            "key": crate::observe::telemetry::fingerprint(api_key),
             "method": method,
             "path": path,
         });

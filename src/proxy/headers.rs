@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::HeaderSet;
-use crate::http1::Kind;
+use crate::server::http1::Kind;
 #[cfg(test)]
 use quotagate_engine::limiter::Quota;
 use quotagate_engine::limiter::{Limit, Rate, WINDOW_SECONDS};
@@ -64,8 +64,10 @@ pub const HANDED_ON: [HeaderName; 26] = [
 
 /// The fields the proxy hands on unread: [`HANDED_ON`] but those it reads by configuration (the
 /// API key's, the cost's, the forced refresh's: any name may be configured).
-pub fn handed_on<'a>(read: impl IntoIterator<Item = &'a HeaderName>) -> crate::http1::Passes {
-    crate::http1::Passes::new(&HANDED_ON, read)
+pub fn handed_on<'a>(
+    read: impl IntoIterator<Item = &'a HeaderName>,
+) -> crate::server::http1::Passes {
+    crate::server::http1::Passes::new(&HANDED_ON, read)
 }
 
 /// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.

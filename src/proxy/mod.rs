@@ -30,7 +30,7 @@ use http::{HeaderName, Request, Response};
 use http_body_util::{Either, Full};
 
 use crate::catalog::live::Live;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::runtime::Runtime;
 use admission::{Action, Decision, Step, Target};
 use quotagate_engine::clock::Clock;
@@ -107,9 +107,9 @@ pub struct Proxy {
     policy: Policy,
     metrics: Arc<Metrics>,
     /// The API keys refused most lately (`/status` `top_limited`).
-    top: crate::top::TopLimited,
+    top: crate::observe::top::TopLimited,
     /// Traces requests, when `telemetry.otlp_endpoint` is set.
-    tracer: Option<Arc<crate::otel::Tracer>>,
+    tracer: Option<Arc<crate::observe::otel::Tracer>>,
     /// Settles what `cost_from` responses report.
     settler: Arc<report::Settler>,
     /// Frees the slots of requests that end.
@@ -127,7 +127,7 @@ impl Proxy {
         catalog: Arc<Live>,
         upstream: Arc<Upstream>,
         rt: &Runtime,
-        tracer: Option<Arc<crate::otel::Tracer>>,
+        tracer: Option<Arc<crate::observe::otel::Tracer>>,
     ) -> Proxy {
         let lines = Arc::new(wait::Lines::new(s.policy.wait_queue_max, &rt.metrics));
         Proxy {
@@ -173,7 +173,7 @@ impl Proxy {
     }
 
     /// The `n` API keys refused most over the last 15 minutes, most first.
-    pub fn most_limited(&self, n: usize) -> Vec<crate::top::Limited> {
+    pub fn most_limited(&self, n: usize) -> Vec<crate::observe::top::Limited> {
         self.top.top(self.clock.now_ms(), n)
     }
 
@@ -194,7 +194,7 @@ impl Proxy {
 
     /// The request fields this proxy hands on unread ([`headers::HANDED_ON`] but the names it
     /// is configured to read), for its listener ([`crate::server::HttpSettings::passes`]).
-    pub fn passes(&self) -> crate::http1::Passes {
+    pub fn passes(&self) -> crate::server::http1::Passes {
         let configured = [&self.policy.api_key_header, &self.refresh.header];
         headers::handed_on(configured.into_iter().chain(&self.policy.cost_header))
     }
@@ -250,8 +250,10 @@ impl Proxy {
                                 let key: Box<[u8]> = pending.held.key.into();
                                 let pending = pending.rekeyed(&key);
                                 let parts = &mut parts;
-                                crate::cold::apart(|| self.may_wait(pending, waits, parts, record))
-                                    .await
+                                crate::server::cold::apart(|| {
+                                    self.may_wait(pending, waits, parts, record)
+                                })
+                                .await
                             }
                         },
                     };
@@ -386,7 +388,7 @@ impl Proxy {
         if record.want_key {
             record.key = Some(match pending.held.anonymous {
                 Some(_) => "anonymous".into(),
-                None => crate::telemetry::fingerprint_remembered(pending.held.key),
+                None => crate::observe::telemetry::fingerprint_remembered(pending.held.key),
             });
         }
         // One reading for the decision's time and for how long the store takes to give it.
@@ -434,7 +436,7 @@ impl Proxy {
             return;
         }
         // Apart: rare, and inline its wait would be part of every request's future and code.
-        crate::cold::apart(|| self.refresh_now(parts)).await
+        crate::server::cold::apart(|| self.refresh_now(parts)).await
     }
 
     /// [`Proxy::forced_refresh`] for a request that has the header.
@@ -463,7 +465,7 @@ impl Proxy {
         };
         self.metrics
             .catalog_refreshes
-            .get_or_create(&crate::metrics::OutcomeLabels { outcome })
+            .get_or_create(&crate::observe::metrics::OutcomeLabels { outcome })
             .inc();
     }
 
@@ -491,7 +493,7 @@ impl Proxy {
             let path = target.path.as_deref().unwrap_or(req.uri().path());
             let Some(uri) = self.upstream.uri(path, req.uri()) else {
                 record.decision = Decision::BadRequest;
-                return own(crate::problem::problem(
+                return own(crate::server::problem::problem(
                     http::StatusCode::BAD_REQUEST,
                     None,
                     "the request target cannot be forwarded",
@@ -670,9 +672,11 @@ impl Proxy {
 
 /// Passes the request's trace on upstream: its span is the upstream's parent.
 #[inline(never)]
-fn propagate(t: &crate::otel::Started, parts: &mut Parts) {
+fn propagate(t: &crate::observe::otel::Started, parts: &mut Parts) {
     if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
-        parts.headers.insert(crate::otel::TRACEPARENT.clone(), v);
+        parts
+            .headers
+            .insert(crate::observe::otel::TRACEPARENT.clone(), v);
     }
 }
 
@@ -701,13 +705,13 @@ fn log_access(
 /// Ends a traced request's span.
 #[inline(never)]
 fn finish_span(
-    tracer: &crate::otel::Tracer,
-    started: crate::otel::Started,
+    tracer: &crate::observe::otel::Tracer,
+    started: crate::observe::otel::Started,
     method: http::Method,
     status: u16,
     record: &mut Record<'_>,
 ) {
-    tracer.finish(crate::otel::Span {
+    tracer.finish(crate::observe::otel::Span {
         started,
         end: std::time::SystemTime::now(),
         method,

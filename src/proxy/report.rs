@@ -18,7 +18,7 @@ use quotagate_engine::limiter::Limit;
 use quotagate_engine::report::{BodyReport, CostFrom, NoReport, parse_reported};
 use quotagate_store::{CounterKey, Part, Store};
 
-use crate::metrics::{Metrics, OutcomeLabels};
+use crate::observe::metrics::{Metrics, OutcomeLabels};
 
 /// `quotagate_cost_reports_total`'s counters, looked up once (a family's lookup hashes and
 /// locks).

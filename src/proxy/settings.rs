@@ -114,5 +114,5 @@ pub struct ProxySettings {
     pub policy: Policy,
     pub refresh: Refresh,
     /// OpenTelemetry traces (`[telemetry]`); `None`: off.
-    pub trace: Option<crate::otel::TraceSettings>,
+    pub trace: Option<crate::observe::otel::TraceSettings>,
 }

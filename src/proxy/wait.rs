@@ -23,7 +23,7 @@ use quotagate_engine::limiter::{Limit, MAX_LIMITS, Outcome, WindowSet, line_room
 use quotagate_store::{CounterKey, Part, Store, Verdict};
 use tokio::sync::Notify;
 
-use crate::metrics::{Metrics, OutcomeLabels};
+use crate::observe::metrics::{Metrics, OutcomeLabels};
 
 /// How often a request waiting for a slot on a shared store asks again: slots freed by other
 /// instances are not announced.

@@ -227,7 +227,7 @@ pub fn ignored(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, &'sta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{Serve, Settings};
+    use crate::app::settings::{Serve, Settings};
     use quotagate_store::StoreSettings;
 
     /// The drop-in's settings, built as `quotagate ratelimit` builds them.

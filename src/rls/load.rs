@@ -86,7 +86,7 @@ pub fn load(path: &Path) -> Result<RuleSet, Problems> {
             problems.push(format!("{name}: larger than {MAX_RULE_FILE_BYTES} bytes"));
             continue;
         }
-        match crate::files::read_capped(file, MAX_RULE_FILE_BYTES) {
+        match crate::config::files::read_capped(file, MAX_RULE_FILE_BYTES) {
             Ok(text) => texts.push((name, text)),
             Err(e) => problems.push(format!("{name}: {e}")),
         }

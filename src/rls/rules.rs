@@ -177,7 +177,7 @@ impl Domain {
                 None => match node
                     .wildcards
                     .iter()
-                    .find(|w| w.key == k && crate::glob::matches(&w.parts, v))
+                    .find(|w| w.key == k && quotagate_engine::glob::matches(&w.parts, v))
                 {
                     Some(w) => {
                         if w.share {

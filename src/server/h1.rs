@@ -71,9 +71,9 @@ pub struct Head {
     pub connection: Option<usize>,
 }
 
-use crate::http1::{KEPT_ROOM, Passed, Passes, has_token, plain_number};
-pub use crate::http1::{Line, Lines};
-use crate::shelf::Shelf;
+use crate::server::http1::{KEPT_ROOM, Passed, Passes, has_token, plain_number};
+pub use crate::server::http1::{Line, Lines};
+use crate::server::shelf::Shelf;
 
 /// A field named `close`: `Connection: close` makes it hop-by-hop.
 static CLOSE: http::HeaderName = http::HeaderName::from_static("close");
@@ -116,7 +116,8 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
     let (mut connection, mut named_close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
         let line = at(h.name.as_bytes()).start;
-        let Some(line) = crate::http1::set_line(lines, i, h.name.as_bytes(), line, at(h.value))
+        let Some(line) =
+            crate::server::http1::set_line(lines, i, h.name.as_bytes(), line, at(h.value))
         else {
             return Parsed::Hyper;
         };
@@ -286,7 +287,7 @@ fn date() -> [u8; 29] {
         static DATE: std::cell::Cell<(u64, [u8; 29])> = const { std::cell::Cell::new((0, [0; 29])) };
     }
     // The kernel's tick-updated clock: a second's field does not show a tick (src/coarse.rs).
-    let secs = crate::coarse::unix_seconds();
+    let secs = crate::server::coarse::unix_seconds();
     DATE.with(|d| {
         let (at, v) = d.get();
         if at == secs && at != 0 {
@@ -338,7 +339,7 @@ where
     B::Data: Buf,
     D: Future,
 {
-    let mut lines = crate::http1::ThreadLines::new();
+    let mut lines = crate::server::http1::ThreadLines::new();
     let mut draining = false;
     loop {
         let head = loop {
@@ -572,15 +573,15 @@ fn request(
     unsafe {
         match passes {
             None => {
-                crate::http1::append_lines(before, bytes, &mut headers);
+                crate::server::http1::append_lines(before, bytes, &mut headers);
                 if !after.is_empty() {
-                    crate::http1::append_lines(after, bytes, &mut headers);
+                    crate::server::http1::append_lines(after, bytes, &mut headers);
                 }
             }
             Some(passes) => {
-                crate::http1::split_lines(before, bytes, &mut headers, passes, passed);
+                crate::server::http1::split_lines(before, bytes, &mut headers, passes, passed);
                 if !after.is_empty() {
-                    crate::http1::split_lines(after, bytes, &mut headers, passes, passed);
+                    crate::server::http1::split_lines(after, bytes, &mut headers, passes, passed);
                 }
             }
         }

@@ -239,11 +239,11 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use quotagate::app::App;
+use quotagate::app::settings::Settings;
 use quotagate::catalog::Snapshot;
 use quotagate::config::Config;
 use quotagate::gateway::Gateway;
 use quotagate::server::RequestBody;
-use quotagate::settings::Settings;
 use quotagate_engine::clock::FakeClock;
 use tokio_util::sync::CancellationToken;
 
@@ -558,7 +558,8 @@ impl TestGateway {
         }
         config.admin.enabled = true;
         config.rls.listen = "127.0.0.1:0".into();
-        let settings = Settings::new(config, |_| None, quotagate::settings::Serve::all()).unwrap();
+        let settings =
+            Settings::new(config, |_| None, quotagate::app::settings::Serve::all()).unwrap();
         let app = Arc::new(App::build(&settings, Arc::new(clock.clone()), catalog).unwrap());
         let listeners = app.bind().await.unwrap();
         let addr = listeners.gateway().unwrap();

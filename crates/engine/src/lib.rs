@@ -12,6 +12,7 @@
 pub mod ascii;
 pub mod catalog;
 pub mod clock;
+pub mod glob;
 pub mod limiter;
 pub mod path;
 pub mod report;

@@ -31,7 +31,7 @@ impl Pattern {
             (_, None) => false,
             (Pattern::Present, Some(_)) => true,
             (Pattern::Exact(e), Some(v)) => e == v,
-            (Pattern::Glob(parts), Some(v)) => crate::glob::matches(parts, v),
+            (Pattern::Glob(parts), Some(v)) => quotagate_engine::glob::matches(parts, v),
         }
     }
 }

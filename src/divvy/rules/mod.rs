@@ -216,9 +216,11 @@ impl RuleSet {
     /// Reads a `.ini` or `.json` rule file.
     pub fn load(path: &Path) -> Result<RuleSet, RuleError> {
         let name = path.display().to_string();
-        let text = crate::files::read_capped(path, MAX_RULE_FILE_BYTES).map_err(|e| RuleError {
-            file: name.clone(),
-            reason: format!("cannot read it: {e}"),
+        let text = crate::config::files::read_capped(path, MAX_RULE_FILE_BYTES).map_err(|e| {
+            RuleError {
+                file: name.clone(),
+                reason: format!("cannot read it: {e}"),
+            }
         })?;
         RuleSet::parse(&name, &text)
     }

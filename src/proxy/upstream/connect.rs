@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 
 use super::raw::RawConn;
 use super::settings::{ClientTlsSettings, TargetUrl};
-use crate::tls::TlsFileError;
+use crate::server::tls::TlsFileError;
 
 /// Which HTTP versions a new connection may speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,17 +71,19 @@ impl std::fmt::Debug for ClientTls {
 impl ClientTls {
     /// Reads the CA and client certificate files (a problem names the file).
     pub fn new(s: &ClientTlsSettings) -> Result<ClientTls, TlsFileError> {
-        let provider = crate::tls::provider();
+        let provider = crate::server::tls::provider();
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| crate::tls::problem(std::path::Path::new("upstream"), e.to_string()))?;
+            .map_err(|e| {
+                crate::server::tls::problem(std::path::Path::new("upstream"), e.to_string())
+            })?;
         let builder = if s.insecure_skip_verify {
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
         } else {
             let roots = match &s.ca {
-                Some(ca) => crate::tls::read_roots(ca)?,
+                Some(ca) => crate::server::tls::read_roots(ca)?,
                 None => system_roots(),
             };
             builder.with_root_certificates(roots)
@@ -89,8 +91,13 @@ impl ClientTls {
         let config = match &s.client_cert {
             None => builder.with_no_client_auth(),
             Some((cert, key)) => builder
-                .with_client_auth_cert(crate::tls::read_chain(cert)?, crate::tls::read_key(key)?)
-                .map_err(|e| crate::tls::problem(cert, format!("unusable with its key: {e}")))?,
+                .with_client_auth_cert(
+                    crate::server::tls::read_chain(cert)?,
+                    crate::server::tls::read_key(key)?,
+                )
+                .map_err(|e| {
+                    crate::server::tls::problem(cert, format!("unusable with its key: {e}"))
+                })?,
         };
         let with = |alpn: &[&[u8]]| {
             let mut c = config.clone();

@@ -41,7 +41,7 @@ fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 
 /// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
 /// `Host` of its own and those `after` replaces, then the lines `passed` (the fields handed on
-/// as they came, [`crate::http1::Passed`]), then `after`'s. The `http` types hold no CR, LF or
+/// as they came, [`crate::server::http1::Passed`]), then `after`'s. The `http` types hold no CR, LF or
 /// other control byte, nor do `passed`'s names and values, so nothing here can split a line.
 pub fn encode_request(
     method: &Method,
@@ -105,9 +105,9 @@ pub struct Head {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadHead(pub &'static str);
 
-pub use crate::http1::Lines;
-use crate::http1::{Kind, has_token, plain_number};
 use crate::proxy::headers::listed_in;
+pub use crate::server::http1::Lines;
+use crate::server::http1::{Kind, has_token, plain_number};
 
 /// Reads a response head from the front of `buf`, taking its bytes off it (header values
 /// share them). `Ok(None)`: not whole yet. Informational (1xx) heads are read past. `lines`:
@@ -166,7 +166,7 @@ pub fn parse_response(
                 h.value.as_ptr() as usize - base,
             );
             let value = at..at + h.value.len();
-            crate::http1::set_line(lines, i, h.name.as_bytes(), start, value)
+            crate::server::http1::set_line(lines, i, h.name.as_bytes(), start, value)
                 .ok_or(BadHead("invalid header name"))?;
             framed_by.note(lines[i].kind, h.value);
         }
@@ -179,7 +179,7 @@ pub fn parse_response(
             Some(written) => unsafe { pass_on(lines, &bytes, framed_by, head_request, written) },
             None => {
                 let mut headers = HeaderMap::with_capacity(lines.len() + ROOM);
-                unsafe { crate::http1::append_lines(lines, &bytes, &mut headers) };
+                unsafe { crate::server::http1::append_lines(lines, &bytes, &mut headers) };
                 if framing_drops_length(framing, framed_by) {
                     headers.remove(CONTENT_LENGTH);
                 }
@@ -205,7 +205,7 @@ pub fn parse_response(
 ///
 /// # Safety
 ///
-/// As [`crate::http1::append_lines`]'s: each line's value lies in `head` and holds only bytes
+/// As [`crate::server::http1::append_lines`]'s: each line's value lies in `head` and holds only bytes
 /// `httparse` admits in a field value.
 unsafe fn pass_on(
     lines: &Lines,

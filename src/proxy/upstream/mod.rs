@@ -88,7 +88,7 @@ struct TargetLabels {
 /// One target and what the gateway knows of it.
 pub struct Target {
     pub url: TargetUrl,
-    /// One pool per worker ([`crate::workers`]): a connection's task runs on the worker that
+    /// One pool per worker ([`crate::server::workers`]): a connection's task runs on the worker that
     /// opened it, so sharing one pool would send requests across threads.
     pools: Box<[Arc<Idle<UpstreamBody>>]>,
     health: Health,
@@ -136,7 +136,10 @@ struct TargetFamilies {
 impl Upstream {
     /// `workers`: how many connection pools to keep per target (one per worker; `pool_max_idle`
     /// applies to each). Fails when a TLS file cannot be used, naming it.
-    pub fn new(s: &UpstreamSettings, workers: usize) -> Result<Upstream, crate::tls::TlsFileError> {
+    pub fn new(
+        s: &UpstreamSettings,
+        workers: usize,
+    ) -> Result<Upstream, crate::server::tls::TlsFileError> {
         let tls = match s.any_tls() {
             true => Some(ClientTls::new(&s.tls)?),
             false => None,
@@ -301,7 +304,7 @@ impl Upstream {
                     }
                 }
             };
-            match crate::deadline::timeout(self.response_timeout, exchange).await {
+            match crate::server::deadline::timeout(self.response_timeout, exchange).await {
                 Ok(result) => result,
                 Err(_) => {
                     if let Some(t) = self.targets.get(trying.load(Ordering::Relaxed)) {
@@ -386,7 +389,7 @@ impl Upstream {
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, Attempt>> + Send {
         async move {
             let speak = self.speak(t, needs);
-            let idle = &t.pools[crate::workers::current() % t.pools.len()];
+            let idle = &t.pools[crate::server::workers::current() % t.pools.len()];
             t.requests.inc();
             let flight = InFlight::start(&t.in_flight);
             if speak == Speak::Http1
@@ -412,7 +415,7 @@ impl Upstream {
             // that the own exchange's future and code stay as small as they are (every request's
             // future is moved a few times: its size is paid per request; and its code shares the
             // instruction cache with the rest of the request's).
-            crate::cold::apart(|| self.send_any(t, idle, req, speak, flight)).await
+            crate::server::cold::apart(|| self.send_any(t, idle, req, speak, flight)).await
         }
     }
 
@@ -458,7 +461,9 @@ impl Upstream {
                     Some(c) => c,
                     None => {
                         fresh = true;
-                        match crate::cold::apart(|| self.connector.connect_raw(&t.url)).await {
+                        match crate::server::cold::apart(|| self.connector.connect_raw(&t.url))
+                            .await
+                        {
                             Ok(c) => c,
                             Err(e) => return Err(Attempt::NotSent(req, e)),
                         }
@@ -488,8 +493,8 @@ impl Upstream {
                             true => {
                                 let mut map = std::mem::take(req.headers_mut());
                                 map.clear();
-                                if map.capacity() < crate::http1::KEPT_ROOM {
-                                    map.reserve(crate::http1::KEPT_ROOM);
+                                if map.capacity() < crate::server::http1::KEPT_ROOM {
+                                    map.reserve(crate::server::http1::KEPT_ROOM);
                                 }
                                 if !head.headers.is_empty() {
                                     map.extend(head.headers);

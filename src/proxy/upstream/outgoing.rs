@@ -7,8 +7,8 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::http1::Passed;
 use crate::server::RequestBody;
+use crate::server::http1::Passed;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};

@@ -4,7 +4,7 @@
 //! Why not hyper-util's pooled client: it serves any number of hosts, so every request hashes its
 //! pool key (scheme and authority, SipHash) three times, takes a shared lock, and spawns a task per
 //! response to put the connection back once its body is read. quotagate knows its targets up front
-//! and each worker ([`crate::workers`]) keeps its own connections, so a stack per worker and target
+//! and each worker ([`crate::server::workers`]) keeps its own connections, so a stack per worker and target
 //! is enough; a connection goes back when its response body ends, from the body itself
 //! ([`PooledBody`]).
 //!
@@ -71,7 +71,7 @@ impl<C: Conn> Stack<C> {
             return false;
         }
         // Idle times are seconds: the kernel's tick-updated clock is enough (src/coarse.rs).
-        idle.push((conn, crate::coarse::instant()));
+        idle.push((conn, crate::server::coarse::instant()));
         true
     }
 

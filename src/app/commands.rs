@@ -9,15 +9,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::app::App;
+use crate::app::demo;
+use crate::app::settings::Settings;
+use crate::app::shutdown::Token;
 use crate::catalog::Snapshot;
 use crate::catalog::server::CatalogServer;
 use crate::config::{ConfigError, address, header_name};
 use crate::divvy::load::LoadOptions;
 use crate::divvy::rules::RuleSet;
-use crate::settings::Settings;
-use crate::shutdown::Token;
+use crate::server;
 use crate::start::{StartError, bind};
-use crate::{demo, server};
 use quotagate_engine::clock::SystemClock;
 use quotagate_engine::text::plural;
 

@@ -11,7 +11,7 @@
 //! divided by `CAPACITY`.
 //!
 //! Keys are held as a 64-bit hash (their identity here, seeded per process) and the 48 bits of
-//! their log fingerprint ([`crate::telemetry::fingerprint_bits`], taken when a key enters a
+//! their log fingerprint ([`crate::observe::telemetry::fingerprint_bits`], taken when a key enters a
 //! minute's sketch, not per refusal), never as themselves.
 
 use std::collections::{HashMap, VecDeque};
@@ -32,7 +32,7 @@ const MINUTE_MS: u64 = 60_000;
 /// One key's estimate over the window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limited {
-    /// The key's fingerprint bits ([`crate::telemetry::fingerprint_of`] shows them).
+    /// The key's fingerprint bits ([`crate::observe::telemetry::fingerprint_of`] shows them).
     pub key: u64,
     /// Refusals counted: never fewer than the true number.
     pub limited: u64,
@@ -55,7 +55,7 @@ impl TopLimited {
     pub fn count(&self, now_ms: u64, key: &[u8], endpoint: &str) {
         let id = self.ids.hash_one(key);
         self.count_id(now_ms, id, endpoint, || {
-            crate::telemetry::fingerprint_bits(key)
+            crate::observe::telemetry::fingerprint_bits(key)
         });
     }
 
@@ -258,8 +258,8 @@ mod tests {
         let got = top.top(T0, SHOWN);
         assert_eq!(got.len(), 1);
         assert_eq!(
-            crate::telemetry::fingerprint_of(got[0].key),
-            crate::telemetry::fingerprint(b"demo-key")
+            crate::observe::telemetry::fingerprint_of(got[0].key),
+            crate::observe::telemetry::fingerprint(b"demo-key")
         );
         assert_eq!(got[0].limited, 2);
     }

@@ -117,7 +117,7 @@ impl Settings {
         serve: Serve,
     ) -> Result<Settings, ConfigError> {
         let workers = match config.server.workers {
-            0 => crate::workers::default_count(),
+            0 => crate::server::workers::default_count(),
             n if n > MAX_WORKERS => {
                 return Err(ConfigError::option(
                     "server.workers",

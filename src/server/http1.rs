@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::shelf::Shelf;
+use crate::server::shelf::Shelf;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 

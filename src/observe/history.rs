@@ -16,6 +16,19 @@ pub const NAMED_ENDPOINTS: usize = 50;
 /// The name of the endpoints past the first [`NAMED_ENDPOINTS`].
 pub const OTHER: &str = "(other endpoints)";
 
+/// The value below which a share `q` of a histogram's observations fall, from its cumulative
+/// `(upper bound, count)` buckets (the bound of the bucket that holds it).
+pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map(|(le, _)| *le)
+}
+
 /// The gateway's totals since start, read at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reading {
@@ -108,7 +121,7 @@ impl History {
             at_ms: r.at_ms,
             rates: rates.map(|n| (n / seconds) as f32),
             endpoints,
-            p99_seconds: crate::status::quantile(&latency, 0.99)
+            p99_seconds: quantile(&latency, 0.99)
                 .filter(|v| v.is_finite())
                 .map(|v| v as f32),
             local_share: (all > 0.0).then(|| (local / all).clamp(0.0, 1.0) as f32),

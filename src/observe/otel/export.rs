@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn the_written_request_is_the_messages_encoding() {
         let span = |n: u8| Span {
-            started: crate::otel::Started {
+            started: crate::observe::otel::Started {
                 trace_id: [n; 16],
                 span_id: [n; 8],
                 parent: n.is_multiple_of(2).then_some([7; 8]),

@@ -22,7 +22,7 @@ use prometheus_client::metrics::family::Family;
 use std::sync::Mutex;
 
 use crate::config::{ConfigError, TelemetryConfig};
-use crate::metrics::OutcomeLabels;
+use crate::observe::metrics::OutcomeLabels;
 
 /// Spans per export at most (the OpenTelemetry SDK's default batch size).
 pub const BATCH_MAX: usize = 512;

@@ -5,6 +5,8 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::observe::history::{Reading, quantile};
+
 /// One sample of OpenMetrics text: name, labels, value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -66,19 +68,6 @@ fn parse_line(line: &str) -> Option<Sample> {
     })
 }
 
-/// The value below which a share `q` of a histogram's observations fall, from its cumulative
-/// `(upper bound, count)` buckets (the bound of the bucket that holds it).
-pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
-    let total = buckets.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    buckets
-        .iter()
-        .find(|(_, n)| *n >= q * total)
-        .map(|(le, _)| *le)
-}
-
 /// Decisions whose requests went upstream (the rest were answered by quotagate).
 const FORWARDED: [&str; 4] = ["allowed", "shadow_limited", "unlimited", "store_open"];
 
@@ -118,7 +107,7 @@ pub fn outcome(decision: &str) -> usize {
 /// The totals the dashboard's history samples, from the metrics' samples (the store's decisions
 /// taken in memory are the caller's to add; here every decision counts as taken in memory, as on
 /// the memory store).
-pub fn reading(samples: &[Sample], at_ms: u64) -> crate::history::Reading {
+pub fn reading(samples: &[Sample], at_ms: u64) -> Reading {
     let mut endpoints: std::collections::BTreeMap<&str, [f64; 3]> = Default::default();
     let mut latency: Vec<(f64, f64)> = Vec::new();
     let mut decided = 0.0;
@@ -136,7 +125,7 @@ pub fn reading(samples: &[Sample], at_ms: u64) -> crate::history::Reading {
         }
     }
     latency.sort_by(|x, y| x.0.total_cmp(&y.0));
-    crate::history::Reading {
+    Reading {
         at_ms,
         endpoints: endpoints
             .into_iter()

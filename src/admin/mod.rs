@@ -13,6 +13,8 @@
 //!   without more on a loopback listener; on any other, only with `admin.secret` in
 //!   `X-Quotagate-Admin-Secret`.
 
+pub mod status;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -24,7 +26,7 @@ use http_body_util::Full;
 
 use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
-use crate::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
+use crate::observe::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
 use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
@@ -68,7 +70,7 @@ pub struct Admin {
     /// The parts this process runs (`/status`: the dashboard shows those).
     parts: Parts,
     /// The dashboard's plots (`/status/history`), sampled by [`Admin::sample`].
-    history: std::sync::Mutex<crate::history::History>,
+    history: std::sync::Mutex<crate::observe::history::History>,
 }
 
 /// The parts a process runs, as `/status` tells them.
@@ -111,13 +113,13 @@ impl Admin {
         }
     }
 
-    /// Adds a point to the dashboard's history: call every [`crate::history::INTERVAL_MS`].
+    /// Adds a point to the dashboard's history: call every [`crate::observe::history::INTERVAL_MS`].
     pub fn sample(&self) {
         let at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let samples = crate::status::parse_samples(&self.metrics.render(&self.state()));
-        let mut r = crate::status::reading(&samples, at_ms);
+        let samples = crate::admin::status::parse_samples(&self.metrics.render(&self.state()));
+        let mut r = crate::admin::status::reading(&samples, at_ms);
         if let Some(s) = self.store.stats() {
             let local = (s.decided_by_lease.get() + s.decided_by_block.get()) as f64;
             r.decisions = (local, local + s.decided_by_redis.get() as f64);
@@ -276,7 +278,7 @@ impl Admin {
                     Ok(n) => json(
                         StatusCode::OK,
                         serde_json::json!({
-                            "key": crate::telemetry::fingerprint(key),
+                            "key": crate::observe::telemetry::fingerprint(key),
                             "removed": n,
                         }),
                     ),
@@ -321,8 +323,8 @@ impl Admin {
     /// `GET /status`: see `docs/operations.md`.
     fn status(&self) -> serde_json::Value {
         let state = self.state();
-        let samples = crate::status::parse_samples(&self.metrics.render(&state));
-        let mut out = crate::status::traffic(&samples);
+        let samples = crate::admin::status::parse_samples(&self.metrics.render(&state));
+        let mut out = crate::admin::status::traffic(&samples);
         out["version"] = env!("CARGO_PKG_VERSION").into();
         out["config"] = self.config.clone();
         out["parts"] = serde_json::to_value(self.parts).unwrap_or_default();
@@ -381,11 +383,11 @@ impl Admin {
             out["upstream"]["failing"] = p.upstream_failing().into();
             out["upstream"]["targets"] = p.upstream().status();
             out["top_limited"] = p
-                .most_limited(crate::top::SHOWN)
+                .most_limited(crate::observe::top::SHOWN)
                 .into_iter()
                 .map(|l| {
                     serde_json::json!({
-                        "key": crate::telemetry::fingerprint_of(l.key),
+                        "key": crate::observe::telemetry::fingerprint_of(l.key),
                         "limited": l.limited,
                         "over_by_at_most": l.over_by_at_most,
                         "endpoint": l.endpoint,

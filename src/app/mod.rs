@@ -4,12 +4,19 @@
 //! Every listener is bound before anything is served or announced, so whoever waits for the
 //! "listening" line can connect to any of them.
 
+pub mod commands;
+pub mod demo;
+pub mod settings;
+pub mod shutdown;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
 use crate::admin::Admin;
+use crate::app::settings::Settings;
+use crate::app::shutdown::Token;
 use crate::catalog::Snapshot;
 use crate::config::ConfigError;
 use crate::divvy::Divvy;
@@ -17,14 +24,12 @@ use crate::divvy::metrics::Statsd;
 use crate::divvy::rules::RuleSet;
 use crate::divvy::server::ConnectionLimits;
 use crate::gateway::Gateway;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::rls::Rls;
 use crate::runtime::Runtime;
 use crate::server::Executor;
-use crate::settings::Settings;
-use crate::shutdown::Token;
+use crate::server::workers::Workers;
 use crate::start::{StartError, bind};
-use crate::workers::Workers;
 use crate::{divvy, server};
 use quotagate_engine::clock::Clock;
 use quotagate_store::{Announcer, Store, StoreSettings};
@@ -94,7 +99,7 @@ impl App {
         }
         let store = Arc::new(Store::open(
             &settings.store,
-            crate::workers::current,
+            crate::server::workers::current,
             clock.clone(),
         )?);
         let workers = Arc::new(
@@ -289,10 +294,10 @@ impl App {
     }
 }
 
-/// Samples the dashboard's history every [`crate::history::INTERVAL_MS`] until `token` is
+/// Samples the dashboard's history every [`crate::observe::history::INTERVAL_MS`] until `token` is
 /// cancelled (a start-up reading first, so the first point comes one interval in).
 async fn sample_history(admin: Arc<Admin>, token: Token) {
-    let period = std::time::Duration::from_millis(crate::history::INTERVAL_MS);
+    let period = std::time::Duration::from_millis(crate::observe::history::INTERVAL_MS);
     let mut every = tokio::time::interval(period);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -44,4 +44,4 @@ pub async fn echo(_peer: SocketAddr, req: Request<RequestBody>) -> Response<Full
 
 /// The catalog of the quick start (`catalogs/quickstart.json`), built into the binary so
 /// `quotagate quickstart` works from any directory.
-pub const QUICKSTART_CATALOG: &[u8] = include_bytes!("../catalogs/quickstart.json");
+pub const QUICKSTART_CATALOG: &[u8] = include_bytes!("../../catalogs/quickstart.json");

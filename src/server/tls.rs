@@ -76,8 +76,8 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 
 /// The certificates of a PEM file, at least one.
 pub(crate) fn read_chain(file: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let pem =
-        crate::files::read_capped(file, MAX_PEM_BYTES).map_err(|e| problem(file, e.to_string()))?;
+    let pem = crate::config::files::read_capped(file, MAX_PEM_BYTES)
+        .map_err(|e| problem(file, e.to_string()))?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| problem(file, format!("not a PEM certificate chain: {e}")))?;
@@ -89,8 +89,8 @@ pub(crate) fn read_chain(file: &Path) -> Result<Vec<CertificateDer<'static>>, Tl
 
 /// The private key of a PEM file.
 pub(crate) fn read_key(file: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
-    let pem =
-        crate::files::read_capped(file, MAX_PEM_BYTES).map_err(|e| problem(file, e.to_string()))?;
+    let pem = crate::config::files::read_capped(file, MAX_PEM_BYTES)
+        .map_err(|e| problem(file, e.to_string()))?;
     PrivateKeyDer::from_pem_slice(pem.as_bytes())
         .map_err(|e| problem(file, format!("not a PEM private key: {e}")))
 }

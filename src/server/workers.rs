@@ -79,7 +79,7 @@ impl Workers {
                 .spawn(move || {
                     INDEX.with(|c| c.set(i));
                     runtime.block_on(async move {
-                        crate::deadline::reuse_on_this_thread();
+                        crate::server::deadline::reuse_on_this_thread();
                         let mut jobs = tokio::task::JoinSet::new();
                         let mut collect = tokio::time::interval(crate::alloc::COLLECT_EVERY);
                         collect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -94,7 +94,7 @@ impl Workers {
                             }
                         }
                         while jobs.join_next().await.is_some() {}
-                        crate::deadline::stop_reusing_on_this_thread();
+                        crate::server::deadline::stop_reusing_on_this_thread();
                     });
                 })?;
             queues.push(tx);
