@@ -21,7 +21,7 @@ use crate::catalog::{Applied, Endpoint, LimitLookup, Snapshot};
 use crate::config::Uncovered;
 use quotagate_engine::limiter::{Limit, Limits, MAX_LIMITS, Rate};
 use quotagate_engine::path;
-use quotagate_store::{CounterKey, Part, Verdict};
+use quotagate_store::{CounterKey, Verdict};
 
 /// What happened to a request: the `decision` label of `quotagate_requests` and the access log.
 /// (`as usize` indexes the metrics' per-endpoint handles: fewer than `metrics::DECISIONS`.)
@@ -394,9 +394,9 @@ pub fn admit<'s, 'r>(
 ) -> Step<'s, 'r> {
     let fields = Fields::of(head, policy);
     passed!(check_head(head, &fields, policy));
+    // Before the key is read: with limits off, a request is not refused for how it sends one.
     if !policy.enabled {
-        let target = Target::plain(None);
-        return Step::Done(Admission::forward(Decision::Unlimited, None, target));
+        return Step::Done(unlimited());
     }
     let key = passed!(api_key(fields.api_key, policy));
     let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
@@ -531,39 +531,11 @@ pub fn kept(
     (kept, pools)
 }
 
-/// The parts a request with pools is decided on ([`quotagate_store::CounterStore::hit_parts`]):
-/// its own counter with its own limits (when it has some), then each pool's counter with the
-/// pool's, `limits` holding them all in that order.
-pub fn parts<'a>(
-    counter: &'a CounterKey,
-    limits: &'a [Limit],
-    pools: &'a [(CounterKey, usize)],
-) -> Vec<Part<'a>> {
-    let pooled: usize = pools.iter().map(|(_, n)| n).sum();
-    let own = limits.len().saturating_sub(pooled);
-    let mut parts = Vec::with_capacity(pools.len() + 1);
-    if own > 0 {
-        parts.push(Part {
-            counter,
-            limits: &limits[..own],
-        });
-    }
-    let mut at = own;
-    for (c, n) in pools {
-        let end = (at + n).min(limits.len());
-        parts.push(Part {
-            counter: c,
-            limits: &limits[at..end],
-        });
-        at = end;
-    }
-    parts
-}
-
 /// Steps 3 to 5: the counter and limits a request of `method` on `raw_path` is held to, by its
 /// API key (`None`: anonymous, by the address `client()` gives), in `catalog` under `policy`.
-/// The gateway's admission and the rate-limit service's catalog domain both ask here. `Err`: the
-/// admission decided without a count.
+/// The gateway's admission and the rate-limit service's catalog domain both ask here, and only
+/// here. `Err`: the admission decided without a count (limits off, no key where anonymous limits
+/// do not apply, a path out of its normal form, no catalog yet, no endpoint, no limit).
 #[allow(clippy::result_large_err)]
 pub fn hold<'s, 'r>(
     policy: &Policy,
@@ -573,6 +545,12 @@ pub fn hold<'s, 'r>(
     key: Option<&'r [u8]>,
     client: impl FnOnce() -> std::net::IpAddr,
 ) -> Result<Held<'s, 'r>, Admission<'s>> {
+    if !policy.enabled {
+        return Err(unlimited());
+    }
+    if key.is_none() && !policy.anonymous {
+        return Err(missing_key(policy));
+    }
     let path = path::normalize(raw_path, policy.escaped_slashes).map_err(|e| {
         Admission::reject(Decision::BadRequest, StatusCode::BAD_REQUEST, e.to_string())
     })?;
@@ -671,6 +649,11 @@ fn api_key<'s, 'a>(values: Two<'a>, policy: &Policy) -> Result<Option<&'a [u8]>,
         _ if policy.anonymous => Ok(None),
         _ => Err(missing_key(policy)),
     }
+}
+
+/// `limits.enabled = false`: forwarded, nothing counted.
+fn unlimited<'s>() -> Admission<'s> {
+    Admission::forward(Decision::Unlimited, None, Target::plain(None))
 }
 
 fn missing_key<'s>(policy: &Policy) -> Admission<'s> {

@@ -71,7 +71,7 @@ impl Proxy {
                 let now_ms = self.clock.now_ms();
                 let counter = pending.counter();
                 let pools = pending.held.pool_counters(&pending.limits);
-                let parts = super::admission::parts(&counter, &pending.limits, &pools);
+                let parts = quotagate_store::Part::split(&counter, &pending.limits, &pools);
                 let o = self.store.peek_parts(&parts, pending.cost, now_ms).await?;
                 let decision = if o.allowed { "allowed" } else { "limited" };
                 out["decision"] = decision.into();

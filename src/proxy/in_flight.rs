@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{Limit, Rate};
-use quotagate_store::{CounterKey, Store};
+use quotagate_store::{CounterKey, Part, Store};
 
-use super::admission::{Holds, kept, parts};
+use super::admission::{Holds, kept};
 
 /// The store and clock slots are freed with, and the lines waiting for them (one per proxy).
 pub struct Freer {
@@ -65,7 +65,7 @@ impl Drop for InFlight {
         let freed = self
             .freer
             .store
-            .free_in_memory(&parts(counter, limits, pools), self.in_memory);
+            .free_in_memory(&Part::split(counter, limits, pools), self.in_memory);
         if freed {
             self.freer.wake(counter, pools);
             return;
@@ -82,7 +82,7 @@ impl Drop for InFlight {
         );
         runtime.spawn(async move {
             let now_ms = freer.clock.now_ms();
-            let parts = parts(&counter, &limits, &pools);
+            let parts = Part::split(&counter, &limits, &pools);
             freer.store.free(&parts, false, now_ms).await;
             freer.wake(&counter, &pools);
         });

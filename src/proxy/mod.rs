@@ -34,7 +34,7 @@ use crate::observe::metrics::Metrics;
 use crate::runtime::Runtime;
 use admission::{Action, Decision, Step, Target};
 use quotagate_engine::clock::Clock;
-use quotagate_store::Store;
+use quotagate_store::{Part, Store};
 use upstream::Upstream;
 
 pub use settings::{Policy, ProxySettings, Refresh};
@@ -311,19 +311,10 @@ impl Proxy {
     ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
         async move {
             let (counters, now_ms, asked) = self.asking(&pending, record);
-            let verdict = match pending.limits.has_pools() {
-                true => {
-                    let parts =
-                        admission::parts(&counters.counter, &pending.limits, &counters.pools);
-                    self.store.hit_parts(&parts, pending.cost, now_ms).await
-                }
-                false => {
-                    let limits = &pending.limits;
-                    (self.store)
-                        .hit(&counters.counter, limits, pending.cost, now_ms)
-                        .await
-                }
-            };
+            let (counter, limits) = (&counters.counter, &pending.limits);
+            let verdict = (self.store)
+                .hit_pooled(counter, limits, &counters.pools, pending.cost, now_ms)
+                .await;
             self.concluded(pending, counters, verdict, now_ms, asked, record)
         }
     }
@@ -345,7 +336,7 @@ impl Proxy {
     ) -> impl std::future::Future<Output = admission::Admission<'s>> + Send {
         async move {
             let (counters, now_ms, asked) = self.asking(&pending, record);
-            let parts = admission::parts(&counters.counter, &pending.limits, &counters.pools);
+            let parts = Part::split(&counters.counter, &pending.limits, &counters.pools);
             let first = match self.lines.busy(&counters.counter) {
                 true => None,
                 false => Some(self.store.hit_parts(&parts, pending.cost, now_ms).await),

@@ -91,28 +91,15 @@ impl Pending {
             return;
         }
         let now_ms = || settler.clock.now_ms();
-        let done = match self.pools.is_empty() {
-            // Most requests: one counter, its parts on the stack.
-            true => settler.store.adjust_in_memory(
-                &[Part {
-                    counter: &self.counter,
-                    limits: &self.limits,
-                }],
-                delta,
-                self.reserved_at_ms,
-                now_ms,
-            ),
-            false => {
-                let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
-                (settler.store).adjust_in_memory(&parts, delta, self.reserved_at_ms, now_ms)
-            }
-        };
+        let done = Part::with_split(&self.counter, &self.limits, &self.pools, |parts| {
+            (settler.store).adjust_in_memory(parts, delta, self.reserved_at_ms, now_ms)
+        });
         if done {
             return;
         }
         let now_ms = settler.clock.now_ms();
         tokio::spawn(async move {
-            let parts = super::admission::parts(&self.counter, &self.limits, &self.pools);
+            let parts = Part::split(&self.counter, &self.limits, &self.pools);
             (self.settler.store)
                 .adjust(&parts, delta, self.reserved_at_ms, now_ms)
                 .await;

@@ -163,23 +163,16 @@ impl Rls {
                     limits,
                     pools,
                     ..
-                } if pools.is_empty() => {
-                    Some(self.store.hit(counter, limits, ask.cost, now_ms).await)
-                }
-                Plan::Count {
-                    counter,
-                    limits,
-                    pools,
-                    ..
-                } => {
-                    let parts = crate::proxy::admission::parts(counter, limits, pools);
-                    Some(self.store.hit_parts(&parts, ask.cost, now_ms).await)
-                }
+                } => Some(
+                    (self.store)
+                        .hit_pooled(counter, limits, pools, ask.cost, now_ms)
+                        .await,
+                ),
                 _ => None,
             }
         }))
         .await;
-        Ok(self.respond(&plans, &asks, decided))
+        Ok(self.respond(&plans, &asks, decided, now_ms))
     }
 
     /// Which limit one descriptor is held to.
@@ -272,23 +265,18 @@ impl Rls {
         let (method, raw) = (get("method")?, get("path")?);
         let key = get("api_key").filter(|k| !k.is_empty());
         let client = get("remote_address").and_then(|a| a.parse::<IpAddr>().ok());
-        let policy = &gateway.policy;
-        let key = match (key, client) {
-            (None, None) => return None,
-            (Some(k), _) => Some(k.as_bytes()),
-            // As the gateway without `limits.anonymous`: a request without a key has no limit.
-            (None, Some(_)) if !policy.anonymous => return Some(Plan::Free),
-            (None, Some(_)) => None,
-        };
-        if !policy.enabled {
-            return Some(Plan::Free);
+        if key.is_none() && client.is_none() {
+            return None;
         }
+        let policy = &gateway.policy;
         let snapshot = gateway.live.snapshot();
         let raw = raw.split(['?', '#']).next().unwrap_or_default();
         let anywhere = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
         let client = || client.unwrap_or(anywhere);
-        let Ok(held) = admission::hold(policy, Some(&snapshot), method, raw, key, client) else {
-            return Some(Plan::Free);
+        let key = key.map(str::as_bytes);
+        let held = match admission::hold(policy, Some(&snapshot), method, raw, key, client) {
+            Ok(held) => held,
+            Err(decided) => return Some(uncounted(&decided)),
         };
         let (endpoint, limits) = (held.endpoint, held.limits(policy.shadow));
         // Rates only: Envoy's protocol tells no end of a request, so no slot could be freed.
@@ -333,6 +321,7 @@ impl Rls {
         plans: &[Plan],
         asks: &[Ask<'_>],
         decided: Vec<Option<Verdict>>,
+        now_ms: u64,
     ) -> RateLimitResponse {
         let statuses: Vec<DescriptorStatus> = plans
             .iter()
@@ -357,7 +346,9 @@ impl Rls {
             })
             .map(|(i, _)| i);
         let response_headers_to_add = match shown {
-            Some(i) if self.policy.response_headers => header_fields(&plans[i], &statuses[i]),
+            Some(i) if self.policy.response_headers => {
+                header_fields(&plans[i], &statuses[i], now_ms)
+            }
             _ => Vec::new(),
         };
         RateLimitResponse {
@@ -432,8 +423,9 @@ fn status(plan: &Plan, verdict: Option<Verdict>, cost: u64) -> DescriptorStatus 
     }
 }
 
-/// The RateLimit header fields the gateway would send for one descriptor's status.
-fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderValue> {
+/// The RateLimit header fields the gateway would send for one descriptor's status, decided at
+/// `now_ms` (a calendar period's policy window is the length of the period holding it).
+fn header_fields(plan: &Plan, status: &DescriptorStatus, now_ms: u64) -> Vec<proto::HeaderValue> {
     let (Plan::Count { limits, name, .. }, Some(limit)) = (plan, &status.current_limit) else {
         return Vec::new();
     };
@@ -454,8 +446,7 @@ fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderVal
         limits: Limits::new(&first, false),
         outcome: Outcome::new(allowed, false, &[q]),
         cost: 1,
-        // Its limits are never calendar periods: no period's length to read.
-        at_ms: 0,
+        at_ms: now_ms,
     };
     let mut headers = HeaderMap::new();
     set_rate_limit(&mut headers, HeaderSet::Both, &rate);
@@ -468,6 +459,32 @@ fn header_fields(plan: &Plan, status: &DescriptorStatus) -> Vec<proto::HeaderVal
             })
         })
         .collect()
+}
+
+/// The catalog domain's answer for a descriptor its admission decided without a count: not
+/// limited, whatever the gateway would have answered that request (docs/ratelimit.md, "The
+/// catalog domain"): Envoy asks whether to limit, and a refusal of a request for what it is
+/// (no key, an unknown key or endpoint, a path out of its normal form) is not a limit.
+fn uncounted(decided: &admission::Admission<'_>) -> Plan {
+    use admission::Decision as D;
+    match decided.decision {
+        // Limits off; no key where anonymous limits do not apply; no catalog yet; a path out of
+        // its normal form; no endpoint; no limit for the key there (or an unknown key). The
+        // rest are decided by a count or by a request's head, never here: not limited either.
+        D::Unlimited
+        | D::MissingKey
+        | D::NotReady
+        | D::BadRequest
+        | D::UnknownEndpoint
+        | D::NoLimit
+        | D::Allowed
+        | D::ShadowLimited
+        | D::Limited
+        | D::TooLarge
+        | D::StoreOpen
+        | D::StoreUnavailable
+        | D::UpstreamError => Plan::Free,
+    }
 }
 
 /// `replaces`: a named rule that another matched rule replaces is not applied.
@@ -592,4 +609,71 @@ fn check_request(req: &RateLimitRequest) -> Result<(&str, Vec<Ask<'_>>), Invalid
         });
     }
     Ok((domain, asks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotagate_engine::limiter::{Period, ZoneId};
+
+    /// The policy field `header_fields` writes for a descriptor held to `limit`, at `now_ms`.
+    fn policy_at(limit: Limit, now_ms: u64) -> String {
+        let plan = Plan::Count {
+            counter: CounterKey::descriptor("quotagate", [("api_key", "k")].into_iter()),
+            pools: Vec::new(),
+            limits: vec![limit],
+            name: "GET /a".into(),
+            shown: (10, limit_unit(&limit)),
+            rule_name: None,
+            replaces: Vec::new(),
+            stats: RuleCounters::default(),
+        };
+        let status = DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(proto::RateLimit {
+                requests_per_unit: 10,
+                unit: limit_unit(&limit) as i32,
+                name: "GET /a".into(),
+            }),
+            limit_remaining: 9,
+            duration_until_reset: Some(proto::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+        };
+        let fields = header_fields(&plan, &status, now_ms);
+        let policy = fields.iter().find(|h| h.key == "ratelimit-policy");
+        policy.expect("a policy field").value.clone()
+    }
+
+    #[test]
+    fn a_calendar_months_policy_window_is_the_month_it_is_asked_in() {
+        let month = Limit::calendar(10, Period::Month, ZoneId::UTC);
+        // 2027-02-10T12:00:00Z: February has 28 days.
+        assert_eq!(
+            policy_at(month, 1_802_260_800_000),
+            r#""GET /a month";q=10;w=2419200"#
+        );
+        // 2027-03-10T12:00:00Z: March has 31.
+        assert_eq!(
+            policy_at(month, 1_804_680_000_000),
+            r#""GET /a month";q=10;w=2678400"#
+        );
+    }
+
+    #[test]
+    fn a_calendar_days_policy_window_is_23_hours_on_the_day_clocks_go_forward() {
+        let zone = ZoneId::of("Europe/Berlin").expect("a zone");
+        let day = Limit::calendar(10, Period::Day, zone);
+        // 2026-03-29T12:00:00+02:00: Berlin's clocks went forward at 02:00.
+        assert_eq!(
+            policy_at(day, 1_774_778_400_000),
+            r#""GET /a day";q=10;w=82800"#
+        );
+        // 2026-03-30T12:00:00+02:00: a day of 24 hours.
+        assert_eq!(
+            policy_at(day, 1_774_864_800_000),
+            r#""GET /a day";q=10;w=86400"#
+        );
+    }
 }

@@ -120,6 +120,26 @@ impl<B: CounterStore> Failover<B> {
         }
     }
 
+    /// A request's own `counter` and `limits`, the last of which are `pools`' (as
+    /// [`Part::split`] takes them): [`Failover::hit`] without pools, else
+    /// [`Failover::hit_parts`]. Every door that counts a request asks here.
+    pub async fn hit_pooled(
+        &self,
+        counter: &CounterKey,
+        limits: &[Limit],
+        pools: &[(CounterKey, usize)],
+        cost: u64,
+        now_ms: u64,
+    ) -> Verdict {
+        match pools.is_empty() {
+            true => self.hit(counter, limits, cost, now_ms).await,
+            false => {
+                let parts = Part::split(counter, limits, pools);
+                self.hit_parts(&parts, cost, now_ms).await
+            }
+        }
+    }
+
     /// [`Failover::hit`] across several counters ([`CounterStore::hit_parts`]: a request's own
     /// and its pools').
     pub async fn hit_parts(&self, parts: &[Part<'_>], cost: u64, now_ms: u64) -> Verdict {

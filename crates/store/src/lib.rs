@@ -58,6 +58,51 @@ pub struct Part<'a> {
     pub limits: &'a [Limit],
 }
 
+impl<'a> Part<'a> {
+    /// The parts of a request whose own counter is `counter` and whose `limits` end with its
+    /// pools' (`pools`: each pool's counter and how many of the limits are its): its own counter
+    /// with its own limits (when it has some), then each pool's counter with the pool's.
+    pub fn split(
+        counter: &'a CounterKey,
+        limits: &'a [Limit],
+        pools: &'a [(CounterKey, usize)],
+    ) -> Vec<Part<'a>> {
+        let pooled: usize = pools.iter().map(|(_, n)| n).sum();
+        let own = limits.len().saturating_sub(pooled);
+        let mut parts = Vec::with_capacity(pools.len() + 1);
+        if own > 0 {
+            parts.push(Part {
+                counter,
+                limits: &limits[..own],
+            });
+        }
+        let mut at = own;
+        for (c, n) in pools {
+            let end = (at + n).min(limits.len());
+            parts.push(Part {
+                counter: c,
+                limits: &limits[at..end],
+            });
+            at = end;
+        }
+        parts
+    }
+
+    /// `f` of [`Part::split`]'s parts; a request without pools (most) lends its one part from
+    /// the stack, where the list would be an allocation a request.
+    pub fn with_split<R>(
+        counter: &'a CounterKey,
+        limits: &'a [Limit],
+        pools: &'a [(CounterKey, usize)],
+        f: impl FnOnce(&[Part<'_>]) -> R,
+    ) -> R {
+        match pools.is_empty() {
+            true => f(&[Part { counter, limits }]),
+            false => f(&Part::split(counter, limits, pools)),
+        }
+    }
+}
+
 /// A place counters live. Calls are bounded by the backend's own timeout.
 pub trait CounterStore: Send + Sync + 'static {
     /// The one question every door asks: may a request of `cost` units (0: a check) on counter
