@@ -24,7 +24,7 @@
 # parks (epoll_wait, the timer wheel, the clock) after every request, which a loaded worker
 # seldom does (bench.sh: 0.07 epoll_wait a request), so that count weighs the park path
 # ~3,000 instructions a request more than a loaded gateway runs it; a change to that path
-# looks far larger one at a time than it is under load (docs/benchmarks.md). Repeats within
+# looks far larger one at a time than it is under load (docs/benchmarks/). Repeats within
 # ~0.2%. With PEER too; with CLOSE, PAD and BODY as above; not with LIMITS=refused.
 set -euo pipefail
 BIN=$1; shift
@@ -33,7 +33,7 @@ BIN=$1; shift
 # runs' request counts go to FILE.requests, which the report divides by).
 # CACHE=1 also simulates the caches (L1i and L1d 32 KiB, last level 512 KiB: this CPU's L1 and L2)
 # and records each instruction's address: the code a request runs, by function, with
-# scripts/callgrind-report.py --lines FILE (docs/benchmarks.md, "Rare paths' code kept apart").
+# scripts/callgrind-report.py --lines FILE (docs/benchmarks/, "Rare paths' code kept apart").
 # PEER=nginx measures nginx proxy_pass instead (the same client and upstream, keep-alive to it,
 # `master_process off`: one process, nginx-light from Debian's packages), PEER=nginx-limit nginx
 # with `limit_req` on a per-key zone (scripts/bench.sh's rows): the gateway's peers, side by side in

@@ -7,7 +7,7 @@
 # folder, bound to loopback by a preloaded listen wrapper), `quotagate divvy` on the same Redis (leases
 # auto and off), and on the memory store. For each: hits/s, ratio to the original in the same shape, the server's CPU
 # per hit (utime+stime from /proc) and redis-server's. Prints a table and appends it to
-# docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+# docs/benchmarks/YYYY-MM.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -107,5 +107,5 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`scripts/bench-divvy.sh $SECONDS_EACH \"$SHAPES\"\` (${SECONDS_EACH} s per row, 30% of hits on a rule that denies them). Machine: $(machine_line); load generator, servers and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
-  } >> docs/benchmarks.md
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
 fi

@@ -11,7 +11,7 @@
 # under a pool (issue 29), each run on a key of its own. Reports, per run: decisions, the EVALSHA calls Redis ran
 # (the gateways' only command per decision; the script's own inner commands, which
 # `INFO commandstats` lists apart, are not counted) per 1000 decisions, the gateways' CPU per
-# request and Redis' CPU per request. Prints a table and appends it to docs/benchmarks.md
+# request and Redis' CPU per request. Prints a table and appends it to docs/benchmarks/YYYY-MM.md
 # (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +113,6 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`scripts/bench-leases.sh $DURATION $QPS\`. Machine: $(machine_line); oha, the gateways, the example upstream and redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2) all on it."
     echo
     echo "$TABLE"
-  } >> docs/benchmarks.md
-  echo "appended to docs/benchmarks.md"
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
+  echo "appended to docs/benchmarks/$(date -u +%Y-%m).md"
 fi

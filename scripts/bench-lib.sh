@@ -14,7 +14,7 @@ wait_port() {
 
 # cpu_ticks PID...: utime+stime of the processes and of their children (nginx's workers), in ticks.
 cpu_ticks() { proc_ticks '$12 + $13' "$@"; }
-# user_ticks PID...: the same, utime only (where quotagate's gap to nginx is: docs/benchmarks.md).
+# user_ticks PID...: the same, utime only (where quotagate's gap to nginx is: docs/benchmarks/).
 user_ticks() { proc_ticks '$12' "$@"; }
 # proc_ticks AWK_SUM PID...: a sum of /proc/PID/stat fields (counted after the command name) over
 # the processes and their children.

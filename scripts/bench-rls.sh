@@ -7,7 +7,7 @@
 # X-Api-Key proxied to the example upstream, and unary gRPC `ShouldRateLimit` with one
 # descriptor (client=<one of 1000>). For each row: requests/s, the gateway's CPU per request
 # (utime+stime from /proc), redis-server's, and the RLS row's CPU as a share of the proxy row's.
-# Prints a table and appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+# Prints a table and appends it to docs/benchmarks/YYYY-MM.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -109,5 +109,5 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Machine: $(machine_line)."
     echo
     echo "$TABLE"
-  } >> docs/benchmarks.md
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
 fi

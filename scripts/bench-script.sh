@@ -7,7 +7,7 @@
 # BENCH_BASE=REV also runs window.lua as it was at git revision REV, each row right after the
 # current script's, so that a change is measured before and after in one run (absolute numbers
 # on a shared machine move 50% between runs).
-# Prints a table and appends it to docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+# Prints a table and appends it to docs/benchmarks/YYYY-MM.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -153,5 +153,5 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Command: \`${BENCH_BASE:+BENCH_BASE=$BENCH_BASE }scripts/bench-script.sh $N\` (redis-benchmark -n $N -c 50, unpipelined, redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -d= -f2)). Machine: $(machine_line)."
     echo
     echo "$TABLE"
-  } >> docs/benchmarks.md
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
 fi

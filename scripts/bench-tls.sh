@@ -13,7 +13,7 @@
 # request (utime+stime from /proc), and both as ratios to nginx in the same run. Every row runs
 # once per round (BENCH_ROUNDS, default 3), each round's ratios to that round's nginx; the table gives
 # medians and, for ratios, the lowest and highest round. Prints it and appends it to
-# docs/benchmarks.md (BENCH_NO_RECORD=1 skips that).
+# docs/benchmarks/YYYY-MM.md (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -163,5 +163,5 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "$TABLE"
     echo
     echo "$GOALS"
-  } >> docs/benchmarks.md
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
 fi

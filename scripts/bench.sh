@@ -21,7 +21,7 @@
 # `User-Agent`, `Accept`, ...; wrk's own requests carry only `Host`). Then the added latency: a fixed-rate load with oha
 # (`cargo install oha --locked` when missing) at half of each path's maximum; and resident memory per
 # idle keep-alive connection (scripts/bench-memory.py, BENCH_IDLE_CONNECTIONS, default 5000).
-# Prints the tables and appends them, with the machine and the command, to docs/benchmarks.md
+# Prints the tables and appends them, with the machine and the command, to docs/benchmarks/YYYY-MM.md
 # (BENCH_NO_RECORD=1 skips that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -331,6 +331,6 @@ if [ -z "${BENCH_NO_RECORD:-}" ]; then
     echo "Resident memory of the gateway (memory store) with idle keep-alive connections that each sent one request (read after 5 s idle), and 5 s after they close:"
     echo
     echo "$MEMORY"
-  } >> docs/benchmarks.md
-  echo "appended to docs/benchmarks.md"
+  } >> "docs/benchmarks/$(date -u +%Y-%m).md"
+  echo "appended to docs/benchmarks/$(date -u +%Y-%m).md"
 fi

@@ -17,7 +17,7 @@
 # 4. The release build with `-Cprofile-use` (in target/pgo-use), copied to OUT.
 #
 # About 25 minutes on 2 cores (two release builds). Paths the training does not run (HTTP/2,
-# WebSocket, the rate-limit service) are laid out as cold code: docs/benchmarks.md has what was
+# WebSocket, the rate-limit service) are laid out as cold code: docs/benchmarks/ has what was
 # measured both ways. Needs wrk, openssl and python3 (installed from Debian's packages when
 # missing). The Dockerfile's default build runs this script.
 set -euo pipefail

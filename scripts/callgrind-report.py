@@ -19,7 +19,7 @@ instructions a line (a line holds ~14 of x86-64's: fewer means cold code among t
 and `xchg` with memory, which locks without the prefix) a request runs in the gateway's own binary
 (the profile's `cmd:`), by function, found by `objdump -d` at the profile's addresses. Each costs a
 few nanoseconds where nginx's one-threaded worker has none, and far more when the line it writes is
-the other worker's (docs/benchmarks.md, "Atomic operations a request")."""
+the other worker's (docs/benchmarks/, "Atomic operations a request")."""
 import collections, re, signal, subprocess, sys
 
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly

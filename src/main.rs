@@ -14,7 +14,7 @@ use quotagate::observe::telemetry;
 use quotagate::start::StartError;
 
 /// mimalloc rather than glibc's malloc: about 10% fewer instructions per proxied request (callgrind,
-/// docs/benchmarks.md).
+/// docs/benchmarks/).
 #[global_allocator]
 static ALLOCATOR: quotagate::alloc::Mimalloc = quotagate::alloc::Mimalloc;
 

@@ -97,7 +97,7 @@ const RETRY_AFTER_LINE: &str = "retry-after: ";
 
 /// The first value of `name` in `map`: a request's few fields (up to eight values) compared by
 /// name, where the map would hash the name first (25-110 instructions for the names every request
-/// is looked up by, a custom one's bytes each hashed; callgrind, docs/benchmarks.md); a larger
+/// is looked up by, a custom one's bytes each hashed; callgrind, docs/benchmarks/); a larger
 /// map looked up as usual.
 pub fn find<'m>(map: &'m HeaderMap, name: &HeaderName) -> Option<&'m HeaderValue> {
     const SCANNED: usize = 8;
@@ -162,7 +162,7 @@ fn may_be_replaced(name: &HeaderName) -> bool {
 /// are slices of the buffer they were read into (hyper's HTTP/1 read buffer, 8 KiB; h2's frames),
 /// which keeps that buffer whole for as long as the request lives, and hyper reads the next bytes
 /// of an HTTP/1 connection into a new one meanwhile: for a request that waits for room, 8 KiB
-/// more held per waiting request (docs/benchmarks.md). Names need nothing: hyper and h2 copy
+/// more held per waiting request (docs/benchmarks/). Names need nothing: hyper and h2 copy
 /// those they do not know.
 pub fn own_head(head: &mut http::request::Parts) {
     let target = head.uri.to_string();

@@ -75,10 +75,10 @@ impl Default for Record<'_> {
 
 /// A request's answer: the response, and the rate-limit fields of a forwarded one, written as
 /// they go on the wire (the own HTTP/1.1 server sends them as they are; the map would hash,
-/// allocate and copy each: 13% of a counted request, docs/benchmarks.md).
+/// allocate and copy each: 13% of a counted request, docs/benchmarks/).
 ///
 /// Boxed where it is made: it goes up through the forwarding and the handling to the server, and
-/// each copied its ~210 bytes (callgrind, docs/benchmarks.md).
+/// each copied its ~210 bytes (callgrind, docs/benchmarks/).
 pub struct Answered {
     pub resp: Box<Response<Body>>,
     pub written: Written,
@@ -210,7 +210,7 @@ impl Proxy {
         req: Request<RequestBody>,
     ) -> impl std::future::Future<Output = Answered> + Send {
         // Taken apart here, not in the future: a request captured whole would keep its place in
-        // the future after it was taken apart (docs/benchmarks.md, "A request's future").
+        // the future after it was taken apart (docs/benchmarks/, "A request's future").
         let (mut parts, body) = req.into_parts();
         async move {
             let started = Instant::now();
@@ -232,7 +232,7 @@ impl Proxy {
             }
             let method = traced.as_ref().map(|_| parts.method.clone());
             // Inline, not a function of its own: its future would take the request by value, a
-            // copy of it a request (callgrind, docs/benchmarks.md).
+            // copy of it a request (callgrind, docs/benchmarks/).
             let resp = 'resp: {
                 let record = &mut record;
                 self.forced_refresh(&mut parts).await;
@@ -269,7 +269,7 @@ impl Proxy {
                     Action::Forward(target) => target,
                 };
                 // Boxed: it is handed down through the upstream's layers (a pool, an attempt, a
-                // connection), and each would otherwise copy it (callgrind, docs/benchmarks.md).
+                // connection), and each would otherwise copy it (callgrind, docs/benchmarks/).
                 let max = self.policy.max_body_bytes as usize;
                 let body = upstream::Outgoing::new(body, max, &mut parts.headers);
                 let req = Box::new(Request::from_parts(parts, body));
@@ -299,7 +299,7 @@ impl Proxy {
     /// future of its own: what it holds across its awaits then shares room in `handle`'s future
     /// with `forward`'s, where inline it had a place of its own beside it, in every request's
     /// future (a future is as large as its largest await, plus what lives across several;
-    /// docs/benchmarks.md).
+    /// docs/benchmarks/).
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future (rust-lang/rust#62958)"
@@ -345,7 +345,7 @@ impl Proxy {
                 Some(v) if wait::wait_for(&pending.limits, &waits, &v).is_none() => v,
                 first => {
                     // Held for a while: its head lets go of the buffer it was read into (8 KiB
-                    // of an HTTP/1 connection's; docs/benchmarks.md). HTTP/2's share theirs
+                    // of an HTTP/1 connection's; docs/benchmarks/). HTTP/2's share theirs
                     // with the connection's other streams: nothing measurable to gain.
                     if head.version < http::Version::HTTP_2 {
                         headers::own_head(head);
@@ -586,7 +586,7 @@ impl Proxy {
 
     // What follows is off the common path of `forward` and `handle`, and out of line: inline,
     // their code sat among the common path's (a request runs through ~90 KiB of code, more than
-    // the instruction cache holds; docs/benchmarks.md).
+    // the instruction cache holds; docs/benchmarks/).
 
     /// The answer to a request the upstream did not answer (`e`).
     #[cold]

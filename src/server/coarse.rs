@@ -1,7 +1,7 @@
 //! coarse: the time as of the kernel's last tick, for what is measured in seconds.
 //!
 //! `Instant::now` and `SystemTime::now` read the CPU's time-stamp counter (~25 ns each on the
-//! benchmark machine, docs/benchmarks.md), and a proxied request read them about ten times. The
+//! benchmark machine, docs/benchmarks/), and a proxied request read them about ten times. The
 //! kernel also keeps a copy of both clocks updated at each tick (`CLOCK_*_COARSE`), read from
 //! shared memory in ~5 ns, late by at most a tick (1 to 4 ms). nginx reads the time once per
 //! event-loop turn for the same reason. Used where a tick cannot show: the `Date` field (whole

@@ -1,7 +1,7 @@
 //! cold: keeping the code of paths few requests take apart from the common path's.
 //!
 //! A request runs through ~90 KiB of code, more than a core's instruction cache holds
-//! (docs/benchmarks.md), so code that sits among the common path's without running costs it
+//! (docs/benchmarks/), so code that sits among the common path's without running costs it
 //! cache lines. A rare path's future boxed as itself (`Box::pin(f)`) moves only its state out of
 //! the caller's: the compiler still inlines its code into the caller's `poll`, since its type is
 //! known there. Behind a trait object made out of line, neither is the caller's.

@@ -8,7 +8,7 @@
 //! then is it moved on to this timeout's deadline (once per timeout's length per timer, not once
 //! per request). A kept timer set later than the new deadline (a shorter timeout) is set at once.
 //! The answers are tokio's: done, or elapsed at the deadline. Callgrind: 346 instructions less a
-//! proxied request (docs/benchmarks.md).
+//! proxied request (docs/benchmarks/).
 //!
 //! Only the workers reuse ([`reuse_on_this_thread`]): a timer belongs to the runtime it was made
 //! on, and a worker's thread runs one runtime for its whole life. Anywhere else, [`timeout`] is

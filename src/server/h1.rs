@@ -1,7 +1,7 @@
 //! h1: the gateway's own HTTP/1.1 server for the common request, with hyper's for the rest.
 //!
 //! Why: hyper's HTTP/1 server costs about a third of a proxied request's instructions (its
-//! dispatcher, its body channel, its encoder: docs/benchmarks.md, "The gateway's own HTTP/1.1
+//! dispatcher, its body channel, its encoder: docs/benchmarks/, "The gateway's own HTTP/1.1
 //! server"). Most API requests are plain: HTTP/1.1, no body or a small one of known length, no
 //! upgrade, no `Expect`. Those are read and answered here; the first request that is anything
 //! else (or that does not parse) hands the connection, with every byte read so far, to hyper's

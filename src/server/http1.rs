@@ -221,7 +221,7 @@ pub fn set_line<'a>(
 
 /// Appends `lines` to `headers`, their values slices of `head` (the head's bytes), not checked
 /// again: `HeaderValue`'s check of every byte repeated httparse's, ~460 instructions a proxied
-/// request for its two heads, the client's and the upstream's (callgrind, docs/benchmarks.md).
+/// request for its two heads, the client's and the upstream's (callgrind, docs/benchmarks/).
 ///
 /// # Safety
 ///
@@ -252,7 +252,7 @@ unsafe fn append_line(line: &Line, head: &Bytes, headers: &mut HeaderMap) {
 /// putting them in its header map. A field in the map cost ~350 instructions more than as a line
 /// (its name hashed, its slot probed, two reference counts on the head's bytes, its drop, and
 /// its copy to the upstream's head): a browser's or an API client's usual fields (`User-Agent`,
-/// `Accept`, ...) are most of its request's (callgrind, docs/benchmarks.md).
+/// `Accept`, ...) are most of its request's (callgrind, docs/benchmarks/).
 #[derive(Debug)]
 pub struct Passes {
     /// Tells one set from another in the lines ([`Line`]) that keep how they were judged: a

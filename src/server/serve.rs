@@ -316,7 +316,7 @@ impl Http {
 /// channel's waiter list on its first poll with the task's waker, which stays the same for the
 /// task's life; each later poll of it takes the list's lock, one lock every connection of every
 /// worker shares, and a connection looks at the drain twice a request (callgrind: four atomic
-/// operations a request on a line both workers write; docs/benchmarks.md). So after the first
+/// operations a request on a line both workers write; docs/benchmarks/). So after the first
 /// poll the wait is polled again only once `sent`, a receiver of the same channel, has seen the
 /// drain's value (a load) or the server is gone; until then it is pending, and the drain's send
 /// wakes the task through the waker the wait holds.

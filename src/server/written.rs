@@ -20,7 +20,7 @@ impl<B: Send + 'static> Answer for Response<B> {
 /// sent after the response's own: the gateway's own HTTP/1.1 server copies them as they are,
 /// where a header map would hash, allocate and copy each (the rate-limit fields cost the
 /// memory store's path 13% that way; an upstream's answer's fields, passed on this way, 4% of
-/// a proxied request: docs/benchmarks.md). For hyper's servers they are set in the response's
+/// a proxied request: docs/benchmarks/). For hyper's servers they are set in the response's
 /// map. The response's map must not hold their names.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Written {
@@ -53,7 +53,7 @@ impl Written {
     /// `memcpy` call a field) with the value `write` appends, which the caller makes of bytes a
     /// field may hold, so it is not checked again (debug builds do): the rate-limit lists, made of
     /// the catalog's names (printable ASCII, checked as it loads), digits and fixed ASCII. Their
-    /// check was ~200 instructions a counted request (callgrind, docs/benchmarks.md).
+    /// check was ~200 instructions a counted request (callgrind, docs/benchmarks/).
     #[inline(always)]
     pub fn push_valid_with(&mut self, start: &str, write: impl FnOnce(&mut Vec<u8>)) {
         self.start_named(start);

@@ -2,7 +2,7 @@
 //!
 //! Every request asks this of its path (an upper-case letter?) and of its endpoint's name (a
 //! character a Structured Fields string escapes?); a loop over the bytes spends about six
-//! instructions a byte there, a word at a time about one (callgrind, docs/benchmarks.md).
+//! instructions a byte there, a word at a time about one (callgrind, docs/benchmarks/).
 //!
 //! Pure: no I/O; unit tests below check every byte against the plain definition.
 

@@ -47,7 +47,7 @@ fn escape(bytes: &[u8], out: &mut Vec<u8>) {
 /// Appends `name` (an endpoint's or a group's) escaped, from a memo of the last names this thread
 /// escaped: a request names its endpoint's counter, and escaping the endpoint's name (`GET
 /// /users/{id}`: its space and braces) each time cost ~300 instructions a request (callgrind,
-/// docs/benchmarks.md). Eight entries a thread, each chosen by the name's length and last byte
+/// docs/benchmarks/). Eight entries a thread, each chosen by the name's length and last byte
 /// and used only for the very same name: a name seen before in another catalog is still spelled
 /// the same, and a miss only costs the escape it saves otherwise. Names are the catalog's, so
 /// the memo's size is bounded by its longest (a thread keeps at most eight).

@@ -201,7 +201,7 @@ pub fn parse_response(
 /// body's length) unless the request was a HEAD (whose answer tells a GET's); those the gateway
 /// may replace go into the map returned instead, where it looks for them. A field written so
 /// costs a copy of its line; in a map, its name hashed, its value counted in, the entry dropped
-/// and the map walked again to write it (callgrind: docs/benchmarks.md).
+/// and the map walked again to write it (callgrind: docs/benchmarks/).
 ///
 /// # Safety
 ///

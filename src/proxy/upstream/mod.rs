@@ -68,7 +68,7 @@ pub enum UpstreamError {
 /// A response from the upstream, its body putting the connection back when read. Boxed where it
 /// is made: it goes up through every layer of an attempt (a connection, an attempt, the retries,
 /// the response timeout) to the forwarding, and each copied its ~190 bytes (callgrind,
-/// docs/benchmarks.md).
+/// docs/benchmarks/).
 pub type UpstreamResponse = Box<Response<PooledBody<UpstreamBody>>>;
 
 /// What a request asks of the connection it goes on.

@@ -2,7 +2,7 @@
 //! body or a small one read whole ([`super::outgoing`]), no upgrade, no trailers asked for. The request's own task writes the head and reads
 //! the response on the connection; hyper's client runs each connection as a task of its own
 //! that requests reach through a channel, a wake-up and a copy of the request each way (about a
-//! third of a proxied request's instructions, callgrind: docs/benchmarks.md). Everything else
+//! third of a proxied request's instructions, callgrind: docs/benchmarks/). Everything else
 //! (streamed bodies, upgrades, TLS, HTTP/2) still goes through hyper's client. The wire rules are in
 //! [`super::h1`].
 
@@ -22,7 +22,7 @@ const READ_BUF: usize = 8 * 1024;
 
 /// An open connection to a target, idle or carrying one exchange. Boxed once, when it opens: it
 /// is moved into the pool, out of it and along with every response body read from it, and each
-/// move copied its 112 bytes (callgrind, docs/benchmarks.md).
+/// move copied its 112 bytes (callgrind, docs/benchmarks/).
 pub struct RawConn(Box<Open>);
 
 struct Open {

@@ -3,7 +3,7 @@
 //!
 //! Why not serde_json: it reads a whole text from one slice, so the body had to be copied as it
 //! passed, then walked again at its end, checking every byte; together that was most of what
-//! `cost_from` added to a request (callgrind, docs/benchmarks.md). This reads each byte once, where
+//! `cost_from` added to a request (callgrind, docs/benchmarks/). This reads each byte once, where
 //! it lies. The containers on the path and the values beside it are read by the grammar; a
 //! container off the path is only followed to its end (its brackets and strings, found 64 bytes
 //! at a time by `blocks`), and strings are not checked (escapes, control characters, UTF-8). So on every valid
