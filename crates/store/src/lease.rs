@@ -564,14 +564,7 @@ impl Leases {
         };
         for s in t.slots.iter_mut() {
             let l = &s.limit;
-            let held = match l.period() {
-                Some(p) => {
-                    let (start, end) = quotagate_engine::limiter::period_bounds(p, l.zone, now_ms);
-                    (start..end).contains(&reserved_at_ms)
-                }
-                None => bucket_of(l.w, reserved_at_ms) + buckets(l.w) > bucket_of(l.w, now_ms),
-            };
-            if held && s.floor != u64::MAX {
+            if l.still_counts(reserved_at_ms, now_ms) && s.floor != u64::MAX {
                 s.floor = s.floor.saturating_add(units).min(l.rl);
             }
         }

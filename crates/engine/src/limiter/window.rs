@@ -8,10 +8,7 @@
 //! no I/O and no clock: `now` (Unix milliseconds) is always an argument. The Redis script
 //! (`store/window.lua`) computes the same answers; the store behaviour suite holds them equal.
 
-use super::Quota;
-
-/// The DynLimits window: 60 seconds of one-second buckets.
-pub const WINDOW_SECONDS: u64 = 60;
+use super::{Quota, WINDOW_SECONDS, ceil_seconds};
 
 /// Buckets of a window of a minute or longer: the DynLimits window's one-second buckets, and as
 /// many for longer windows, so that no window costs more to keep than a minute's.
@@ -34,11 +31,6 @@ pub fn bucket_of(w: u32, now_ms: u64) -> u64 {
 /// The first millisecond of bucket `b` in a window of `w` seconds.
 pub fn bucket_start(w: u32, b: u64) -> u64 {
     (b * 1000 * u64::from(w)).div_ceil(buckets(w))
-}
-
-/// Milliseconds to whole seconds, rounded up: a wait is never reported shorter than it is.
-pub fn ceil_seconds(ms: u64) -> u64 {
-    ms.div_ceil(1000)
 }
 
 /// What one window says about one request, before anything is counted.
