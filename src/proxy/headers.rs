@@ -17,6 +17,7 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::fields::Fields;
 use crate::config::HeaderSet;
 use crate::server::http1::Kind;
 #[cfg(test)]
@@ -66,8 +67,8 @@ pub const HANDED_ON: [HeaderName; 26] = [
 /// API key's, the cost's, the forced refresh's: any name may be configured).
 pub fn handed_on<'a>(
     read: impl IntoIterator<Item = &'a HeaderName>,
-) -> crate::server::http1::Passes {
-    crate::server::http1::Passes::new(&HANDED_ON, read)
+) -> crate::server::passed::Passes {
+    crate::server::passed::Passes::new(&HANDED_ON, read)
 }
 
 /// `X-Forwarded-Proto`'s value: the gateway's listener speaks cleartext HTTP.
@@ -150,12 +151,6 @@ pub fn listed_in(connection: &[u8], name: &HeaderName) -> bool {
             n.trim_ascii()
                 .eq_ignore_ascii_case(name.as_str().as_bytes())
         })
-}
-
-/// A field of an upstream's answer that the gateway may write itself in its place
-/// (`Retry-After`, `RateLimit*`: [`set_rate_limit`]), and so may remove.
-fn may_be_replaced(name: &HeaderName) -> bool {
-    Kind::of(name) == Kind::RateLimit
 }
 
 /// Copies `head`'s target and header values into one allocation of their own. As parsed, they
@@ -298,100 +293,6 @@ impl Forwarded {
     }
 }
 
-/// Where an answer's rate-limit fields go: its header map, or the lines the gateway's own
-/// HTTP/1.1 server sends as they are ([`Lines`]).
-pub trait Fields {
-    /// Sets `name` to `value` (a field value's bytes), replacing what the answer held of it.
-    fn set(&mut self, name: &HeaderName, value: &[u8]);
-
-    /// Sets `name` (whose line starts `line`: `name: `) to the value `write` appends to an empty
-    /// buffer: bytes a field value may hold (a map checks them anyway; lines do in debug builds
-    /// only).
-    fn set_with(
-        &mut self,
-        name: &HeaderName,
-        line: &'static str,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) {
-        let _ = line;
-        let mut value = Vec::with_capacity(64);
-        write(&mut value);
-        self.set(name, &value);
-    }
-
-    /// Sets `name` (whose line starts `line`) to `n` in decimal.
-    fn set_number(&mut self, name: &HeaderName, line: &'static str, n: u64) {
-        self.set_digits(name, line, itoa::Buffer::new().format(n));
-    }
-
-    /// Sets `name` (whose line starts `line`) to `digits`, a number written in decimal.
-    fn set_digits(&mut self, name: &HeaderName, line: &'static str, digits: &str) {
-        let _ = line;
-        self.set(name, digits.as_bytes());
-    }
-}
-
-impl Fields for HeaderMap {
-    fn set(&mut self, name: &HeaderName, value: &[u8]) {
-        if let Ok(v) = HeaderValue::from_bytes(value) {
-            self.insert(name.clone(), v);
-        }
-    }
-}
-
-/// Fields written as lines ([`crate::server::Written`]), taken out of the answer's map.
-pub struct Lines<'a> {
-    /// The answer's map, while it may hold a field written ([`Lines::new`]).
-    map: Option<&'a mut HeaderMap>,
-    written: &'a mut crate::server::Written,
-}
-
-impl<'a> Lines<'a> {
-    pub fn new(map: &'a mut HeaderMap, written: &'a mut crate::server::Written) -> Lines<'a> {
-        // Looked at once: a field seldom comes from the upstream, and a removal looks it up
-        // by its name's hash, five times an answer.
-        let holds = map.keys().any(may_be_replaced);
-        Lines {
-            map: holds.then_some(map),
-            written,
-        }
-    }
-}
-
-impl Lines<'_> {
-    /// Takes `name` out of the answer's map, where the upstream's field would otherwise be sent
-    /// beside the gateway's line.
-    fn replacing(&mut self, name: &HeaderName) -> &mut crate::server::Written {
-        if let Some(map) = self.map.as_deref_mut() {
-            map.remove(name);
-        }
-        self.written
-    }
-}
-
-impl Fields for Lines<'_> {
-    fn set(&mut self, name: &HeaderName, value: &[u8]) {
-        self.replacing(name).push(name, value);
-    }
-
-    /// Written in place: the structured fields' values are built in the lines themselves.
-    #[inline(always)]
-    fn set_with(
-        &mut self,
-        name: &HeaderName,
-        line: &'static str,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) {
-        self.replacing(name).push_valid_with(line, write);
-    }
-
-    /// Digits need no check ([`crate::server::Written::push_digits`]).
-    #[inline(always)]
-    fn set_digits(&mut self, name: &HeaderName, line: &'static str, digits: &str) {
-        self.replacing(name).push_digits(line, digits);
-    }
-}
-
 /// Appends `s` as a Structured Fields string (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped.
 /// Endpoint names are printable ASCII (the catalog checks templates), so nothing else needs care.
 fn push_sf_string(out: &mut Vec<u8>, s: &str) {
@@ -520,6 +421,7 @@ pub fn keeps_upstream_retry_after(status: http::StatusCode) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::fields::Lines;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod answer;
 pub mod client;
 pub mod explain;
+pub mod fields;
 pub mod headers;
 pub mod in_flight;
 pub mod report;
@@ -194,7 +195,7 @@ impl Proxy {
 
     /// The request fields this proxy hands on unread ([`headers::HANDED_ON`] but the names it
     /// is configured to read), for its listener ([`crate::server::HttpSettings::passes`]).
-    pub fn passes(&self) -> crate::server::http1::Passes {
+    pub fn passes(&self) -> crate::server::passed::Passes {
         let configured = [&self.policy.api_key_header, &self.refresh.header];
         headers::handed_on(configured.into_iter().chain(&self.policy.cost_header))
     }
@@ -567,8 +568,7 @@ impl Proxy {
                         if !headers::keeps_upstream_retry_after(head.status) {
                             head.headers.remove(http::header::RETRY_AFTER);
                         }
-                        let mut fields =
-                            headers::Lines::new(&mut head.headers, &mut record.written);
+                        let mut fields = fields::Lines::new(&mut head.headers, &mut record.written);
                         headers::set_rate_limit(&mut fields, self.policy.headers, rate);
                     }
                     if let Some(protocol) = switched {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::server::http1::Passed;
+use crate::server::passed::Passed;
 
 /// A request's body: read by hyper as it arrives, or already read whole by the gateway's own
 /// HTTP/1 server ([`super::h1`]), which takes only bodies of a known, small length.
@@ -15,7 +15,7 @@ use crate::server::http1::Passed;
 pub enum RequestBody {
     Hyper(Incoming),
     /// `None` once read. Beside it, the fields that the own server hands on as lines and did not
-    /// put in the request's map ([`crate::server::http1::Passes`]): they go with the body because the
+    /// put in the request's map ([`crate::server::passed::Passes`]): they go with the body because the
     /// body is what goes upstream with the head (a request's extensions would allocate a map
     /// for them), and only the own server reads bodies whole.
     Whole(Option<Bytes>, Passed),

@@ -71,8 +71,9 @@ pub struct Head {
     pub connection: Option<usize>,
 }
 
-use crate::server::http1::{KEPT_ROOM, Passed, Passes, has_token, plain_number};
+use crate::server::http1::{KEPT_ROOM, has_token, plain_number};
 pub use crate::server::http1::{Line, Lines};
+use crate::server::passed::{Passed, Passes};
 use crate::server::shelf::Shelf;
 
 /// A field named `close`: `Connection: close` makes it hop-by-hop.
@@ -579,9 +580,9 @@ fn request(
                 }
             }
             Some(passes) => {
-                crate::server::http1::split_lines(before, bytes, &mut headers, passes, passed);
+                crate::server::passed::split_lines(before, bytes, &mut headers, passes, passed);
                 if !after.is_empty() {
-                    crate::server::http1::split_lines(after, bytes, &mut headers, passes, passed);
+                    crate::server::passed::split_lines(after, bytes, &mut headers, passes, passed);
                 }
             }
         }

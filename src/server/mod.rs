@@ -18,6 +18,7 @@ pub mod h1;
 pub mod http1;
 pub mod idle;
 mod linger;
+pub mod passed;
 pub mod problem;
 mod serve;
 mod settings;

@@ -202,7 +202,7 @@ struct Http {
     h2: http2::Builder<TokioExecutor>,
     /// `server.max_header_bytes`, at least 8 KiB (hyper's read buffer's bound).
     max_head: usize,
-    passes: Option<Arc<crate::server::http1::Passes>>,
+    passes: Option<Arc<crate::server::passed::Passes>>,
 }
 
 impl Http {

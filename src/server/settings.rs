@@ -24,9 +24,9 @@ pub struct HttpSettings {
     /// TLS on this listener (`server.tls_*`). Default: none, cleartext.
     pub tls: Option<crate::server::tls::TlsSettings>,
     /// Fields the handler hands on unread: the own HTTP/1.1 server gives them to it as lines
-    /// beside the body, not in the request's map ([`crate::server::http1::Passes`]). Default: none,
+    /// beside the body, not in the request's map ([`crate::server::passed::Passes`]). Default: none,
     /// every field in the map. Not a setting: the proxy sets its own ([`crate::proxy`]).
-    pub passes: Option<Arc<crate::server::http1::Passes>>,
+    pub passes: Option<Arc<crate::server::passed::Passes>>,
 }
 
 /// Where a listener's connections run and what counts them: runtime objects, handed to

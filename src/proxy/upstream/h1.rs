@@ -41,7 +41,7 @@ fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 
 /// Writes a request head: `METHOD target HTTP/1.1`, `host`, then each header as it is but a
 /// `Host` of its own and those `after` replaces, then the lines `passed` (the fields handed on
-/// as they came, [`crate::server::http1::Passed`]), then `after`'s. The `http` types hold no CR, LF or
+/// as they came, [`crate::server::passed::Passed`]), then `after`'s. The `http` types hold no CR, LF or
 /// other control byte, nor do `passed`'s names and values, so nothing here can split a line.
 pub fn encode_request(
     method: &Method,
