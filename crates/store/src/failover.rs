@@ -413,6 +413,44 @@ mod tests {
             self.answer().map(|()| 0)
         }
 
+        // The policy's tests ask one counter at a time.
+        async fn hit_parts(
+            &self,
+            parts: &[Part<'_>],
+            cost: u64,
+            now_ms: u64,
+        ) -> Result<Outcome, StoreError> {
+            let [p] = parts else { unreachable!("one part") };
+            self.hit(p.counter, p.limits, cost, now_ms).await
+        }
+
+        async fn peek_parts(
+            &self,
+            parts: &[Part<'_>],
+            cost: u64,
+            now_ms: u64,
+        ) -> Result<Outcome, StoreError> {
+            let [p] = parts else { unreachable!("one part") };
+            self.peek(p.counter, p.limits, cost, now_ms).await
+        }
+
+        async fn adjust(&self, _: &[Part<'_>], _: i64, _: u64, _: u64) -> Result<(), StoreError> {
+            self.answer()
+        }
+
+        async fn free(&self, _: &[Part<'_>], _: u64) -> Result<(), StoreError> {
+            self.answer()
+        }
+
+        async fn windows(
+            &self,
+            parts: &[Part<'_>],
+            now_ms: u64,
+        ) -> Result<(Vec<WindowSet>, u64), StoreError> {
+            self.answer()
+                .map(|()| (vec![WindowSet::default(); parts.len()], now_ms))
+        }
+
         fn kind(&self) -> &'static str {
             "fake"
         }

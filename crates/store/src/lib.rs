@@ -125,36 +125,20 @@ pub trait CounterStore: Send + Sync + 'static {
     /// ([`quotagate_engine::limiter::hit_parts`]); quotas in the parts' order. Sliding windows and
     /// calendar periods only, all parts with the same hash tag; else
     /// [`StoreError::is_unsupported`].
-    /// (By default: one part only.)
     fn hit_parts(
         &self,
         parts: &[Part<'_>],
         cost: u64,
         now_ms: u64,
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        async move {
-            match parts {
-                [p] => self.hit(p.counter, p.limits, cost, now_ms).await,
-                _ => Err(StoreError::parts_apart()),
-            }
-        }
-    }
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
-    /// [`CounterStore::peek`] across several counters ([`CounterStore::hit_parts`]). (By
-    /// default: one part only.)
+    /// [`CounterStore::peek`] across several counters ([`CounterStore::hit_parts`]).
     fn peek_parts(
         &self,
         parts: &[Part<'_>],
         cost: u64,
         now_ms: u64,
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        async move {
-            match parts {
-                [p] => self.peek(p.counter, p.limits, cost, now_ms).await,
-                _ => Err(StoreError::parts_apart()),
-            }
-        }
-    }
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
     /// A response reported a cost other than the `reserved` one a request was admitted with at
     /// `reserved_at_ms` (the caller's clock, as `now_ms`): `delta` more units counted at
@@ -162,41 +146,32 @@ pub trait CounterStore: Send + Sync + 'static {
     /// `-delta` given back from where the reservation was counted, never below what is there.
     /// `parts`: the rates the request was counted in (its shadow limits only if it was counted
     /// in them; never its concurrency limits: a report changes a cost, not that the request is in
-    /// flight). (By default: not supported.)
+    /// flight).
     fn adjust(
         &self,
         parts: &[Part<'_>],
         delta: i64,
         reserved_at_ms: u64,
         now_ms: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (parts, delta, reserved_at_ms, now_ms);
-        async { Err(StoreError::parts_apart()) }
-    }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Frees one slot of each concurrency limit of `parts`: a request that took them at
     /// admission (its enforced ones, its shadow ones if it was counted in them:
-    /// [`Outcome::counted_in`]) ended. (By default: not supported.)
+    /// [`Outcome::counted_in`]) ended.
     fn free(
         &self,
         parts: &[Part<'_>],
         now_ms: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (parts, now_ms);
-        async { Err(StoreError::parts_apart()) }
-    }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The windows each part's counter holds at `now_ms`, counting nothing, and the time they
     /// were read at (Redis' with its clock): for a request that waits for room, when it comes
-    /// ([`quotagate_engine::limiter::room_in_ms`]). (By default: not supported.)
+    /// ([`quotagate_engine::limiter::room_in_ms`]).
     fn windows(
         &self,
         parts: &[Part<'_>],
         now_ms: u64,
-    ) -> impl Future<Output = Result<(Vec<WindowSet>, u64), StoreError>> + Send {
-        let _ = (parts, now_ms);
-        async { Err(StoreError::parts_apart()) }
-    }
+    ) -> impl Future<Output = Result<(Vec<WindowSet>, u64), StoreError>> + Send;
 
     /// Does the backend answer? Asked while it is marked down.
     fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
