@@ -225,30 +225,23 @@ impl Tally {
         self.end_ms.saturating_sub(now_ms).max(1)
     }
 
-    /// Milliseconds from `now_ms` until `units` more fit under calendar limit `l`, whose tally
-    /// (if it has one) is `tally`: 0 when they fit now, the period's end when they do not,
-    /// `None` when they never can (above the limit). A tally of an earlier period holds nothing
-    /// of the one holding `now_ms`.
+    /// Milliseconds from `now_ms` until `units` more fit under a calendar limit of `rl` units a
+    /// `period` in `zone`, whose tally (if it has one) is `tally`: 0 when they fit now, the
+    /// period's end when they do not, `None` when they never can (above the limit). A tally of an
+    /// earlier period holds nothing of the one holding `now_ms`.
     pub fn room_in_ms(
         tally: Option<&Tally>,
-        l: &super::Limit,
+        (period, zone, rl): (Period, ZoneId, u64),
         units: u64,
         now_ms: u64,
     ) -> Option<u64> {
         let count = tally
             .filter(|t| (t.start_ms..t.end_ms).contains(&now_ms))
             .map_or(0, |t| t.count);
-        match count.saturating_add(units) <= l.rl {
+        match count.saturating_add(units) <= rl {
             true => Some(0),
-            false if units > l.rl => None,
-            false => {
-                let period = l.period().unwrap_or(Period::Hour);
-                Some(
-                    period_bounds(period, l.zone, now_ms)
-                        .1
-                        .saturating_sub(now_ms),
-                )
-            }
+            false if units > rl => None,
+            false => Some(period_bounds(period, zone, now_ms).1.saturating_sub(now_ms)),
         }
     }
 

@@ -12,7 +12,9 @@ pub fn room_in_ms(parts: &[(&WindowSet, &[Limit])], units: u64, now_ms: u64) -> 
     for (set, limits) in parts {
         for l in limits.iter().filter(|l| !l.shadow && !l.is_concurrent()) {
             let ms = match l.kind {
-                Kind::Calendar(p) => Tally::room_in_ms(set.get_tally(p, l.zone), l, units, now_ms)?,
+                Kind::Calendar(p) => {
+                    Tally::room_in_ms(set.get_tally(p, l.zone), (p, l.zone, l.rl), units, now_ms)?
+                }
                 _ => match set.get(l.w) {
                     Some(w) => w.room_in_ms(now_ms, l.rl, units)?,
                     None if units <= l.rl => 0,
