@@ -2296,3 +2296,78 @@ async fn what_is_told_stays_close_to_the_room() {
         );
     }
 }
+
+/// `window.lua` keeps a straight line for one enforced 60 s limit beside its general path. The same
+/// call with a lease of nothing (`want` 0, nothing given back) has the same meaning and always
+/// takes the general path: so every call of one random walk goes to two twin counters, one each
+/// way, and the two answers must agree, and agree with the engine's `WindowSet::hit`. The walk
+/// covers what the straight line decides itself (room in this minute, a minute's first call, a
+/// known block) and what it leaves to the general path (over the limit, a block that ended, the
+/// oldest count to look for, idle minutes).
+#[tokio::test]
+async fn window_lua_straight_line_answers_as_its_general_path_and_the_engine() {
+    use quotagate_store::Part;
+    use quotagate_store::script::{LeaseArgs, WindowCall, WindowReply};
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let script = include_str!("../crates/store/src/window.lua");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (straight, general) = (key("straight"), key("general"));
+    let mut model = WindowSet::default();
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+    let mut now_ms = T0 * 1000 + 17;
+    let mut rl = 7;
+    for step in 0..4000 {
+        now_ms += match next(100) {
+            0..=59 => next(400),
+            60..=89 => next(3_000),
+            90..=97 => next(30_000),
+            _ => 40_000 + next(100_000),
+        };
+        if next(200) == 0 {
+            rl = 1 + next(12);
+        }
+        let cost = 1 + next(3);
+        let limits = [Limit::sliding(rl, 60)];
+        let now = i64::try_from(now_ms).unwrap();
+        let mut answers = Vec::new();
+        for (counter, lease) in [(&straight, None), (&general, Some(LeaseArgs::default()))] {
+            let parts = [Part {
+                counter,
+                limits: &limits,
+            }];
+            let cmd =
+                WindowCall::new("t", &parts).command(cost, now, Some(now), lease, |k, _, _| {
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&sha).arg(k);
+                    c
+                });
+            let reply: String = cmd.query_async(&mut conn).await.unwrap();
+            match WindowReply::read(&reply, &limits) {
+                Some(WindowReply::Decided {
+                    outcome,
+                    grant,
+                    retry_ms,
+                    resets_ms,
+                    ..
+                }) => answers.push((outcome, grant, retry_ms, resets_ms)),
+                other => panic!("step {step}: {reply:?} read as {other:?}"),
+            }
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "step {step} at {now_ms}, limit {rl}, cost {cost}"
+        );
+        let want = model.hit(&limits, cost, now_ms);
+        assert_eq!(
+            answers[0].0, want,
+            "step {step} at {now_ms}, limit {rl}, cost {cost}"
+        );
+    }
+}
