@@ -15,8 +15,9 @@ char literals told from lifetimes and labels, raw identifiers. Items under `#[cf
 A module is a file; module A uses module B when A's code names a path through B (`crate::b::X`,
 `super::X`, `self::b::X`, bare `b::X` after a `mod b;`). A name that a module only re-exports
 (`pub use child::X`, or a glob `pub use child::*` over a module that defines it) is followed to
-where it is defined, so a facade `mod.rs` is not a cycle; a name reached through a glob over
-another crate (`pub use other_crate::m::*`) stays the facade's.
+where it is defined, so a facade `mod.rs` is not a cycle; but a facade that also writes a name it
+re-exports in its own code uses that name's module. A name reached through a glob over another
+crate (`pub use other_crate::m::*`) stays the facade's.
 
 Usage: scripts/check-layers.py [crate-src-dir ...] (default: every `src/` of the workspace).
 Prints every cycle found, with the line that makes each step, and exits 1 if there is one.
@@ -285,6 +286,7 @@ class Module:
         self.uses, self.reexports, self.paths = [], [], []
         self.declared = set()  # `mod x;` / `mod x { }` names
         self.defines = set(m.group(1) for m in ITEM_KEYWORDS.finditer(text))
+        self.idents = {}  # identifier -> first line it is written on outside `use` declarations
         # Inline modules (`mod x { ... }`) open and close as braces do; a path inside one is read
         # from there (its `super` is the file's module), and what it uses is its file's.
         inline, depth, opening, i = [], 0, None, 0
@@ -316,6 +318,8 @@ class Module:
                         self.defines.add(p[-1])
                 i = j
                 continue
+            if t.kind == "ident":
+                self.idents.setdefault(t.text, t.line)
             if t.kind == "ident" and (i == 0 or toks[i - 1].text != "::"):
                 segs, j = [t.text], i + 1
                 while j + 1 < len(toks) and toks[j].text == "::" and toks[j + 1].kind == "ident":
@@ -415,6 +419,12 @@ def graph(sources: dict) -> dict:
 
     edges = {m: {} for m in mods}
     for m, mod in mods.items():
+        # A name the module re-exports and also writes in its own code is a use of its owner.
+        for name, target in named[m].items():
+            if name in mod.idents:
+                o = owner(target)
+                if o != m and o in mods:
+                    edges[m].setdefault(o, f"{name} (re-exported here, and used), line {mod.idents[name]}")
         for segs, line, inline in mod.uses + mod.paths:
             segs = [s for s in segs if s != "*"]
             if not segs:

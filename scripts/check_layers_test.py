@@ -115,6 +115,13 @@ class Paths(unittest.TestCase):
         self.assertEqual(set(g[("a",)]), {("f", "inner")})
         self.assertEqual(set(g[("f",)]), set())
 
+    def test_a_facade_that_uses_what_it_re_exports_depends_on_it(self):
+        sources = {(): "mod f;", ("f",): "mod inner; pub use inner::X; pub struct Y { x: X }",
+                   ("f", "inner"): "pub struct X; use super::Y;"}
+        g = layers.graph(sources)
+        self.assertEqual(set(g[("f",)]), {("f", "inner")})
+        self.assertEqual(layers.find_cycles(g), [[("f",), ("f", "inner")]])
+
     def test_glob_re_exports_within_the_crate_are_followed(self):
         sources = {(): "mod f; mod a;", ("f",): "mod inner; pub use inner::*;",
                    ("f", "inner"): "pub const X: u8 = 1;", ("a",): "fn g() -> u8 { crate::f::X }"}

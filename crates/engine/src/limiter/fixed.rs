@@ -96,6 +96,33 @@ pub fn fixed_outcome(l: &Limit, cost: u64, allowed: bool, credit: u64, ttl: i64)
     Outcome::new(passes, passes && !allowed, &[q])
 }
 
+impl Limit {
+    /// The answer for a request of `cost` that this limit gives alone, without any count: the
+    /// request can never pass it (a sliding window below the cost), a fixed window of 0 units
+    /// (nothing to count: it admits only checks, and never resets), or a window from the first
+    /// hit of 0 seconds (it never fills: Divvy's "always allow"). `None`: a store must count.
+    pub fn alone(&self, cost: u64, now_ms: u64) -> Option<Outcome> {
+        match self.kind {
+            // A shadow limit's refusal is the store's to tell (it counts the enforced ones).
+            Kind::Sliding | Kind::Calendar(_) | Kind::Concurrent
+                if !self.shadow && self.units(cost) > self.rl =>
+            {
+                // (A zero limit with a cost of 0 goes to the store, which refuses it too.)
+                Some(Outcome::new(false, false, &[self.never(now_ms)]))
+            }
+            Kind::Aligned if self.rl == 0 => {
+                let span = Span::of(self, now_ms);
+                Some(fixed_outcome(self, cost, cost == 0, 0, span.seconds as i64))
+            }
+            Kind::Fixed if self.rl == 0 => Some(fixed_outcome(self, cost, cost == 0, 0, 0)),
+            Kind::Fixed if self.w == 0 => {
+                Some(fixed_outcome(self, cost, cost <= self.rl, self.rl, 0))
+            }
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

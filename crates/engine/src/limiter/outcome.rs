@@ -1,7 +1,7 @@
 //! outcome: what a decision answers: each limit's [`Quota`], the request's [`Outcome`], and the
 //! [`Rate`] an answer's rate-limit fields are written from.
 
-use super::{Limit, Limits, MAX_LIMITS, WINDOW_SECONDS};
+use super::{Kind, Limit, Limits, MAX_LIMITS, WINDOW_SECONDS, period_bounds};
 
 /// The state of one limit after checking one request against it: allowed or not, and what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,4 +185,23 @@ pub struct Rate<'s> {
 /// Milliseconds to whole seconds, rounded up: a wait is never reported shorter than it is.
 pub fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
+}
+
+impl Limit {
+    /// The quota of a sliding or calendar limit for a request it can never pass (its cost is
+    /// above the limit): refused for good, reset at the window's length or the period's end.
+    pub(super) fn never(&self, now_ms: u64) -> Quota {
+        let reset = match self.kind {
+            Kind::Calendar(p) => {
+                let (_, end) = period_bounds(p, self.zone, now_ms);
+                ceil_seconds(end.saturating_sub(now_ms).max(1))
+            }
+            _ => u64::from(self.w),
+        };
+        Quota {
+            limit: self.rl,
+            reset,
+            ..Quota::zero_limit()
+        }
+    }
 }

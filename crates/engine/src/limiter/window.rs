@@ -8,7 +8,7 @@
 //! no I/O and no clock: `now` (Unix milliseconds) is always an argument. The Redis script
 //! (`store/window.lua`) computes the same answers; the store behaviour suite holds them equal.
 
-use super::{Quota, WINDOW_SECONDS, ceil_seconds};
+use super::{Quota, WINDOW_SECONDS, ceil_seconds, period_bounds};
 
 /// Buckets of a window of a minute or longer: the DynLimits window's one-second buckets, and as
 /// many for longer windows, so that no window costs more to keep than a minute's.
@@ -331,6 +331,21 @@ impl Window {
     /// [`Window::peek_ms`] at the start of second `now`.
     pub fn peek(&self, now: u64, limit: u64) -> Quota {
         self.peek_ms(now * 1000, limit)
+    }
+}
+
+impl super::Limit {
+    /// Whether a unit counted at `at_ms` still counts in this limit at `now_ms`: in the same
+    /// calendar period, or in a bucket still inside a window of `w` (what a give-back may take
+    /// from: [`Window::give_back`], [`Tally::give_back`](super::Tally::give_back)).
+    pub fn still_counts(&self, at_ms: u64, now_ms: u64) -> bool {
+        match self.period() {
+            Some(p) => {
+                let (start, end) = period_bounds(p, self.zone, now_ms);
+                (start..end).contains(&at_ms)
+            }
+            None => bucket_of(self.w, at_ms) + buckets(self.w) > bucket_of(self.w, now_ms),
+        }
     }
 }
 
