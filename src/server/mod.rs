@@ -1,4 +1,5 @@
-//! server: the HTTP server shared by the proxy, the rate-limit service and the example upstream.
+//! server: the serving plumbing: the HTTP server shared by the proxy, the rate-limit service and
+//! the example upstream, and what it runs on.
 //!
 //! Takes an already-bound listener and a shutdown future (tests bind port 0). Speaks HTTP/1.1 and
 //! HTTP/2 on the same port (told by a connection's first bytes, [`sniff`]). On shutdown it stops
@@ -6,9 +7,13 @@
 //! gives up after the drain timeout.
 //!
 //! Its rooms: [`serve`] (accepting, a connection's protocol, the drain), [`settings`] (a
-//! listener's limits and where its connections run), [`h1`] (the own HTTP/1.1 server), [`idle`]
-//! (a connection's time between requests), [`linger`] (lingering close), [`written`] (header
-//! fields as they go on the wire), [`body`] (a request's body).
+//! listener's limits and where its connections run), [`workers`] (the worker threads) and
+//! [`deadline`] (the timers a worker reuses), [`tls`] (certificates), [`h1`] (the own HTTP/1.1
+//! server) and [`http1`] (reading heads, for it and the upstream exchange), [`idle`] (a
+//! connection's time between requests), [`linger`] (lingering close), [`written`] (an answer's
+//! fields as they go on the wire), [`passed`] (a request's fields handed on unread), [`body`] (a
+//! request's body), [`problem`] (the answers quotagate gives itself), and helpers of the request
+//! path's speed: [`shelf`], [`cold`], [`coarse`].
 
 mod body;
 pub mod coarse;
