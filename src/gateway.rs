@@ -10,11 +10,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::Snapshot;
 use crate::catalog::broadcast::{self, RedisAnnounce};
 use crate::catalog::live::Live;
 use crate::catalog::poller::{Announce, Poller, PollerOptions};
-use crate::config::{Config, ConfigError, address};
+use crate::catalog::{KeySecrets, Snapshot};
+use crate::config::{CatalogConfig, Config, ConfigError, address};
 use crate::observe::metrics::Metrics;
 use crate::proxy::upstream::{Upstream, UpstreamSettings};
 use crate::proxy::{Policy, Proxy, ProxySettings, Refresh};
@@ -35,6 +35,8 @@ pub struct GatewaySettings {
     pub catalog_file: Option<PathBuf>,
     /// The largest catalog accepted (`catalog.max_bytes`).
     pub catalog_max_bytes: u64,
+    /// The secrets `hmac-sha256` key digests are made with (`catalog.key_secret_file`).
+    pub key_secrets: Option<Arc<KeySecrets>>,
     /// The catalog server to poll (`catalog.server_url`).
     pub poller: Option<PollerOptions>,
     /// Redis channel of the catalog announcements (used with the Redis store).
@@ -45,9 +47,13 @@ impl TryFrom<&Config> for GatewaySettings {
     type Error = ConfigError;
 
     fn try_from(c: &Config) -> Result<Self, ConfigError> {
+        let key_secrets = key_secrets(&c.catalog)?;
         let poller = match c.catalog.server_url.is_empty() {
             true => None,
-            false => Some(PollerOptions::try_from(&c.catalog)?),
+            false => Some(PollerOptions {
+                secrets: key_secrets.clone(),
+                ..PollerOptions::try_from(&c.catalog)?
+            }),
         };
         let refresh = Refresh::try_from(&c.catalog)?;
         Ok(GatewaySettings {
@@ -61,10 +67,22 @@ impl TryFrom<&Config> for GatewaySettings {
             upstream: UpstreamSettings::try_from(c)?,
             catalog_file: (!c.catalog.file.is_empty()).then(|| PathBuf::from(&c.catalog.file)),
             catalog_max_bytes: crate::config::max_bytes(c.catalog.max_bytes)?,
+            key_secrets,
             poller,
             announce_channel: c.catalog.announce_channel.clone(),
         })
     }
+}
+
+/// The key secrets of `catalog.key_secret_file`, read now: a file named that cannot be read or
+/// holds no secret stops the start.
+pub fn key_secrets(c: &CatalogConfig) -> Result<Option<Arc<KeySecrets>>, ConfigError> {
+    if c.key_secret_file.is_empty() {
+        return Ok(None);
+    }
+    crate::catalog::read_key_secrets(std::path::Path::new(&c.key_secret_file))
+        .map(Some)
+        .map_err(|e| ConfigError::option("catalog.key_secret_file", e))
 }
 
 /// A built gateway, ready to serve on a listener.
@@ -121,7 +139,11 @@ impl Gateway {
         let upstream = Arc::new(edge_upstream(&s.upstream, rt)?);
         let catalog = match (catalog, &s.catalog_file) {
             (Some(c), _) => Some(c),
-            (None, Some(file)) => Some(crate::catalog::load_file(file, s.catalog_max_bytes)?),
+            (None, Some(file)) => Some(crate::catalog::load_file(
+                file,
+                s.catalog_max_bytes,
+                s.key_secrets.clone(),
+            )?),
             (None, None) if s.poller.is_none() => {
                 return Err(ConfigError::general(
                     "no catalog: set catalog.file, catalog.server_url or both",

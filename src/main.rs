@@ -70,8 +70,23 @@ enum ToolCommand {
         /// The largest catalog accepted, in bytes (as `catalog.max_bytes`; default 64 MiB).
         #[arg(long, default_value_t = quotagate::catalog::MAX_CATALOG_BYTES)]
         max_bytes: u64,
+        /// The secret file `hmac-sha256` key digests are made with (as
+        /// `catalog.key_secret_file`); without it such digests are refused.
+        #[arg(long)]
+        key_secret_file: Option<PathBuf>,
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// Print the digest of each API key read on standard input (one a line), `sha256:<hex>`, or
+    /// `hmac-sha256:<hex>` with `--secret-file`; with `--catalog IN`, write IN with every `key`
+    /// replaced by its `key_digest` to standard output instead.
+    KeyDigest {
+        /// A key secret file (as `catalog.key_secret_file`): digests under its first secret.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// The largest catalog read, in bytes (default 64 MiB).
+        #[arg(long, default_value_t = quotagate::catalog::MAX_CATALOG_BYTES)]
+        max_bytes: u64,
     },
     /// Load a Divvy port you run: N connections, D pipelined hits each, a mix of allowed and denied.
     DivvyLoad {
@@ -154,7 +169,7 @@ fn exit(ok: bool) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
     let command = match cli.command.unwrap_or(Command::Server(ServerCommand::Run)) {
-        Command::Tool(tool) => return run_tool(tool).await,
+        Command::Tool(tool) => return run_tool(tool, &cli.opts).await,
         Command::Server(server) => server,
     };
     let config = cli.opts.load()?;
@@ -203,13 +218,49 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, StartError> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn run_tool(tool: ToolCommand) -> Result<ExitCode, StartError> {
+/// A key secret file named on the command line (`flag`), read.
+fn key_secrets(
+    flag: &str,
+    file: Option<&std::path::Path>,
+) -> Result<Option<std::sync::Arc<quotagate::catalog::KeySecrets>>, StartError> {
+    let Some(file) = file else { return Ok(None) };
+    let secrets = quotagate::catalog::read_key_secrets(file)
+        .map_err(|e| quotagate::config::ConfigError::option(flag, e))?;
+    Ok(Some(secrets))
+}
+
+/// `opts`: the shared flags; `key-digest --catalog IN` reads IN from them.
+async fn run_tool(tool: ToolCommand, opts: &ConfigArgs) -> Result<ExitCode, StartError> {
     Ok(match tool {
         ToolCommand::Validate {
             strict,
             max_bytes,
+            key_secret_file,
             files,
-        } => exit(commands::validate(&files, strict, max_bytes)),
+        } => {
+            let secrets = key_secrets("--key-secret-file", key_secret_file.as_deref())?;
+            exit(commands::validate(&files, strict, max_bytes, secrets))
+        }
+        ToolCommand::KeyDigest {
+            secret_file,
+            max_bytes,
+        } => {
+            let secrets = key_secrets("--secret-file", secret_file.as_deref())?;
+            exit(match &opts.catalog {
+                Some(catalog) => commands::key_digest_catalog(
+                    std::path::Path::new(catalog),
+                    secrets.as_deref(),
+                    max_bytes,
+                ),
+                None => commands::key_digest_lines(
+                    secrets.as_deref(),
+                    std::io::stdin().lock(),
+                    std::io::stdout().lock(),
+                    std::io::stderr().lock(),
+                )
+                .unwrap_or(false),
+            })
+        }
         ToolCommand::Health { url } => exit(commands::health(&url).await),
         ToolCommand::DivvyLoad {
             addr,

@@ -1346,3 +1346,433 @@ async fn the_slots_of_a_killed_gateway_free_within_the_hold_time() {
     }
     held.abort();
 }
+
+// ---- keys kept secret ----
+
+/// The keys of [`secret_catalog`]: one named in plain, one by its SHA-256, one by its HMAC; and
+/// one the catalog does not know.
+const PLAIN_KEY: &str = "sk_live_PLAINSECRET1";
+const HASHED_KEY: &str = "sk_live_HASHEDSECRET2";
+const KEYED_KEY: &str = "sk_live_KEYEDSECRET3";
+const UNKNOWN_KEY: &str = "sk_live_UNKNOWNSECRET4";
+const ALL_KEYS: [&str; 4] = [PLAIN_KEY, HASHED_KEY, KEYED_KEY, UNKNOWN_KEY];
+
+/// A catalog whose keys each have a rate, a month's quota, a concurrency limit and a pool: every
+/// kind of counter. `plain`: with its plain entry.
+fn secret_catalog(secrets: &quotagate::catalog::KeySecrets, plain: bool, rl: u64) -> String {
+    use quotagate::catalog::{Form, KeyDigest};
+    let limits = format!(
+        r#"[{{"ep": 0, "rl": {rl}}}, {{"ep": 0, "rl": 100, "period": "month"}},
+            {{"ep": 1, "concurrent": 2}}, {{"group": "both", "rl": 50}}]"#
+    );
+    let hashed = KeyDigest::sha256(HASHED_KEY.as_bytes()).display(Form::Sha256);
+    let keyed = secrets.hmac(0, KEYED_KEY.as_bytes()).unwrap();
+    let keyed = keyed.display(Form::HmacSha256);
+    let mut entries = vec![
+        format!(r#"{{"key_digest": "{hashed}", "limits": {limits}}}"#),
+        format!(r#"{{"key_digest": "{keyed}", "limits": {limits}}}"#),
+    ];
+    if plain {
+        entries.push(format!(r#"{{"key": "{PLAIN_KEY}", "limits": {limits}}}"#));
+    }
+    format!(
+        r#"{{"methods": ["GET"], "paths": ["/a", "/b"], "endpoints": [{{"p": 0, "m": 0}}, {{"p": 1, "m": 0}}],
+            "groups": {{"both": [0, 1]}}, "apilimits": [{}]}}"#,
+        entries.join(",")
+    )
+}
+
+/// Which of the keys `bytes` holds (each as it is sent, and as its hex and base64 would not be:
+/// a key is only ever copied, never encoded, by what could leak it).
+fn keys_in(bytes: &[u8]) -> Vec<&'static str> {
+    ALL_KEYS
+        .into_iter()
+        .filter(|k| bytes.windows(k.len()).any(|w| w == k.as_bytes()))
+        .collect()
+}
+
+/// An OTLP/HTTP collector that keeps every export's bytes.
+async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<bytes::Bytes>>>) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = got.clone();
+    tokio::spawn(quotagate::server::serve(
+        listener,
+        Default::default(),
+        Default::default(),
+        move |_, req: http::Request<quotagate::server::RequestBody>| {
+            let seen = seen.clone();
+            async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                seen.lock().unwrap().push(body);
+                http::Response::new(http_body_util::Full::new(bytes::Bytes::new()))
+            }
+        },
+        std::future::pending(),
+    ));
+    (url, got)
+}
+
+/// No API key is in anything quotagate writes or serves beyond the request that carries it:
+/// every Redis name and value (`SCAN` + `DUMP`), what `MONITOR` shows during the traffic, the RDB
+/// file after `SAVE`, the logs at debug level (access lines on), the answers (a 403's and 429's
+/// problem details too), the admin's answers (`/limits`, its reset, `/status`,
+/// `/status/history`, `/metrics`, the dashboard), the exported spans, and the catalog server's
+/// answers for a digested catalog. Keys named in plain, by SHA-256 and by HMAC alike.
+#[tokio::test]
+async fn no_key_is_in_anything_quotagate_writes_or_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("key-secret");
+    std::fs::write(&secret_file, "gateway secret\n").unwrap();
+    let secrets = quotagate::catalog::read_key_secrets(&secret_file).unwrap();
+    let catalog = dir.path().join("catalog.json");
+    std::fs::write(&catalog, secret_catalog(&secrets, true, 2)).unwrap();
+    let redis = support::RedisServer::start();
+    let mut monitor = Command::new("redis-cli")
+        .arg("-s")
+        .arg(redis.socket())
+        .arg("MONITOR")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let monitored = std::thread::spawn({
+        let mut out = monitor.stdout.take().unwrap();
+        move || {
+            let mut all = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut out, &mut all);
+            all
+        }
+    });
+    let up = support::Upstream::start().await;
+    let (otlp, exports) = collector().await;
+    let (port, admin) = (free_port(), free_port());
+    let mut gw = Running::start(&[
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--upstream",
+        &up.url(),
+        "--catalog",
+        catalog.to_str().unwrap(),
+        "--store",
+        "redis",
+        "--redis-url",
+        &redis.url(),
+        "--set",
+        &format!("catalog.key_secret_file={}", secret_file.display()),
+        "--set",
+        &format!("admin.listen=127.0.0.1:{admin}"),
+        "--set",
+        "log.level=debug",
+        "--set",
+        "log.access=true",
+        "--set",
+        &format!("telemetry.otlp_endpoint={otlp}"),
+        "--set",
+        "telemetry.sample_ratio=1",
+        "--set",
+        "telemetry.export_interval_ms=50",
+    ]);
+    gw.wait_for("quotagate listening");
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let mut answers: Vec<u8> = Vec::new();
+    let mut requests = 0;
+    for key in [PLAIN_KEY, HASHED_KEY, KEYED_KEY] {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let r = get(&url("/a"), &[("X-Api-Key", key)]).await;
+            statuses.push(r.status);
+            answers.extend_from_slice(&r.body);
+            answers.extend(format!("{:?}", r.headers).bytes());
+        }
+        let r = get(&url("/b"), &[("X-Api-Key", key)]).await;
+        statuses.push(r.status);
+        requests += 4;
+        assert_eq!(statuses, [200, 200, 429, 200], "{key}");
+    }
+    let r = get(&url("/a"), &[("X-Api-Key", UNKNOWN_KEY)]).await;
+    assert_eq!(r.status, 403);
+    answers.extend_from_slice(&r.body);
+    requests += 1;
+    let admin_url = |p: &str| format!("http://127.0.0.1:{admin}{p}");
+    for key in ALL_KEYS {
+        let r = get(
+            &admin_url("/limits?method=GET&path=/a"),
+            &[("X-Api-Key", key)],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        answers.extend_from_slice(&r.body);
+    }
+    let reset = support::send(
+        &support::http1_client(),
+        "POST",
+        &admin_url("/limits/reset"),
+        &[("X-Api-Key", KEYED_KEY)],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(reset.status, 200);
+    assert!(
+        reset.json()["removed"].as_u64().unwrap() >= 1,
+        "{:?}",
+        reset.json()
+    );
+    answers.extend_from_slice(&reset.body);
+    for page in ["/status", "/status/history", "/metrics", "/"] {
+        let r = get(&admin_url(page), &[]).await;
+        assert_eq!(r.status, 200, "{page}");
+        answers.extend_from_slice(&r.body);
+    }
+    assert_eq!(keys_in(&answers), Vec::<&str>::new(), "in the answers");
+
+    // Every request's span exported (one export may hold several).
+    let spans = || {
+        use prost::Message;
+        let got = exports.lock().unwrap();
+        got.iter()
+            .map(|b| {
+                let r = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(b.clone()).unwrap();
+                r.resource_spans
+                    .iter()
+                    .flat_map(|rs| &rs.scope_spans)
+                    .map(|ss| ss.spans.len())
+                    .sum::<usize>()
+            })
+            .sum::<usize>()
+    };
+    // Polled without blocking: the collector answers on this test's runtime.
+    support::eventually(Duration::from_secs(10), || {
+        std::future::ready(spans() >= requests)
+    })
+    .await;
+    let exported: Vec<u8> = exports.lock().unwrap().iter().flatten().copied().collect();
+    assert_eq!(keys_in(&exported), Vec::<&str>::new(), "in the spans");
+
+    // Redis: every name and value, then the RDB file.
+    let names = redis.cli(&["--scan"]);
+    let names: Vec<&str> = names.lines().collect();
+    // Two keys' windows, months and pools (the third's were reset; a concurrency slot's set is
+    // gone once its request is: MONITOR saw it).
+    assert!(
+        names.len() >= 6
+            && names.iter().any(|n| n.contains(":month:"))
+            && names.iter().any(|n| n.contains(":@both:")),
+        "counters of every kind: {names:?}"
+    );
+    let mut stored = names.join("\n").into_bytes();
+    for name in &names {
+        let dumped = Command::new("redis-cli")
+            .arg("-s")
+            .arg(redis.socket())
+            .args(["DUMP", name])
+            .output()
+            .unwrap();
+        stored.extend_from_slice(&dumped.stdout);
+    }
+    assert_eq!(keys_in(&stored), Vec::<&str>::new(), "in Redis: {names:?}");
+    assert_eq!(redis.cli(&["CONFIG", "SET", "rdbcompression", "no"]), "OK");
+    assert_eq!(redis.cli(&["SAVE"]), "OK");
+    let rdb = std::fs::read(redis.socket().with_file_name("dump.rdb")).unwrap();
+    assert!(rdb.len() > 100);
+    assert_eq!(keys_in(&rdb), Vec::<&str>::new(), "in the RDB file");
+
+    gw.signal("-TERM");
+    assert!(gw.wait_exit().success());
+    let mut logged = Vec::new();
+    while let Ok(line) = gw.lines.try_recv() {
+        logged.extend(line.to_string().into_bytes());
+        logged.push(b'\n');
+    }
+    let logged_text = String::from_utf8_lossy(&logged);
+    assert!(
+        logged_text.contains("\"level\":\"DEBUG\""),
+        "debug lines were logged"
+    );
+    assert!(logged_text.contains("key#"), "keys logged as fingerprints");
+    assert_eq!(keys_in(&logged), Vec::<&str>::new(), "in the logs");
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let monitored = monitored.join().unwrap();
+    let seen = String::from_utf8_lossy(&monitored);
+    assert!(
+        seen.contains("EVALSHA") && seen.contains("GET%20/b:c"),
+        "MONITOR saw the traffic, concurrency slots included"
+    );
+    assert_eq!(keys_in(&monitored), Vec::<&str>::new(), "in MONITOR");
+
+    // The catalog server, serving a catalog of digests: its answers name no key.
+    let served = dir.path().join("served");
+    std::fs::create_dir(&served).unwrap();
+    std::fs::write(served.join("v1.json"), secret_catalog(&secrets, false, 2)).unwrap();
+    let cs = free_port();
+    let server = Running::start(&[
+        "catalog-server",
+        "--catalog",
+        served.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{cs}"),
+    ]);
+    server.wait_for("catalog server listening");
+    let cs_url = |p: &str| format!("http://127.0.0.1:{cs}{p}");
+    let latest = get(&cs_url("/latest"), &[]).await.json();
+    let first = latest["hash"].as_str().unwrap().to_owned();
+    let mut served_bytes = get(&cs_url("/indexed_limits"), &[]).await.body.to_vec();
+    std::fs::write(served.join("v2.json"), secret_catalog(&secrets, false, 3)).unwrap();
+    support::eventually(Duration::from_secs(10), || async {
+        get(&cs_url("/latest"), &[]).await.json()["hash"] != first.as_str()
+    })
+    .await;
+    let diff = get(&cs_url(&format!("/catalog_diff?from={first}")), &[]).await;
+    assert_eq!(diff.status, 200);
+    assert_eq!(diff.json()["apilimits"].as_array().unwrap().len(), 2);
+    served_bytes.extend_from_slice(&diff.body);
+    served_bytes.extend_from_slice(&get(&cs_url("/indexed_limits"), &[]).await.body);
+    assert_eq!(
+        keys_in(&served_bytes),
+        Vec::<&str>::new(),
+        "in the catalog server's answers"
+    );
+}
+
+/// `key-digest` on known vectors: NIST's SHA-256 of "abc", RFC 4231's HMAC test case 2; empty
+/// lines named by number; `--catalog` rewrites the keys of a catalog that then loads.
+#[test]
+fn key_digest_prints_the_digests_of_known_vectors() {
+    use std::io::Write;
+    let run = |args: &[&str], input: &str| {
+        let mut child = Command::new(BIN)
+            .arg("key-digest")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run(&[], "abc\n");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "Jefe\n").unwrap();
+    let out = run(
+        &["--secret-file", secret.to_str().unwrap()],
+        "what do ya want for nothing?\r\n\nabc",
+    );
+    assert_eq!(out.status.code(), Some(1), "an empty line");
+    let hmac = "hmac-sha256:5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert_eq!((lines[0], lines[1]), (hmac, ""));
+    assert!(lines[2].starts_with("hmac-sha256:"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "line 2: an empty key\n"
+    );
+    std::fs::write(&secret, "").unwrap();
+    let out = run(&["--secret-file", secret.to_str().unwrap()], "abc\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--secret-file"),
+        "{out:?}"
+    );
+
+    let rewritten = Command::new(BIN)
+        .args(["key-digest", "--catalog", "catalogs/quickstart.json"])
+        .output()
+        .unwrap();
+    assert!(rewritten.status.success());
+    let digested = dir.path().join("digested.json");
+    std::fs::write(&digested, &rewritten.stdout).unwrap();
+    let text = String::from_utf8_lossy(&rewritten.stdout);
+    assert!(
+        text.contains("\"key_digest\": \"sha256:") && !text.contains("\"key\""),
+        "{text}"
+    );
+    let out = quotagate(&["validate", digested.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Bad digests and secrets are refused by `validate` with the entry's path, and at start with
+/// one line; a catalog server's catalog that fails keeps the running one (`tests/catalog.rs`).
+#[test]
+fn validate_refuses_bad_digests_and_needs_the_secret_for_hmac() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s\n").unwrap();
+    let secrets = quotagate::catalog::read_key_secrets(&secret).unwrap();
+    let good = dir.path().join("good.json");
+    std::fs::write(&good, secret_catalog(&secrets, true, 2)).unwrap();
+    let good = good.to_str().unwrap();
+    let out = quotagate(&["validate", good]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(
+            "apilimits[1].key_digest: an hmac-sha256 digest needs the gateway's key secret"
+        ),
+        "{out:?}"
+    );
+    let out = quotagate(&[
+        "validate",
+        "--key-secret-file",
+        secret.to_str().unwrap(),
+        good,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = quotagate(&["validate", "--key-secret-file", "/nonexistent/secret", good]);
+    assert_eq!(out.status.code(), Some(1));
+    let bad = dir.path().join("bad.json");
+    let sha = quotagate::catalog::KeyDigest::sha256(PLAIN_KEY.as_bytes())
+        .display(quotagate::catalog::Form::Sha256);
+    std::fs::write(
+        &bad,
+        format!(
+            r#"{{"methods": ["GET"], "paths": ["/a"], "endpoints": [{{"p": 0, "m": 0}}],
+                "apilimits": [{{"key": "{PLAIN_KEY}", "limits": []}},
+                              {{"key_digest": "{sha}", "limits": []}},
+                              {{"key_digest": "sha256:XYZ", "limits": []}}]}}"#
+        ),
+    )
+    .unwrap();
+    let out = quotagate(&["validate", bad.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout.contains("apilimits[1].key_digest: duplicate API key (also apilimits[0])"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("apilimits[2].key_digest: \"sha256:XYZ\" is not a key digest"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(PLAIN_KEY), "{stdout}");
+    // At start: one line naming the option.
+    std::fs::write(&secret, "").unwrap();
+    let out = quotagate(&[
+        "run",
+        "--catalog",
+        good,
+        "--set",
+        &format!("catalog.key_secret_file={}", secret.display()),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("catalog.key_secret_file") && stderr.contains("empty"),
+        "{stderr}"
+    );
+}

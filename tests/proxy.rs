@@ -1500,6 +1500,135 @@ async fn explain_and_reset(gw: &TestGateway) {
     assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
 }
 
+/// `catalog` with every `key` named by its digest (`quotagate key-digest --catalog`): SHA-256, or
+/// with `secrets` HMAC-SHA256 under the first.
+fn digested(catalog: &str, secrets: Option<&quotagate::catalog::KeySecrets>) -> String {
+    let json = quotagate::catalog::digest_keys(catalog.as_bytes(), secrets).unwrap();
+    String::from_utf8(json).unwrap()
+}
+
+/// The gateway's cases on a catalog whose keys are named by digests, both forms, on memory and
+/// on Redis: they admit, limit, explain and reset as with the keys in plain; and the admin
+/// explains and resets a key asked about by its digest.
+#[tokio::test]
+async fn a_digested_catalog_admits_and_limits_as_the_plain_one() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("key-secret");
+    std::fs::write(&secret_file, "a secret of the gateways\nthe one before\n").unwrap();
+    let secrets =
+        quotagate::catalog::read_key_secrets(&secret_file).expect("the file just written");
+    let sha = digested(CATALOG, None);
+    let hmac = digested(CATALOG, Some(&secrets));
+    assert!(!sha.contains(r#""k1""#) && !hmac.contains(r#""k1""#));
+    for (catalog, on_redis) in [(&sha, false), (&sha, true), (&hmac, false), (&hmac, true)] {
+        // Each gateway on a store of its own: the cases count from nothing.
+        let fresh = || {
+            let redis = on_redis.then(RedisServer::start);
+            let mut c = match &redis {
+                Some(r) => redis_config(&up, r, FailurePolicy::Closed),
+                None => config(&up),
+            };
+            c.catalog.key_secret_file = secret_file.display().to_string();
+            (c, redis)
+        };
+        let (c, _redis) = fresh();
+        let gw = TestGateway::start(c, catalog, FakeClock::new(T0)).await;
+        limit_then_429(&gw, &up).await;
+        let (c, _redis) = fresh();
+        let gw = TestGateway::start(c, catalog, FakeClock::new(T0)).await;
+        explain_and_reset(&gw).await;
+        // Asked by the digest its catalog names k1 by, the admin answers about k1.
+        let (c, _redis) = fresh();
+        let gw = TestGateway::start(c, catalog, FakeClock::new(T0)).await;
+        let form = if catalog == &sha {
+            "sha256:"
+        } else {
+            "hmac-sha256:"
+        };
+        let digest = match form {
+            "sha256:" => quotagate::catalog::KeyDigest::sha256(b"k1"),
+            _ => secrets.hmac(0, b"k1").unwrap(),
+        };
+        let digest = digest.display(quotagate::catalog::Form::Sha256)["sha256:".len()..].to_owned();
+        let by_digest = format!(
+            "http://{}/limits?method=GET&path=/users/7/prefs&key_digest={form}{digest}",
+            gw.admin
+        );
+        assert_eq!(get(&gw.url("/users/7/prefs"), &[KEY]).await.status, 200);
+        let v = get(&by_digest, &[]).await.json();
+        assert_eq!(
+            (&v["decision"], &v["limits"][0]["remaining"]),
+            (&serde_json::json!("allowed"), &serde_json::json!(2)),
+            "{v}"
+        );
+        let reset = by_digest.replace("/limits?", "/limits/reset?");
+        let r = send(&http1_client(), "POST", &reset, &[], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{:?}", r.json());
+        assert_eq!(r.json()["removed"], 1);
+        let v = get(&by_digest, &[]).await.json();
+        assert_eq!(v["limits"][0]["remaining"], 3, "{v}");
+        let both = get(&by_digest, &[KEY]).await;
+        assert_eq!(both.status, 400, "a key and a digest: which?");
+        let bad = get(&by_digest.replace(form, "md5:"), &[]).await;
+        assert_eq!(bad.status, 400);
+    }
+}
+
+/// Rotating the key secret: with the new secret first and the old one second, keys digested
+/// under either are known; once the old line is gone, a key still digested under it is a
+/// stranger (403) and one re-digested under the new secret is known.
+#[tokio::test]
+async fn keys_digested_under_the_previous_secret_are_known_until_it_is_removed() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (old_file, both_file, new_file) = (
+        dir.path().join("old"),
+        dir.path().join("both"),
+        dir.path().join("new"),
+    );
+    std::fs::write(&old_file, "old secret\n").unwrap();
+    std::fs::write(&both_file, "new secret\nold secret\n").unwrap();
+    std::fs::write(&new_file, "new secret\n").unwrap();
+    let read = |f: &std::path::Path| quotagate::catalog::read_key_secrets(f).unwrap();
+    let under_old = digested(CATALOG, Some(&read(&old_file)));
+    let under_new = digested(CATALOG, Some(&read(&new_file)));
+    // k1 under the old secret, k2 under the new one: one catalog mid-rotation.
+    let k2_new = digested(
+        r#"{"apilimits": [{"key": "k2", "limits": []}]}"#,
+        Some(&read(&new_file)),
+    );
+    let k2_new: serde_json::Value = serde_json::from_str(&k2_new).unwrap();
+    let mut mixed: serde_json::Value = serde_json::from_str(&under_old).unwrap();
+    mixed["apilimits"][1]["key_digest"] = k2_new["apilimits"][0]["key_digest"].clone();
+    let mixed = mixed.to_string();
+    let start = async |file: &std::path::Path, catalog: &str| {
+        let mut c = config(&up);
+        c.catalog.key_secret_file = file.display().to_string();
+        TestGateway::start(c, catalog, FakeClock::new(T0)).await
+    };
+    let status = |gw: &TestGateway, key: &'static str| {
+        let url = gw.url("/users/1/prefs");
+        async move { get(&url, &[("X-Api-Key", key)]).await.status }
+    };
+    let gw = start(&both_file, &mixed).await;
+    assert_eq!(
+        (status(&gw, "k1").await, status(&gw, "k2").await),
+        (200, 200)
+    );
+    let gw = start(&new_file, &mixed).await;
+    assert_eq!(
+        (status(&gw, "k1").await, status(&gw, "k2").await),
+        (403, 200),
+        "k1 is still under the removed secret"
+    );
+    let gw = start(&new_file, &under_new).await;
+    assert_eq!(
+        (status(&gw, "k1").await, status(&gw, "k2").await),
+        (200, 200)
+    );
+}
+
 #[tokio::test]
 async fn resets_through_a_non_loopback_admin_listener_need_the_secret() {
     let up = Upstream::start().await;

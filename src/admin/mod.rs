@@ -7,9 +7,11 @@
 //!   is being applied (still 200: the gateway answers, degraded).
 //! - `/metrics`: Prometheus (OpenMetrics) text, see `docs/operations.md`. The `quotagate divvy`
 //!   drop-in serves it on Divvy's `PROMETHEUS_METRICS_PATH` instead.
-//! - `GET /limits?method=M&path=P`, the API key in its usual header: what the gateway would decide
-//!   for that request now and the state of its limit, counting nothing ("why was I limited?").
-//! - `POST /limits/reset`, the API key in its usual header: forgets that key's counters. Allowed
+//! - `GET /limits?method=M&path=P`, the API key in its usual header (or its digest as
+//!   `&key_digest=sha256:...`): what the gateway would decide for that request now and the state
+//!   of its limit, counting nothing ("why was I limited?").
+//! - `POST /limits/reset`, the API key in its usual header (or `?key_digest=`): forgets that key's
+//!   counters. Allowed
 //!   without more on a loopback listener; on any other, only with `admin.secret` in
 //!   `X-Quotagate-Admin-Secret`.
 
@@ -28,6 +30,7 @@ use crate::catalog::live::Live;
 use crate::config::{AdminConfig, ConfigError, address};
 use crate::observe::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
+use crate::proxy::admission::Caller;
 use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
 
@@ -233,34 +236,50 @@ impl Admin {
             return refusal(StatusCode::NOT_FOUND, "no gateway runs here");
         };
         let header = proxy.api_key_header();
-        let key = match req.headers().get(header) {
-            Some(k) if !k.is_empty() => k.as_bytes(),
+        let query = req.uri().query().unwrap_or("");
+        let mut method = None;
+        let mut path = None;
+        let mut digest = None;
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match &*k {
+                "method" => method = Some(v.into_owned()),
+                "path" => path = Some(v.into_owned()),
+                "key_digest" => digest = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        let caller = match (req.headers().get(header), digest) {
+            (Some(k), None) if !k.is_empty() => Caller::Key(k.as_bytes()),
+            (None, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {
+                Ok((_, d)) => Caller::Digest(d),
+                Err(e) => return refusal(StatusCode::BAD_REQUEST, &format!("key_digest: {e}")),
+            },
+            (Some(_), Some(_)) => {
+                return refusal(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "send the API key in the {header} header or its ?key_digest=, not both"
+                    ),
+                );
+            }
             _ => {
                 return refusal(
                     StatusCode::BAD_REQUEST,
-                    &format!("send the API key in the {header} header"),
+                    &format!(
+                        "send the API key in the {header} header, or its digest as ?key_digest="
+                    ),
                 );
             }
         };
         match (req.method(), req.uri().path()) {
             (&Method::GET, "/limits") => {
-                let query = req.uri().query().unwrap_or("");
-                let mut method = None;
-                let mut path = None;
-                for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-                    match &*k {
-                        "method" => method = Some(v.into_owned()),
-                        "path" => path = Some(v.into_owned()),
-                        _ => {}
-                    }
-                }
                 let (Some(method), Some(path)) = (method, path) else {
                     return refusal(
                         StatusCode::BAD_REQUEST,
                         "give the request as ?method=GET&path=/users/42",
                     );
                 };
-                match proxy.explain(&method, &path, key).await {
+                match proxy.explain(&method, &path, caller).await {
                     Ok(v) => json(StatusCode::OK, v),
                     Err(e @ ExplainError::NotARequest { .. }) => {
                         refusal(StatusCode::BAD_REQUEST, &e.to_string())
@@ -274,11 +293,11 @@ impl Admin {
                 if let Some(refused) = self.may_change_state(req) {
                     return refused;
                 }
-                match proxy.reset_key(key).await {
+                match proxy.reset_key(caller).await {
                     Ok(n) => json(
                         StatusCode::OK,
                         serde_json::json!({
-                            "key": crate::observe::telemetry::fingerprint(key),
+                            "key": crate::proxy::explain::shown(caller),
                             "removed": n,
                         }),
                     ),

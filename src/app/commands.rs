@@ -12,8 +12,8 @@ use crate::app::App;
 use crate::app::demo;
 use crate::app::settings::Settings;
 use crate::app::shutdown::Token;
-use crate::catalog::Snapshot;
 use crate::catalog::server::CatalogServer;
+use crate::catalog::{KeySecrets, Snapshot};
 use crate::config::{ConfigError, address, header_name};
 use crate::divvy::load::LoadOptions;
 use crate::divvy::rules::RuleSet;
@@ -269,7 +269,13 @@ fn is_rule_file(path: &Path) -> bool {
 
 /// `quotagate validate [--strict] FILE...`: prints a line per file, and a warning per catalog field
 /// quotagate does not know; true when all are valid (with `strict`, also without such fields).
-pub fn validate(files: &[PathBuf], strict: bool, max_bytes: u64) -> bool {
+/// `secrets`: those the catalogs' `hmac-sha256` digests are made with (`--key-secret-file`).
+pub fn validate(
+    files: &[PathBuf],
+    strict: bool,
+    max_bytes: u64,
+    secrets: Option<Arc<KeySecrets>>,
+) -> bool {
     let mut ok = true;
     for f in files {
         let name = f.display();
@@ -286,7 +292,7 @@ pub fn validate(files: &[PathBuf], strict: bool, max_bytes: u64) -> bool {
             }
             continue;
         }
-        match crate::catalog::load_file(f, max_bytes) {
+        match crate::catalog::load_file(f, max_bytes, secrets.clone()) {
             Ok(s) => {
                 let unknown = s.unknown_fields();
                 let refused = strict && !unknown.is_empty();
@@ -312,4 +318,90 @@ pub fn validate(files: &[PathBuf], strict: bool, max_bytes: u64) -> bool {
         }
     }
     ok
+}
+
+/// The longest line `key-digest` reads as one key.
+pub const MAX_KEY_LINE_BYTES: u64 = 64 * 1024;
+
+/// `quotagate key-digest [--secret-file F]`: a digest per key read from `input`, one key a
+/// line, written to `out` a line each (`sha256:`, or with `secrets` `hmac-sha256:` under the
+/// current secret). An empty or over-long line is named on `err` by its number (never its
+/// bytes) and gets an empty line, so that lines still pair up; false if there was one.
+pub fn key_digest_lines(
+    secrets: Option<&KeySecrets>,
+    mut input: impl std::io::BufRead,
+    mut out: impl std::io::Write,
+    mut err: impl std::io::Write,
+) -> std::io::Result<bool> {
+    use std::io::{BufRead, Read};
+    let mut ok = true;
+    let mut line = Vec::new();
+    for n in 1.. {
+        line.clear();
+        let read = (&mut input)
+            .take(MAX_KEY_LINE_BYTES + 1)
+            .read_until(b'\n', &mut line)?;
+        if read == 0 {
+            break;
+        }
+        let full = line.last() == Some(&b'\n');
+        if !full && line.len() as u64 > MAX_KEY_LINE_BYTES {
+            writeln!(err, "line {n}: longer than {MAX_KEY_LINE_BYTES} bytes")?;
+            // The rest of the line is skipped.
+            let mut rest = Vec::new();
+            while !rest.ends_with(b"\n") {
+                rest.clear();
+                if (&mut input)
+                    .take(MAX_KEY_LINE_BYTES)
+                    .read_until(b'\n', &mut rest)?
+                    == 0
+                {
+                    break;
+                }
+            }
+            writeln!(out)?;
+            ok = false;
+            continue;
+        }
+        let key = line.strip_suffix(b"\n").unwrap_or(&line);
+        let key = key.strip_suffix(b"\r").unwrap_or(key);
+        if key.is_empty() {
+            writeln!(err, "line {n}: an empty key")?;
+            writeln!(out)?;
+            ok = false;
+            continue;
+        }
+        let digest = match secrets.and_then(|s| s.hmac(0, key)) {
+            Some(h) => h.display(crate::catalog::Form::HmacSha256),
+            None => crate::catalog::KeyDigest::sha256(key).display(crate::catalog::Form::Sha256),
+        };
+        writeln!(out, "{digest}")?;
+    }
+    Ok(ok)
+}
+
+/// `quotagate key-digest --catalog IN [--secret-file F]`: `IN` with every `key` replaced by its
+/// `key_digest`, on standard output; false (the reason on standard error) if it cannot be.
+pub fn key_digest_catalog(file: &Path, secrets: Option<&KeySecrets>, max_bytes: u64) -> bool {
+    let read = std::fs::metadata(file).and_then(|m| match m.len() > max_bytes {
+        true => Err(std::io::Error::other(format!(
+            "it is {} bytes; at most {max_bytes} are accepted (--max-bytes)",
+            m.len()
+        ))),
+        false => std::fs::read(file),
+    });
+    let written = read
+        .map_err(|e| e.to_string())
+        .and_then(|json| crate::catalog::digest_keys(&json, secrets));
+    match written {
+        Ok(json) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&json).and_then(|()| out.flush()).is_ok()
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            false
+        }
+    }
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::live::Live;
 use super::server::content_hash;
-use super::{CatalogDoc, CatalogVersion, Snapshot, UnknownFields};
+use super::{CatalogDoc, CatalogVersion, KeySecrets, Snapshot, UnknownFields};
 use crate::config::{CatalogConfig, ConfigError, header_name, positive_ms};
 use crate::observe::metrics::OutcomeLabels;
 
@@ -63,6 +63,9 @@ pub struct PollerOptions {
     /// Triggered fetches start at least this long after the previous fetch started.
     pub refresh_min_interval: Duration,
     pub max_bytes: u64,
+    /// The secrets `hmac-sha256` key digests are made with (`catalog.key_secret_file`, read by
+    /// the gateway's settings).
+    pub secrets: Option<Arc<KeySecrets>>,
 }
 
 impl TryFrom<&CatalogConfig> for PollerOptions {
@@ -90,6 +93,7 @@ impl TryFrom<&CatalogConfig> for PollerOptions {
             backoff_max: positive_ms("catalog.backoff_max_ms", c.backoff_max_ms)?,
             refresh_min_interval: Duration::from_millis(c.refresh_min_interval_ms),
             max_bytes: crate::config::max_bytes(c.max_bytes)?,
+            secrets: None,
         })
     }
 }
@@ -487,8 +491,9 @@ impl<F: Fetch> Poller<F> {
                     });
                 }
                 let source = self.opts.url.to_string();
+                let secrets = self.opts.secrets.clone();
                 let snapshot =
-                    off_workers(move || Snapshot::from_head(&source, doc, unknown, &body))
+                    off_workers(move || Snapshot::from_head(&source, doc, unknown, &body, secrets))
                         .await?
                         .map_err(|e| PollError::Invalid(e.to_string()))?;
                 Ok(self.install(snapshot, false))
@@ -668,6 +673,7 @@ mod tests {
             backoff_max: Duration::from_millis(5000),
             refresh_min_interval: Duration::from_millis(500),
             max_bytes: 1024,
+            secrets: None,
         }
     }
 

@@ -63,12 +63,22 @@ struct Served {
 /// changed, no diff can say it).
 type Changes = Option<KeyChanges>;
 
+/// Entries are known by what they are named by ([`named`]): `k` and the key, or `d` and the
+/// digest, so that a key spelt like a digest is not taken for one.
 #[derive(Debug, Default, Clone)]
 struct KeyChanges {
     /// Keys new or changed since, with their entry now (`{"key": .., "limits": ..}`, as JSON:
     /// a tenth of its size parsed).
     changed: HashMap<String, Box<RawValue>>,
     removed: HashSet<String>,
+}
+
+/// What an entry is named by, in one string: `k<key>` or `d<key digest>`.
+fn named(entry: &super::ApiLimits) -> String {
+    match entry.name() {
+        super::EntryName::Key(k) => format!("k{k}"),
+        super::EntryName::Digest(d) => format!("d{d}"),
+    }
 }
 
 impl KeyChanges {
@@ -90,13 +100,19 @@ impl KeyChanges {
             self.changed.iter().map(|(k, e)| (k, &**e)).collect();
         apilimits.sort_unstable_by_key(|(k, _)| *k);
         let apilimits: Vec<&RawValue> = apilimits.into_iter().map(|(_, e)| e).collect();
-        let mut removed_keys: Vec<String> = self.removed.iter().cloned().collect();
-        removed_keys.sort_unstable();
+        let removed = |tag: char| {
+            let mut names: Vec<String> = (self.removed.iter())
+                .filter_map(|n| n.strip_prefix(tag).map(str::to_owned))
+                .collect();
+            names.sort_unstable();
+            names
+        };
         let diff = super::CatalogDiff {
             from: from.to_owned(),
             version: version.clone(),
             apilimits,
-            removed_keys,
+            removed_keys: removed('k'),
+            removed_key_digests: removed('d'),
         };
         Bytes::from(serde_json::to_vec(&diff).unwrap_or_default())
     }
@@ -107,7 +123,7 @@ impl KeyChanges {
 struct Index {
     /// Methods, paths, endpoints, anonymous limits, zone and groups: a diff needs them equal.
     shape: Vec<u8>,
-    /// Each key and a hash of its limits as written.
+    /// Each entry, by what it is named by ([`named`]), and a hash of its limits as written.
     keys: HashMap<Box<str>, u64, foldhash::fast::FixedState>,
 }
 
@@ -138,13 +154,14 @@ impl Index {
         self.keys.reserve(keys);
         quotagate_engine::catalog::each_key(json, None, |_, entry| {
             let hash = limits_hash(&entry.limits);
+            let name = named(&entry);
             if let (Some(c), Some(e)) = (changes.as_mut(), earlier)
-                && e.keys.get(entry.key.as_str()) != Some(&hash)
+                && e.keys.get(name.as_str()) != Some(&hash)
             {
                 let raw = serde_json::value::to_raw_value(&entry);
-                c.changed.insert(entry.key.clone(), raw.unwrap_or_default());
+                c.changed.insert(name.clone(), raw.unwrap_or_default());
             }
-            self.keys.insert(entry.key.into_boxed_str(), hash);
+            self.keys.insert(name.into_boxed_str(), hash);
             true
         });
         if let (Some(c), Some(e)) = (changes.as_mut(), earlier) {
@@ -378,8 +395,10 @@ impl CatalogServer {
         let invalid = |e: &dyn std::fmt::Display| {
             tracing::warn!(error = %e, "catalog source is invalid; still serving the last good version");
         };
-        // Checked first, as a gateway reads it (its keys one at a time).
-        let keys = Snapshot::from_json(name, bytes)
+        // Checked first, as a gateway reads it (its keys one at a time); `hmac-sha256` digests
+        // are the gateways' to match, under a secret this server need not hold.
+        let unknown = Some(quotagate_engine::catalog::KeySecrets::unknown());
+        let keys = Snapshot::from_json_with(name, bytes, unknown)
             .map_err(|e| invalid(&e))
             .ok()?
             .key_count();

@@ -341,6 +341,9 @@ pub struct CatalogConfig {
     /// Largest catalog accepted from a file or a catalog server, and served by `quotagate
     /// catalog-server`, in bytes. Default: 67108864 (64 MiB).
     pub max_bytes: u64,
+    /// File of the secret `hmac-sha256` key digests are made with (a second line: the previous
+    /// secret, while keys are rotated), read at start. Default: none (such digests refused).
+    pub key_secret_file: String,
 }
 
 impl Default for CatalogConfig {
@@ -361,6 +364,7 @@ impl Default for CatalogConfig {
             refresh_wait_ms: 2_000,
             announce_channel: "quotagate:catalog".into(),
             max_bytes: quotagate_engine::catalog::MAX_CATALOG_BYTES,
+            key_secret_file: String::new(),
         }
     }
 }

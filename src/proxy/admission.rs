@@ -17,7 +17,7 @@ use http::{Method, StatusCode, Version};
 
 use super::client;
 use super::settings::Policy;
-use crate::catalog::{Applied, Endpoint, LimitLookup, Snapshot};
+use crate::catalog::{Applied, Endpoint, KeyDigest, LimitLookup, Snapshot};
 use crate::config::Uncovered;
 use quotagate_engine::limiter::{Limit, Limits, MAX_LIMITS, Rate};
 use quotagate_engine::path;
@@ -464,7 +464,8 @@ impl<'r> Two<'r> {
 #[derive(Debug)]
 pub struct Held<'s, 'r> {
     pub endpoint: &'s Endpoint,
-    /// The API key, as sent (empty for an anonymous request).
+    /// The API key, as sent (empty for an anonymous request, and for one asked about by its
+    /// digest). Its counters are named by `limits.key_id()`, never by it.
     pub key: &'r [u8],
     /// An anonymous request: the client's address group.
     pub anonymous: Option<ipnet::IpNet>,
@@ -482,8 +483,15 @@ impl<'s> Held<'s, '_> {
     pub fn counter(&self) -> CounterKey {
         match &self.anonymous {
             Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
-            None => CounterKey::new(self.key, &self.endpoint.name),
+            None => CounterKey::new(&self.owner(), &self.endpoint.name),
         }
+    }
+
+    /// What its key's counters are named by: the identifier of the digest the catalog knows
+    /// the key by (32 hex digits), never the key.
+    fn owner(&self) -> [u8; 32] {
+        // A key's limits always carry their key's identifier; the zeros are never a digest's.
+        self.limits.key_id().map_or([b'0'; 32], |id| id.hex())
     }
 
     /// Its limits under `limits.shadow` (`all_shadow`): borrowed from the catalog without pools.
@@ -499,7 +507,7 @@ impl<'s> Held<'s, '_> {
     pub fn pool_counters(&self, limits: &Limits<'_>) -> Vec<(CounterKey, usize)> {
         limits
             .pools()
-            .map(|(name, l)| (CounterKey::pool(self.key, name), l.len()))
+            .map(|(name, l)| (CounterKey::pool(&self.owner(), name), l.len()))
             .collect()
     }
 }
@@ -545,6 +553,28 @@ pub fn hold<'s, 'r>(
     key: Option<&'r [u8]>,
     client: impl FnOnce() -> std::net::IpAddr,
 ) -> Result<Held<'s, 'r>, Admission<'s>> {
+    let caller = key.map(Caller::Key);
+    hold_as(policy, catalog, method, raw_path, caller, client)
+}
+
+/// Who a request is held to: its API key as sent, or (the admin's questions about a key it is
+/// not given) the digest the catalog knows the key by.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'r> {
+    Key(&'r [u8]),
+    Digest(KeyDigest),
+}
+
+/// [`hold`] for a `caller` (`None`: anonymous).
+#[allow(clippy::result_large_err)]
+pub fn hold_as<'s, 'r>(
+    policy: &Policy,
+    catalog: Option<&'s Snapshot>,
+    method: &str,
+    raw_path: &str,
+    key: Option<Caller<'r>>,
+    client: impl FnOnce() -> std::net::IpAddr,
+) -> Result<Held<'s, 'r>, Admission<'s>> {
     if !policy.enabled {
         return Err(unlimited());
     }
@@ -583,7 +613,11 @@ pub fn hold<'s, 'r>(
             waits: None,
         });
     };
-    let limits = match catalog.limit(key, route.endpoint) {
+    let (lookup, key) = match key {
+        Caller::Key(key) => (catalog.limit(key, route.endpoint), key),
+        Caller::Digest(d) => (catalog.limit_of(&d, route.endpoint), &b""[..]),
+    };
+    let limits = match lookup {
         LimitLookup::Limits(l) => l,
         LimitLookup::UnknownKey => {
             let mut a = no_limit(policy, endpoint, route.path);
@@ -706,6 +740,12 @@ fn no_limit<'s>(policy: &Policy, endpoint: &'s Endpoint, path: Option<String>) -
 }
 
 /// A request with limits: its cost, then the store decides.
+/// Step 6 for a request `held` that has no head (the admin's questions about a key by its
+/// digest): its endpoint's cost.
+pub fn counted_headless<'s, 'r>(policy: &Policy, held: Held<'s, 'r>) -> Step<'s, 'r> {
+    counted(Two(None, None), policy, held)
+}
+
 fn counted<'s, 'r>(cost: Two<'_>, policy: &Policy, held: Held<'s, 'r>) -> Step<'s, 'r> {
     let endpoint = held.endpoint;
     let cost = passed!(

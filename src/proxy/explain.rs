@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use quotagate_store::StoreError;
 
 use super::Proxy;
-use super::admission::{self, Action, Step};
+use super::admission::{self, Action, Caller, Step};
+use crate::catalog::{KeyDigest, KeyId};
 
 /// Why "why was I limited?" could not be answered.
 #[derive(Debug, thiserror::Error)]
@@ -26,19 +27,22 @@ pub enum ExplainError {
 }
 
 impl Proxy {
-    /// What a request `method path` with `api_key` would get now, without counting it.
+    /// What a request `method path` of `caller` (its API key, or the digest the catalog knows
+    /// it by) would get now, without counting it.
     pub async fn explain(
         &self,
         method: &str,
         path: &str,
-        api_key: &[u8],
+        caller: Caller<'_>,
     ) -> Result<Value, ExplainError> {
-        let head = http::Request::builder()
+        let mut head = http::Request::builder()
             .method(method)
             .uri(path)
-            .header(HOST, "admin")
-            .header(&self.policy.api_key_header, api_key)
-            .body(())
+            .header(HOST, "admin");
+        if let Caller::Key(key) = caller {
+            head = head.header(&self.policy.api_key_header, key);
+        }
+        let head = (head.body(()))
             .map_err(|source| ExplainError::NotARequest {
                 method: method.to_owned(),
                 path: path.to_owned(),
@@ -48,16 +52,30 @@ impl Proxy {
             .0;
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let mut out = json!({
-            "key": crate::observe::telemetry::fingerprint(api_key),
+            "key": shown(caller),
             "method": method,
             "path": path,
         });
-        match admission::admit(
-            &head,
-            &self.policy,
-            catalog.as_deref(),
-            std::net::Ipv4Addr::LOCALHOST.into(),
-        ) {
+        let step = match caller {
+            Caller::Key(_) => admission::admit(
+                &head,
+                &self.policy,
+                catalog.as_deref(),
+                std::net::Ipv4Addr::LOCALHOST.into(),
+            ),
+            Caller::Digest(_) => match admission::hold_as(
+                &self.policy,
+                catalog.as_deref(),
+                method,
+                head.uri.path(),
+                Some(caller),
+                || std::net::Ipv4Addr::LOCALHOST.into(),
+            ) {
+                Ok(held) => admission::counted_headless(&self.policy, held),
+                Err(decided) => Step::Done(decided),
+            },
+        };
+        match step {
             Step::Done(a) => {
                 out["decision"] = a.decision.as_str().into();
                 out["endpoint"] = a.endpoint.map(|e| e.name.clone()).into();
@@ -112,8 +130,35 @@ impl Proxy {
         Ok(out)
     }
 
-    /// Forgets every counter of `api_key`; how many counters (memory) or minute hashes (Redis).
-    pub async fn reset_key(&self, api_key: &[u8]) -> Result<u64, StoreError> {
-        self.store.reset(api_key).await
+    /// Forgets every counter of `caller`'s key; how many counters (memory) or minute hashes
+    /// (Redis). A key the catalog does not know (any more) is named as its plain `key` would be.
+    pub async fn reset_key(&self, caller: Caller<'_>) -> Result<u64, StoreError> {
+        let id = self.key_id(caller);
+        self.store.reset(&id.hex()).await
+    }
+
+    /// What `caller`'s counters are named by.
+    fn key_id(&self, caller: Caller<'_>) -> KeyId {
+        match caller {
+            Caller::Digest(d) => d.id(),
+            Caller::Key(key) => {
+                let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
+                let found = catalog.and_then(|c| c.find(key));
+                found.unwrap_or_else(|| KeyDigest::sha256(key)).id()
+            }
+        }
+    }
+}
+
+/// How an answer shows `caller`: its key's fingerprint (the first 48 bits of its SHA-256, as
+/// the logs show it); asked by a digest, the digest's first 48 bits (for a `sha256:` digest, the
+/// same fingerprint).
+pub fn shown(caller: Caller<'_>) -> String {
+    match caller {
+        Caller::Key(key) => crate::observe::telemetry::fingerprint(key),
+        Caller::Digest(d) => {
+            let bits = d.0[..6].iter().fold(0, |n, b| n << 8 | u64::from(*b));
+            crate::observe::telemetry::fingerprint_of(bits)
+        }
     }
 }

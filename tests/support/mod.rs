@@ -548,8 +548,10 @@ impl TestGateway {
         catalog_json: Option<&str>,
         clock: FakeClock,
     ) -> TestGateway {
-        let catalog =
-            catalog_json.map(|j| Snapshot::from_json("test catalog", j.as_bytes()).unwrap());
+        // Read with the key secrets the configuration names, as the gateway reads its file.
+        let secrets = quotagate::gateway::key_secrets(&config.catalog).unwrap();
+        let catalog = catalog_json
+            .map(|j| Snapshot::from_json_with("test catalog", j.as_bytes(), secrets).unwrap());
         let mut config = config;
         config.server.listen = "127.0.0.1:0".into();
         // Port 0; a test may ask for another interface (0.0.0.0:0: not loopback).

@@ -1,14 +1,16 @@
 //! keys: every counter key name, built in one place.
 //!
-//! A counter is one (API key, endpoint) pair. Its name is `{<api key>}:<endpoint>`, each part escaped
-//! so that no two pairs can share a name whatever bytes an API key holds: bytes outside
+//! A counter is one (owner, endpoint) pair. Its name is `{<owner>}:<endpoint>`, each part escaped
+//! so that no two pairs can share a name whatever bytes an owner holds: bytes outside
 //! `A-Z a-z 0-9 - . _ ~ /` become `%XX`, so `%`, `:`, `{` and `}` never appear unescaped. The braces
-//! are the Redis Cluster hash tag: all counters of one API key live in one slot, and the hashes of
-//! adjacent minutes (which one script call touches together) always share a slot.
+//! are the Redis Cluster hash tag: all counters of one owner live in one slot, and the hashes of
+//! adjacent minutes (which one script call touches together) always share a slot. An API key's
+//! counters are owned by its key identifier (`quotagate_engine::catalog::KeyId`: 32 hex digits of
+//! the digest its catalog knows it by), never by the key; the application names them so.
 //!
-//! Redis hash of one counter for one minute: `<prefix>:w:{<api key>}:<endpoint>:<unix minute>`;
-//! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<api key>}:<endpoint>:s<w>`;
-//! of one counter's calendar period: `<prefix>:w:{<api key>}:<endpoint>:<period>:<start, Unix s>`.
+//! Redis hash of one counter for one minute: `<prefix>:w:{<owner>}:<endpoint>:<unix minute>`;
+//! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<owner>}:<endpoint>:s<w>`;
+//! of one counter's calendar period: `<prefix>:w:{<owner>}:<endpoint>:<period>:<start, Unix s>`.
 
 use quotagate_engine::limiter::{Kind, Limit, Period, Span};
 
@@ -135,20 +137,28 @@ impl CounterKey {
         CounterKey(ascii(s))
     }
 
-    /// The counter of an Envoy rate-limit descriptor: `{#<domain>:<key>=<value>:...}:rls`. Its
-    /// parts are escaped (`:`, `=`, `#` never appear unescaped in one), and a `#` is always
-    /// escaped in an API key's name, so no descriptor can share an API key's counter. The whole
-    /// descriptor is the hash tag: descriptors spread over a cluster's slots.
+    /// The counter of an Envoy rate-limit descriptor: `{#<domain>:<entries>}:rls`. Its domain is
+    /// escaped (`:` never appears unescaped in one), and a `#` is always escaped in an owner's
+    /// name, so no descriptor can share an API key's counter. The whole descriptor is the hash
+    /// tag: descriptors spread over a cluster's slots.
+    ///
+    /// The entries are named by a digest, never as sent: a descriptor's values are often API
+    /// keys, tokens or addresses. `<entries>` is the first 128 bits, in hex, of the SHA-256 of
+    /// `:<key>=<value>:...` (each part escaped, so no two lists share it).
     pub fn descriptor<'a>(domain: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
-        let mut s = Vec::with_capacity(domain.len() + 32);
+        let mut listed = Vec::with_capacity(64);
+        for (k, v) in entries {
+            listed.push(b':');
+            escape(k.as_bytes(), &mut listed);
+            listed.push(b'=');
+            escape(v.as_bytes(), &mut listed);
+        }
+        let id = quotagate_engine::catalog::KeyDigest::sha256(&listed).id();
+        let mut s = Vec::with_capacity(domain.len() + 40);
         s.extend_from_slice(b"{#");
         escape(domain.as_bytes(), &mut s);
-        for (k, v) in entries {
-            s.push(b':');
-            escape(k.as_bytes(), &mut s);
-            s.push(b'=');
-            escape(v.as_bytes(), &mut s);
-        }
+        s.push(b':');
+        s.extend_from_slice(&id.hex());
         s.extend_from_slice(b"}:rls");
         CounterKey(ascii(s))
     }
@@ -406,9 +416,10 @@ mod tests {
     fn descriptors_have_counters_of_their_own() {
         let d =
             |domain: &str, e: &[(&str, &str)]| CounterKey::descriptor(domain, e.iter().copied()).0;
+        // printf %s ':k=v:path=/a%20b' | sha256sum | cut -c1-32
         assert_eq!(
             d("edge", &[("k", "v"), ("path", "/a b")]),
-            "{#edge:k=v:path=/a%20b}:rls"
+            "{#edge:5c5e83ab48e97a6ac3c85fc09699ffc5}:rls"
         );
         let names: std::collections::HashSet<String> = [
             d("a", &[("b", "c")]),
@@ -435,7 +446,7 @@ mod tests {
         let l = Limit::aligned(100, 60);
         assert_eq!(
             fixed_window(&d, &l, &Span::of(&l, 1_700_000_040_000)),
-            "rls:{#edge:k=v}:rls:f60:28333334"
+            "rls:{#edge:0828e6565019d6422652fc090a00a1fa}:rls:f60:28333334"
         );
     }
 

@@ -92,10 +92,33 @@ pub struct DefaultLimitDef {
     pub tz: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One caller's limits. It is named by `key` (the API key itself, as DynLimits does) or by
+/// `key_digest` (`sha256:<hex>` or `hmac-sha256:<hex>`, see [`super::KeyDigest`]), never both.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiLimits {
+    /// Empty when the entry is named by its digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_digest: Option<String>,
     pub limits: Vec<LimitDef>,
+}
+
+impl ApiLimits {
+    /// What the entry is named by, as written: its `key`, or its `key_digest`.
+    pub fn name(&self) -> EntryName<'_> {
+        match &self.key_digest {
+            Some(d) if self.key.is_empty() => EntryName::Digest(d),
+            _ => EntryName::Key(&self.key),
+        }
+    }
+}
+
+/// What a catalog entry is named by, as written ([`ApiLimits::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryName<'a> {
+    Key(&'a str),
+    Digest(&'a str),
 }
 
 // `w` is read as a JSON number, so that 1.5 or -1 is a validation problem that names the field.
@@ -147,9 +170,12 @@ pub struct CatalogDiff<K = Vec<ApiLimits>> {
     /// Keys that are new or whose limits changed, with all their limits.
     #[serde(default)]
     pub apilimits: K,
-    /// Keys that are gone.
+    /// Keys that are gone (entries that named them by `key`).
     #[serde(default)]
     pub removed_keys: Vec<String>,
+    /// Keys that are gone, by the `key_digest` their entries named them by.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_key_digests: Vec<String>,
 }
 
 impl CatalogDoc {
@@ -272,23 +298,35 @@ impl CatalogDoc {
         ) {
             return None;
         }
-        let old: HashMap<&str, &ApiLimits> =
-            self.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
-        let kept: HashSet<&str> = newer.apilimits.iter().map(|a| a.key.as_str()).collect();
+        let old: HashMap<EntryName, &ApiLimits> =
+            self.apilimits.iter().map(|a| (a.name(), a)).collect();
+        let kept: HashSet<EntryName> = newer.apilimits.iter().map(ApiLimits::name).collect();
+        let removed = || {
+            self.apilimits
+                .iter()
+                .map(ApiLimits::name)
+                .filter(|n| !kept.contains(n))
+        };
         Some(CatalogDiff {
             from: self.hash().to_owned(),
             version: newer.version.clone().unwrap_or_default(),
             apilimits: newer
                 .apilimits
                 .iter()
-                .filter(|a| old.get(a.key.as_str()) != Some(a))
+                .filter(|a| old.get(&a.name()) != Some(a))
                 .cloned()
                 .collect(),
-            removed_keys: self
-                .apilimits
-                .iter()
-                .filter(|a| !kept.contains(a.key.as_str()))
-                .map(|a| a.key.clone())
+            removed_keys: removed()
+                .filter_map(|n| match n {
+                    EntryName::Key(k) => Some(k.to_owned()),
+                    EntryName::Digest(_) => None,
+                })
+                .collect(),
+            removed_key_digests: removed()
+                .filter_map(|n| match n {
+                    EntryName::Digest(d) => Some(d.to_owned()),
+                    EntryName::Key(_) => None,
+                })
                 .collect(),
         })
     }
@@ -297,24 +335,31 @@ impl CatalogDoc {
 impl CatalogDoc {
     /// This document with `diff` applied. The caller checks that `diff.from` is this version.
     pub fn apply(&self, diff: &CatalogDiff) -> CatalogDoc {
-        let changed: HashMap<&str, &ApiLimits> =
-            diff.apilimits.iter().map(|a| (a.key.as_str(), a)).collect();
-        let removed: HashSet<&str> = diff.removed_keys.iter().map(String::as_str).collect();
-        let present: HashSet<&str> = self.apilimits.iter().map(|a| a.key.as_str()).collect();
+        let changed: HashMap<EntryName, &ApiLimits> =
+            diff.apilimits.iter().map(|a| (a.name(), a)).collect();
+        let removed: HashSet<EntryName> = (diff.removed_keys.iter())
+            .map(|k| EntryName::Key(k))
+            .chain(
+                diff.removed_key_digests
+                    .iter()
+                    .map(|d| EntryName::Digest(d)),
+            )
+            .collect();
+        let present: HashSet<EntryName> = self.apilimits.iter().map(ApiLimits::name).collect();
         let mut apilimits: Vec<ApiLimits> = self
             .apilimits
             .iter()
-            .filter(|a| !removed.contains(a.key.as_str()))
+            .filter(|a| !removed.contains(&a.name()))
             .map(|a| {
                 changed
-                    .get(a.key.as_str())
+                    .get(&a.name())
                     .map_or_else(|| a.clone(), |c| (*c).clone())
             })
             .collect();
         apilimits.extend(
             diff.apilimits
                 .iter()
-                .filter(|a| !present.contains(a.key.as_str()))
+                .filter(|a| !present.contains(&a.name()))
                 .cloned(),
         );
         CatalogDoc {

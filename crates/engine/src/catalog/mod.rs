@@ -9,24 +9,29 @@
 //! Extensions (additive, documented in `docs/catalog.md`): limits may carry a window `w` and
 //! `shadow`; an endpoint may carry `default_rl` / `default_limits` (for catalog keys that have no
 //! limit of their own there; never for unknown keys, so unknown keys never get counters) and a
-//! `cost`; top-level `anonymous` limits apply per client address to requests without a key.
+//! `cost`; top-level `anonymous` limits apply per client address to requests without a key; an entry
+//! may name its key by a digest (`key_digest`), and the key table holds digests only.
 //!
 //! Pure: parsing and building only. Reading a catalog file, fetching one and serving one are the
 //! application's (`quotagate::catalog`).
 
+mod digest;
 mod doc;
 mod error;
 mod keys;
 mod read;
+mod rewrite;
 mod snapshot;
 pub mod version;
 
+pub use digest::{Digests, Form, KeyDigest, KeyId, KeySecrets, MAX_DIGESTS, digests};
 pub use doc::{
     ApiLimits, CatalogDiff, CatalogDoc, CatalogVersion, CostFromDef, DefaultLimitDef, EndpointDef,
-    LimitDef, UnknownFields,
+    EntryName, LimitDef, UnknownFields,
 };
 pub use error::{CatalogError, Problem};
 pub use read::{Counted, each_key};
+pub use rewrite::digest_keys;
 pub use snapshot::{Applied, Endpoint, LimitLookup, MAX_COST, Snapshot};
 
 /// Largest catalog accepted, from a file or from a catalog server, unless `catalog.max_bytes`

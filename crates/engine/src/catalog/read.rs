@@ -13,6 +13,7 @@ use std::fmt;
 use serde::de::{Deserialize, Visitor};
 use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess};
 
+use super::digest::KeyDigest;
 use super::doc::{UnknownFields, parse_doc};
 use super::{ApiLimits, CatalogDoc, CatalogError, CatalogVersion, Problem};
 
@@ -161,8 +162,8 @@ impl<'de, F: FnMut(usize, ApiLimits) -> bool> Visitor<'de> for Entries<'_, F> {
 pub(super) trait DiffSink {
     /// `apilimits[k]`.
     fn set(&mut self, k: usize, entry: ApiLimits);
-    /// One of `removed_keys`.
-    fn remove(&mut self, key: &str);
+    /// One of `removed_keys` or `removed_key_digests`, by the digest the key table knows it by.
+    fn remove(&mut self, digest: KeyDigest);
 }
 
 /// Reads the diff `json` (the answer's body as it arrives) in one pass, handing its keys to
@@ -219,7 +220,8 @@ impl<'de, S: DiffSink> Visitor<'de> for Diff<'_, S> {
                     self.sink.set(k, entry);
                     true
                 }))?,
-                "removed_keys" => map.next_value_seed(Removed(&mut *self.sink))?,
+                "removed_keys" => map.next_value_seed(Removed(&mut *self.sink, false))?,
+                "removed_key_digests" => map.next_value_seed(Removed(&mut *self.sink, true))?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -232,8 +234,8 @@ impl<'de, S: DiffSink> Visitor<'de> for Diff<'_, S> {
     }
 }
 
-/// `removed_keys`, each handed over as it is read.
-struct Removed<'a, S>(&'a mut S);
+/// `removed_keys` (false) or `removed_key_digests` (true), each handed over as it is read.
+struct Removed<'a, S>(&'a mut S, bool);
 
 impl<'de, S: DiffSink> DeserializeSeed<'de> for Removed<'_, S> {
     type Value = ();
@@ -245,11 +247,18 @@ impl<'de, S: DiffSink> DeserializeSeed<'de> for Removed<'_, S> {
 impl<'de, S: DiffSink> Visitor<'de> for Removed<'_, S> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of API keys")
+        f.write_str(match self.1 {
+            false => "an array of API keys",
+            true => "an array of key digests",
+        })
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(key) = seq.next_element::<std::borrow::Cow<'de, str>>()? {
-            self.0.remove(&key);
+            let digest = match self.1 {
+                false => KeyDigest::sha256(key.as_bytes()),
+                true => KeyDigest::parse(&key).map_err(A::Error::custom)?.1,
+            };
+            self.0.remove(digest);
         }
         Ok(())
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::CatalogVersion;
+use super::digest::{self, Form, KeyDigest, KeyId, KeySecrets};
 use super::keys::{GROUP, KeyTable, Plan, Plans};
 use super::read::{self, Counted};
 use super::{ApiLimits, CatalogDiff, CatalogDoc, CatalogError, LimitDef, Problem, UnknownFields};
@@ -51,6 +52,8 @@ pub struct Applied<'s> {
     pub own: &'s [Limit],
     /// The key's plan (for its pools) and the endpoint's pooled groups.
     entry: Option<&'s Plan>,
+    /// What the key's counters are named by (`None`: no key's limits).
+    id: Option<KeyId>,
     groups: &'s [u32],
     names: &'s [Box<str>],
 }
@@ -61,9 +64,16 @@ impl<'s> Applied<'s> {
         Applied {
             own,
             entry: None,
+            id: None,
             groups: &[],
             names: &[],
         }
+    }
+
+    /// What the key's counters are named by: from the digest it was found by, never the key.
+    /// `None` for limits that are no key's ([`Applied::own`]).
+    pub fn key_id(&self) -> Option<KeyId> {
+        self.id
     }
 
     /// Each pool of the key that covers the endpoint: its group's name and its limits.
@@ -81,6 +91,7 @@ impl<'s> Applied<'s> {
     }
 }
 
+/// The same limits (the key they were found for aside).
 impl PartialEq for Applied<'_> {
     fn eq(&self, other: &Self) -> bool {
         self.own == other.own && self.pools().eq(other.pools())
@@ -107,14 +118,28 @@ pub struct Snapshot {
     tz: ZoneId,
     /// Fields of the document quotagate does not know (ignored; logged once when served).
     unknown_fields: Vec<String>,
+    /// The key secrets `hmac-sha256` digests are made with (`catalog.key_secret_file`).
+    secrets: Option<Arc<KeySecrets>>,
+    /// Whether some entry is named by an `hmac-sha256` digest (only then is a request's key
+    /// digested under the secrets).
+    hmac_entries: bool,
 }
 
 impl Snapshot {
     /// Parses and validates a DynLimits catalog. `source` names it in errors.
     pub fn from_json(source: &str, json: &[u8]) -> Result<Snapshot, CatalogError> {
+        Snapshot::from_json_with(source, json, None)
+    }
+
+    /// [`Snapshot::from_json`] with the key secrets its `hmac-sha256` digests are made with.
+    pub fn from_json_with(
+        source: &str,
+        json: &[u8],
+        secrets: Option<Arc<KeySecrets>>,
+    ) -> Result<Snapshot, CatalogError> {
         let mut unknown = UnknownFields::default();
         let head = CatalogDoc::parse_head(source, json, &mut unknown)?;
-        Snapshot::from_head(source, head, unknown, json)
+        Snapshot::from_head(source, head, unknown, json, secrets)
     }
 
     /// Validates the catalog `json` and builds its snapshot, given its first pass: `head` (whose
@@ -127,19 +152,33 @@ impl Snapshot {
         head: CatalogDoc<Counted>,
         mut unknown: UnknownFields,
         json: &[u8],
+        secrets: Option<Arc<KeySecrets>>,
     ) -> Result<Snapshot, CatalogError> {
         let version = head.version.clone();
         let mut streamed = true;
-        let built = build(head, |ctx, count, problems| {
+        let keying = secrets.clone();
+        let built = build(head, secrets, |ctx, count, problems| {
             let mut keys = KeyTable::with_capacity(count.0);
             let mut pooled = vec![false; ctx.groups.names.len()];
             let mut plans = Plans::default();
+            let mut seen = Seen::default();
+            // Any problem stops the read: the whole read below then reports every one.
             streamed = read::each_key(json, Some(&mut unknown), |k, entry| {
-                !entry.key.is_empty()
-                    && keys.get(entry.key.as_bytes()).is_none()
-                    && add_key(k, &entry, ctx, &mut keys, &mut pooled, &mut plans, problems)
+                let known = |d: &KeyDigest| keys.get(d).map(|_| None);
+                match seen.name(ctx, k, &entry, known) {
+                    Ok(digest) => add_key(
+                        k,
+                        digest,
+                        &entry,
+                        ctx,
+                        &mut keys,
+                        &mut pooled,
+                        &mut plans,
+                        problems,
+                    ),
+                    Err(_) => false,
+                }
             });
-            keys.shrink();
             (keys, pooled)
         });
         match built {
@@ -151,7 +190,7 @@ impl Snapshot {
             _ => {
                 let (mut doc, unknown) = CatalogDoc::parse_reporting(source, json)?;
                 doc.version = version;
-                Ok(Snapshot::build(source, doc)?.with_unknown_fields(unknown))
+                Ok(Snapshot::build_with(source, doc, keying)?.with_unknown_fields(unknown))
             }
         }
     }
@@ -169,7 +208,16 @@ impl Snapshot {
 
     /// Validates a document and builds its snapshot. `source` names it in errors.
     pub fn build(source: &str, doc: CatalogDoc) -> Result<Snapshot, CatalogError> {
-        build(doc, |ctx, entries, problems| {
+        Snapshot::build_with(source, doc, None)
+    }
+
+    /// [`Snapshot::build`] with the key secrets its `hmac-sha256` digests are made with.
+    pub fn build_with(
+        source: &str,
+        doc: CatalogDoc,
+        secrets: Option<Arc<KeySecrets>>,
+    ) -> Result<Snapshot, CatalogError> {
+        build(doc, secrets, |ctx, entries, problems| {
             key_limits(ctx, entries, problems)
         })
         .map_err(|problems| CatalogError {
@@ -195,10 +243,35 @@ impl Snapshot {
         self.routes.lookup(method, path)
     }
 
+    /// The key secrets its `hmac-sha256` digests are made with.
+    pub fn secrets(&self) -> Option<&Arc<KeySecrets>> {
+        self.secrets.as_ref()
+    }
+
+    /// The digest the catalog knows `key` by (its SHA-256, or its HMAC under one of the key
+    /// secrets), `None` when it does not know it.
+    pub fn find(&self, key: &[u8]) -> Option<KeyDigest> {
+        let secrets = self.secrets.as_deref().filter(|_| self.hmac_entries);
+        let digests = digest::digests(key, secrets);
+        digests
+            .as_slice()
+            .iter()
+            .find(|d| self.keys.get(d).is_some())
+            .copied()
+    }
+
     /// The limits of `key` on `endpoint`: its own, else the endpoint's defaults; and its pools
     /// that cover the endpoint.
     pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup<'_> {
-        let Some(entry) = self.keys.get(key) else {
+        match self.find(key) {
+            Some(digest) => self.limit_of(&digest, endpoint),
+            None => LimitLookup::UnknownKey,
+        }
+    }
+
+    /// [`Snapshot::limit`] of the key the catalog knows by `digest`.
+    pub fn limit_of(&self, digest: &KeyDigest, endpoint: usize) -> LimitLookup<'_> {
+        let Some(entry) = self.keys.get(digest) else {
             return LimitLookup::UnknownKey;
         };
         let Some(e) = self.endpoints.get(endpoint) else {
@@ -212,6 +285,7 @@ impl Snapshot {
                 own
             },
             entry: Some(entry),
+            id: Some(digest.id()),
             groups: &e.pools,
             names: &self.groups.names,
         };
@@ -265,7 +339,13 @@ impl Snapshot {
     pub fn apply(&self, source: &str, diff: &CatalogDiff) -> Result<Snapshot, CatalogError> {
         let ((), applied) = self.apply_with(source, |ctx, keys, pooled, problems| {
             for k in &diff.removed_keys {
-                keys.remove(k.as_bytes());
+                keys.remove(&KeyDigest::sha256(k.as_bytes()));
+            }
+            for (i, d) in diff.removed_key_digests.iter().enumerate() {
+                match KeyDigest::parse(d) {
+                    Ok((_, d)) => keys.remove(&d),
+                    Err(r) => problems.add(format!("removed_key_digests[{i}]"), r),
+                }
             }
             add_keys(&diff.apilimits, ctx, keys, pooled, problems);
         });
@@ -323,11 +403,12 @@ impl Snapshot {
             tz: self.tz,
             groups: &self.groups,
             defaults: &defaults,
+            secrets: self.secrets.as_deref(),
+            hmac_entries: std::cell::Cell::new(self.hmac_entries),
         };
         let mut keys = self.keys.clone();
         let mut pooled = self.pooled.clone();
         let done = change(&ctx, &mut keys, &mut pooled, &mut problems);
-        keys.shrink();
         if !problems.0.is_empty() {
             let e = CatalogError {
                 source: source.to_owned(),
@@ -348,6 +429,8 @@ impl Snapshot {
             pooled,
             tz: self.tz,
             unknown_fields: self.unknown_fields.clone(),
+            secrets: self.secrets.clone(),
+            hmac_entries: ctx.hmac_entries.get(),
         };
         (done, Ok(applied))
     }
@@ -364,33 +447,121 @@ struct Applying<'a> {
 }
 
 impl Applying<'_> {
-    /// Whether this diff set `key` already.
-    fn set_here(&self, key: &[u8]) -> bool {
-        self.keys.get(key).is_some_and(|p| self.plans.made(p))
+    /// Whether this diff set the key of `digest` already.
+    fn set_here(&self, digest: &KeyDigest) -> bool {
+        self.keys.get(digest).is_some_and(|p| self.plans.made(p))
     }
 }
 
 impl read::DiffSink for Applying<'_> {
     fn set(&mut self, k: usize, entry: ApiLimits) {
-        let at = || format!("apilimits[{k}].key");
-        if entry.key.is_empty() {
-            self.problems.add(at(), EMPTY_KEY.into());
-        } else if self.set_here(entry.key.as_bytes()) {
-            self.problems.add(at(), duplicate_key(None));
-        } else {
-            let (ctx, plans) = (self.ctx, &mut self.plans);
-            add_key(k, &entry, ctx, self.keys, self.pooled, plans, self.problems);
+        let set_here = |d: &KeyDigest| self.set_here(d).then_some(None);
+        match Seen::default().name(self.ctx, k, &entry, set_here) {
+            Err((field, reason)) => self.problems.add(format!("apilimits[{k}].{field}"), reason),
+            Ok(digest) => {
+                let (ctx, plans) = (self.ctx, &mut self.plans);
+                add_key(
+                    k,
+                    digest,
+                    &entry,
+                    ctx,
+                    self.keys,
+                    self.pooled,
+                    plans,
+                    self.problems,
+                );
+            }
         }
     }
 
-    fn remove(&mut self, key: &str) {
-        if !self.set_here(key.as_bytes()) {
-            self.keys.remove(key.as_bytes());
+    fn remove(&mut self, digest: KeyDigest) {
+        if !self.set_here(&digest) {
+            self.keys.remove(&digest);
         }
     }
 }
 
-const EMPTY_KEY: &str = "the API key is empty";
+const EMPTY_KEY: &str =
+    "the API key is empty (an entry names its key by \"key\" or \"key_digest\")";
+
+/// The keys a document named so far, to find one named twice in any of its forms: a `key`, its
+/// `sha256:` digest (both held as the key's SHA-256, met as one digest), or its `hmac-sha256:`
+/// digest (told only with the secrets: a `key`'s HMACs are remembered here). A `sha256:` and an
+/// `hmac-sha256:` digest of one key cannot be told to be one key.
+#[derive(Default)]
+struct Seen {
+    /// Each `key`'s HMAC under each secret, and where the key was (its entry's index).
+    hmacs_of_keys: HashMap<KeyDigest, usize>,
+    /// The `hmac-sha256:` entries' digests, and where.
+    hmac_entries: HashMap<KeyDigest, usize>,
+}
+
+impl Seen {
+    /// The digest `entry` is held by, once checked: named one way, in a well-formed digest, and
+    /// not a key already named (`known`: where the digest was met before, `Some(None)` when
+    /// where is not known). `Err`: the entry's field at fault and why.
+    fn name(
+        &mut self,
+        ctx: &KeyContext,
+        k: usize,
+        entry: &ApiLimits,
+        known: impl Fn(&KeyDigest) -> Option<Option<usize>>,
+    ) -> Result<KeyDigest, (&'static str, String)> {
+        let (digest, form) = match (entry.key.is_empty(), entry.key_digest.as_deref()) {
+            (false, Some(_)) => {
+                return Err((
+                    "key_digest",
+                    "an entry names its key by \"key\" or by \"key_digest\", not both".into(),
+                ));
+            }
+            (true, None) => return Err(("key", EMPTY_KEY.into())),
+            (false, None) => (KeyDigest::sha256(entry.key.as_bytes()), None),
+            (true, Some(d)) => match KeyDigest::parse(d) {
+                Ok((form, d)) => (d, Some(form)),
+                Err(reason) => return Err(("key_digest", reason)),
+            },
+        };
+        let field = match form {
+            None => "key",
+            Some(_) => "key_digest",
+        };
+        if form == Some(Form::HmacSha256) && ctx.secrets.is_none() {
+            return Err((
+                field,
+                "an hmac-sha256 digest needs the gateway's key secret (catalog.key_secret_file), \
+                 which is not set"
+                    .into(),
+            ));
+        }
+        if let Some(first) = known(&digest) {
+            return Err((field, duplicate_key(first)));
+        }
+        // Recorded as soon as checked: an entry with a problem fails its catalog anyway.
+        match (form, ctx.secrets) {
+            (Some(Form::HmacSha256), _) => {
+                let first = self.hmac_entries.get(&digest);
+                if let Some(&first) = first.or_else(|| self.hmacs_of_keys.get(&digest)) {
+                    return Err((field, duplicate_key(Some(first))));
+                }
+                self.hmac_entries.insert(digest, k);
+                ctx.hmac_entries.set(true);
+            }
+            (None, Some(secrets)) => {
+                for i in 0..secrets.len() {
+                    let Some(h) = secrets.hmac(i, entry.key.as_bytes()) else {
+                        continue;
+                    };
+                    if let Some(&first) = self.hmac_entries.get(&h) {
+                        return Err((field, duplicate_key(Some(first))));
+                    }
+                    self.hmacs_of_keys.entry(h).or_insert(k);
+                }
+            }
+            _ => {}
+        }
+        Ok(digest)
+    }
+}
 
 /// Why a key met twice cannot be used; `first`: where it was met first, when known.
 fn duplicate_key(first: Option<usize>) -> String {
@@ -704,6 +875,7 @@ impl Problems {
 /// `keys` checks and builds its keys' table.
 fn build<K>(
     raw: CatalogDoc<K>,
+    secrets: Option<Arc<KeySecrets>>,
     keys: impl FnOnce(&KeyContext, &K, &mut Problems) -> (KeyTable, Vec<bool>),
 ) -> Result<Snapshot, Vec<Problem>> {
     let mut problems = Problems::default();
@@ -734,8 +906,11 @@ fn build<K>(
         tz,
         groups: &groups,
         defaults: &defaults,
+        secrets: secrets.as_deref(),
+        hmac_entries: std::cell::Cell::new(false),
     };
     let (keys, pooled) = keys(&ctx, &raw.apilimits, &mut problems);
+    let hmac_entries = ctx.hmac_entries.get();
     if endpoints.len() == raw.endpoints.len() {
         set_pools(&mut endpoints, &groups, &pooled);
     }
@@ -756,6 +931,8 @@ fn build<K>(
         pooled,
         tz,
         unknown_fields: Vec::new(),
+        secrets,
+        hmac_entries,
     })
 }
 
@@ -776,6 +953,10 @@ struct KeyContext<'a> {
     groups: &'a Groups,
     /// `defaults[e]`: how many default limits endpoint `e` has.
     defaults: &'a [usize],
+    /// The key secrets `hmac-sha256` digests are made with.
+    secrets: Option<&'a KeySecrets>,
+    /// Set when an entry named by an `hmac-sha256` digest is met.
+    hmac_entries: std::cell::Cell<bool>,
 }
 
 /// The catalog's groups, checked, by number: its `groups` in order, then `*`.
@@ -960,7 +1141,6 @@ fn key_limits(
     let mut pooled = vec![false; ctx.groups.names.len()];
     let mut keys = KeyTable::with_capacity(entries.len());
     add_keys(entries, ctx, &mut keys, &mut pooled, problems);
-    keys.shrink();
     (keys, pooled)
 }
 
@@ -974,24 +1154,27 @@ fn add_keys(
     problems: &mut Problems,
 ) {
     let mut plans = Plans::default();
-    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
+    let mut first_seen: HashMap<KeyDigest, usize> = HashMap::with_capacity(entries.len());
+    let mut seen = Seen::default();
     for (k, entry) in entries.iter().enumerate() {
-        if entry.key.is_empty() {
-            problems.add(format!("apilimits[{k}].key"), EMPTY_KEY.into());
-            continue;
-        }
-        if let Some(first) = first_seen.insert(&entry.key, k) {
-            problems.add(format!("apilimits[{k}].key"), duplicate_key(Some(first)));
-            continue;
-        }
-        add_key(k, entry, ctx, keys, pooled, &mut plans, problems);
+        let digest = match seen.name(ctx, k, entry, |d| first_seen.get(d).map(|&f| Some(f))) {
+            Ok(digest) => digest,
+            Err((field, reason)) => {
+                problems.add(format!("apilimits[{k}].{field}"), reason);
+                continue;
+            }
+        };
+        first_seen.insert(digest, k);
+        add_key(k, digest, entry, ctx, keys, pooled, &mut plans, problems);
     }
 }
 
-/// Checks `entry` (`apilimits[k]`, its key not empty and met once in its document) and sets its plan in `keys`;
-/// `false`, with its problems added, if it cannot be used.
+/// Checks `entry` (`apilimits[k]`, named once in its document, held by `digest`) and sets its
+/// plan in `keys`; `false`, with its problems added, if it cannot be used.
+#[allow(clippy::too_many_arguments)]
 fn add_key(
     k: usize,
+    digest: KeyDigest,
     entry: &ApiLimits,
     ctx: &KeyContext,
     keys: &mut KeyTable,
@@ -1001,7 +1184,7 @@ fn add_key(
 ) -> bool {
     match key_plan(k, entry, ctx, pooled, problems) {
         Some(plan) => {
-            keys.insert(entry.key.as_bytes(), plans.share(plan));
+            keys.insert(digest, plans.share(plan));
             true
         }
         None => false,
@@ -1223,7 +1406,7 @@ mod tests {
             "apilimits[0].limits[0].ep: index 3 is out of range (endpoints has 3 entries)",
             "apilimits[0].limits[1].rl: limit -5 is negative",
             "apilimits[1].key: duplicate API key (also apilimits[0])",
-            "apilimits[2].key: the API key is empty",
+            "apilimits[2].key: the API key is empty (an entry names its key by \"key\" or \"key_digest\")",
             "apilimits[3].limits[1].w: endpoint 2 already has a limit with a window of 60 s",
         ];
         assert_eq!(got, want);
@@ -1757,6 +1940,196 @@ mod tests {
         assert_eq!(before.limit(b"k4", 0), LimitLookup::UnknownKey);
     }
 
+    /// A catalog of one endpoint whose entries are `entries` (JSON objects without their limits),
+    /// each given 5 requests a minute there.
+    fn keyed(entries: &[&str]) -> String {
+        let entries: Vec<String> = entries
+            .iter()
+            .map(|e| format!(r#"{{{e}, "limits": [{{"ep": 0, "rl": 5}}]}}"#))
+            .collect();
+        format!(
+            r#"{{"methods": ["GET"], "paths": ["/a"], "endpoints": [{{"p": 0, "m": 0}}],
+                "apilimits": [{}]}}"#,
+            entries.join(",")
+        )
+    }
+
+    fn sha(key: &str) -> String {
+        KeyDigest::sha256(key.as_bytes()).display(Form::Sha256)
+    }
+
+    fn hmac(secrets: &KeySecrets, i: usize, key: &str) -> String {
+        secrets
+            .hmac(i, key.as_bytes())
+            .unwrap()
+            .display(Form::HmacSha256)
+    }
+
+    fn both_ways(json: &str, secrets: Option<&Arc<KeySecrets>>) -> Result<Snapshot, Vec<String>> {
+        let listed = |e: CatalogError| -> Vec<String> {
+            e.problems
+                .into_iter()
+                .map(|p| format!("{}: {}", p.at, p.reason))
+                .collect()
+        };
+        let streamed = Snapshot::from_json_with("t", json.as_bytes(), secrets.cloned());
+        let doc = CatalogDoc::parse("t", json.as_bytes()).unwrap();
+        let whole = Snapshot::build_with("t", doc, secrets.cloned());
+        match (streamed, whole) {
+            (Ok(s), Ok(_)) => Ok(s),
+            (Err(a), Err(b)) => {
+                let (a, b) = (listed(a), listed(b));
+                assert_eq!(a, b, "read one key at a time or whole, the same problems");
+                Err(a)
+            }
+            (a, b) => panic!("{:?} / {:?}", a.map(|_| ()), b.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn keys_named_by_their_digests_get_their_limits_and_counters() {
+        let secrets = KeySecrets::from_file_text(b"current\nprevious").unwrap();
+        let json = keyed(&[
+            r#""key": "plain""#,
+            &format!(r#""key_digest": "{}""#, sha("hashed")),
+            &format!(r#""key_digest": "{}""#, hmac(&secrets, 0, "keyed-now")),
+            &format!(r#""key_digest": "{}""#, hmac(&secrets, 1, "keyed-before")),
+        ]);
+        let s = both_ways(&json, Some(&secrets)).unwrap();
+        assert_eq!(s.key_count(), 4);
+        for key in ["plain", "hashed", "keyed-now", "keyed-before"] {
+            let LimitLookup::Limits(l) = s.limit(key.as_bytes(), 0) else {
+                panic!("{key}")
+            };
+            assert_eq!(l.own[0].rl, 5, "{key}");
+            let id = l.key_id().unwrap();
+            assert_eq!(Some(id), s.find(key.as_bytes()).map(|d| d.id()));
+            assert!(!id.to_string().contains(key));
+        }
+        for stranger in ["", "Plain", "hashed ", "current", "keyed-now\n"] {
+            assert_eq!(
+                s.limit(stranger.as_bytes(), 0),
+                LimitLookup::UnknownKey,
+                "{stranger:?}"
+            );
+        }
+        // A plain key and its sha256: form are one caller, counted under one name: the first
+        // half of its SHA-256 (printf %s plain | sha256sum).
+        let as_digest = both_ways(
+            &keyed(&[&format!(r#""key_digest": "{}""#, sha("plain"))]),
+            None,
+        )
+        .unwrap();
+        let id = |s: &Snapshot| match s.limit(b"plain", 0) {
+            LimitLookup::Limits(l) => l.key_id().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(id(&s), id(&as_digest));
+        assert_eq!(id(&s).to_string(), sha("plain")[7..39]);
+        // Without the previous secret, a key digested under it is a stranger.
+        let rotated = KeySecrets::from_file_text(b"current").unwrap();
+        let s = both_ways(&json, Some(&rotated)).unwrap();
+        assert_eq!(s.limit(b"keyed-before", 0), LimitLookup::UnknownKey);
+        assert!(matches!(s.limit(b"keyed-now", 0), LimitLookup::Limits(_)));
+    }
+
+    #[test]
+    fn badly_named_entries_are_refused_where_they_are() {
+        let secrets = KeySecrets::from_file_text(b"s").unwrap();
+        let d = sha("k");
+        let h = hmac(&secrets, 0, "k");
+        type Case<'a> = (Vec<String>, Option<&'a Arc<KeySecrets>>, &'a str);
+        let cases: Vec<Case> = vec![
+            (
+                vec![r#""key_digest": "sha256:abc""#.into()],
+                None,
+                "apilimits[0].key_digest: \"sha256:abc\" is not a key digest: after \"sha256:\" \
+                 come exactly 64 lowercase hex digits (it has 3 characters)",
+            ),
+            (
+                vec![r#""key_digest": "md5:abc""#.into()],
+                None,
+                "apilimits[0].key_digest: \"md5:abc\" is not a key digest: expected \
+                 sha256:<64 hex digits> or hmac-sha256:<64 hex digits> (quotagate key-digest \
+                 prints them)",
+            ),
+            (
+                vec![format!(r#""key": "k", "key_digest": "{d}""#)],
+                None,
+                "apilimits[0].key_digest: an entry names its key by \"key\" or by \
+                 \"key_digest\", not both",
+            ),
+            (
+                vec![format!(r#""key_digest": "{h}""#)],
+                None,
+                "apilimits[0].key_digest: an hmac-sha256 digest needs the gateway's key secret \
+                 (catalog.key_secret_file), which is not set",
+            ),
+            (
+                vec![r#""key": "k""#.into(), format!(r#""key_digest": "{d}""#)],
+                None,
+                "apilimits[1].key_digest: duplicate API key (also apilimits[0])",
+            ),
+            (
+                vec![format!(r#""key_digest": "{d}""#), r#""key": "k""#.into()],
+                None,
+                "apilimits[1].key: duplicate API key (also apilimits[0])",
+            ),
+            (
+                vec![r#""key": "k""#.into(), format!(r#""key_digest": "{h}""#)],
+                Some(&secrets),
+                "apilimits[1].key_digest: duplicate API key (also apilimits[0])",
+            ),
+            (
+                vec![format!(r#""key_digest": "{h}""#), r#""key": "k""#.into()],
+                Some(&secrets),
+                "apilimits[1].key: duplicate API key (also apilimits[0])",
+            ),
+            (
+                vec![
+                    format!(r#""key_digest": "{h}""#),
+                    format!(r#""key_digest": "{h}""#),
+                ],
+                Some(&secrets),
+                "apilimits[1].key_digest: duplicate API key (also apilimits[0])",
+            ),
+        ];
+        for (entries, secrets, want) in cases {
+            let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+            let got = both_ways(&keyed(&entries), secrets)
+                .map(|_| ())
+                .unwrap_err();
+            let want = want.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert_eq!(got, [want], "{entries:?}");
+        }
+    }
+
+    #[test]
+    fn diffs_remove_keys_by_the_digests_they_were_named_by() {
+        let base = Snapshot::from_json(
+            "t",
+            keyed(&[r#""key": "a""#, &format!(r#""key_digest": "{}""#, sha("b"))]).as_bytes(),
+        )
+        .unwrap();
+        let diff = format!(
+            r#"{{"from": "", "version": {{"hash": "2"}}, "removed_keys": ["a"],
+                "removed_key_digests": ["{}"]}}"#,
+            sha("b")
+        );
+        let after = base.apply_read("d", diff.as_bytes()).unwrap().unwrap();
+        assert_eq!(after.key_count(), 0);
+        let parsed: CatalogDiff = serde_json::from_str(&diff).unwrap();
+        assert_eq!(base.apply("d", &parsed).unwrap().key_count(), 0);
+        let bad = r#"{"from": "", "version": {"hash": "2"}, "removed_key_digests": ["b"]}"#;
+        let e = base.apply_read("d", bad.as_bytes()).unwrap_err();
+        // Read as it streams: located at the list, the value named in the reason.
+        assert_eq!(e.problems[0].at, "removed_key_digests");
+        assert!(
+            e.problems[0].reason.contains(r#""b" is not a key digest"#),
+            "{e}"
+        );
+    }
+
     #[test]
     fn diffs_carry_key_changes_and_apply_back() {
         let a = CatalogDoc::parse("a", GOOD.as_bytes()).unwrap();
@@ -1775,6 +2148,7 @@ mod tests {
                 rl: Some(4),
                 ..LimitDef::default()
             }],
+            ..ApiLimits::default()
         });
         let d = a.diff_to(&b).unwrap();
         assert_eq!(d.from, "h1");
