@@ -17,7 +17,7 @@ use http::{Method, StatusCode, Version};
 
 use super::client;
 use super::settings::Policy;
-use crate::catalog::{Applied, Endpoint, KeyDigest, LimitLookup, Snapshot};
+use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
 use crate::config::Uncovered;
 use quotagate_engine::limiter::{Limit, Limits, MAX_LIMITS, Rate};
 use quotagate_engine::path;
@@ -483,15 +483,15 @@ impl<'s> Held<'s, '_> {
     pub fn counter(&self) -> CounterKey {
         match &self.anonymous {
             Some(client) => CounterKey::anonymous(client, &self.endpoint.name),
-            None => CounterKey::new(&self.owner(), &self.endpoint.name),
+            None => CounterKey::of_id(&self.owner(), &self.endpoint.name),
         }
     }
 
     /// What its key's counters are named by: the identifier of the digest the catalog knows
-    /// the key by (32 hex digits), never the key.
-    fn owner(&self) -> [u8; 32] {
-        // A key's limits always carry their key's identifier; the zeros are never a digest's.
-        self.limits.key_id().map_or([b'0'; 32], |id| id.hex())
+    /// the key by, never the key.
+    fn owner(&self) -> KeyId {
+        // A key's limits always carry their key's identifier; zeros are never a digest's.
+        self.limits.key_id().unwrap_or(KeyId([0; 16]))
     }
 
     /// Its limits under `limits.shadow` (`all_shadow`): borrowed from the catalog without pools.
@@ -507,7 +507,7 @@ impl<'s> Held<'s, '_> {
     pub fn pool_counters(&self, limits: &Limits<'_>) -> Vec<(CounterKey, usize)> {
         limits
             .pools()
-            .map(|(name, l)| (CounterKey::pool(&self.owner(), name), l.len()))
+            .map(|(name, l)| (CounterKey::pool_of_id(&self.owner(), name), l.len()))
             .collect()
     }
 }

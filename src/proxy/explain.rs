@@ -144,7 +144,7 @@ impl Proxy {
             Caller::Key(key) => {
                 let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
                 let found = catalog.and_then(|c| c.find(key));
-                found.unwrap_or_else(|| KeyDigest::sha256(key)).id()
+                found.unwrap_or_else(|| KeyDigest::sha256(key).id())
             }
         }
     }

@@ -12,6 +12,7 @@
 //! of one counter's window of `w` seconds (any other length): `<prefix>:w:{<owner>}:<endpoint>:s<w>`;
 //! of one counter's calendar period: `<prefix>:w:{<owner>}:<endpoint>:<period>:<start, Unix s>`.
 
+use quotagate_engine::catalog::KeyId;
 use quotagate_engine::limiter::{Kind, Limit, Period, Span};
 
 /// Redis key prefix used when none is configured.
@@ -92,6 +93,27 @@ impl CounterKey {
         let mut s = Vec::with_capacity(api_key.len() + name.len() + 24);
         s.push(b'{');
         escape(api_key, &mut s);
+        s.extend_from_slice(sep.as_bytes());
+        push_escaped_name(name, &mut s);
+        CounterKey(ascii(s))
+    }
+
+    /// The counter of the API key whose counters `id` names on `endpoint`: [`CounterKey::new`]
+    /// of the id's 32 hex digits, which need no escape (so none is run: every counted request
+    /// names one).
+    pub fn of_id(id: &KeyId, endpoint: &str) -> Self {
+        CounterKey::of_hex(&id.hex(), "}:", endpoint)
+    }
+
+    /// [`CounterKey::pool`] of the API key whose counters `id` names.
+    pub fn pool_of_id(id: &KeyId, group: &str) -> Self {
+        CounterKey::of_hex(&id.hex(), "}:@", group)
+    }
+
+    fn of_hex(hex: &[u8; 32], sep: &str, name: &str) -> Self {
+        let mut s = Vec::with_capacity(hex.len() + name.len() + 24);
+        s.push(b'{');
+        s.extend_from_slice(hex);
         s.extend_from_slice(sep.as_bytes());
         push_escaped_name(name, &mut s);
         CounterKey(ascii(s))
@@ -410,6 +432,20 @@ mod tests {
             assert_eq!(n.matches('{').count(), 1, "{n}");
             assert_eq!(n.matches('}').count(), 1, "{n}");
         }
+    }
+
+    #[test]
+    fn a_key_ids_counters_are_its_hex_as_an_owner_would_be_escaped() {
+        let id = KeyId([0xab; 16]);
+        let hex = id.hex();
+        assert_eq!(
+            CounterKey::of_id(&id, "GET /a/{id}"),
+            CounterKey::new(&hex, "GET /a/{id}")
+        );
+        assert_eq!(
+            CounterKey::pool_of_id(&id, "g"),
+            CounterKey::pool(&hex, "g")
+        );
     }
 
     #[test]

@@ -107,10 +107,19 @@ pub struct KeyId(pub [u8; 16]);
 impl KeyId {
     /// 32 lowercase hex digits.
     pub fn hex(&self) -> [u8; 32] {
+        // A byte's two digits at once: every counted request names its counters by these.
+        const PAIRS: [[u8; 2]; 256] = {
+            let mut pairs = [[0u8; 2]; 256];
+            let mut b = 0;
+            while b < 256 {
+                pairs[b] = [HEX[b >> 4], HEX[b & 15]];
+                b += 1;
+            }
+            pairs
+        };
         let mut out = [0u8; 32];
         for (o, b) in out.chunks_exact_mut(2).zip(self.0) {
-            o[0] = HEX[usize::from(b >> 4)];
-            o[1] = HEX[usize::from(b & 15)];
+            o.copy_from_slice(&PAIRS[usize::from(b)]);
         }
         out
     }

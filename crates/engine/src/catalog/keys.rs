@@ -4,9 +4,12 @@
 //! The keys are spread over shards by their hash, each shard behind an `Arc`: a version made from
 //! the previous one by a diff shares every shard the diff does not touch, and copies only those
 //! it does. Keys with the same limits share one [`Plan`] (a catalog's keys mostly follow a few
-//! plans), so a key costs a table slot of its digest (32 bytes) and its plan's `Arc`. One hash per
-//! lookup: it picks the shard (middle bits) and the slot within it (`hashbrown::HashTable`, which
-//! takes the hash as given).
+//! plans), so a key costs its bytes and a table slot. One hash per lookup: it picks the shard
+//! (middle bits) and the slot within it (`hashbrown::HashTable`, which takes the hash as given).
+//!
+//! A key is held as the catalog names it: in plain, by its bytes (looked up as sent, no digest
+//! a request), or by a digest, by the digest's 32 bytes (a request's key is digested to be found
+//! among them: `super::digest`). Each carries the [`KeyId`] its counters are named by.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -14,7 +17,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use super::digest::KeyDigest;
+use super::digest::{KeyDigest, KeyId};
 use crate::limiter::Limit;
 
 /// One key's limits: `limits[i]` is on endpoint `eps[i]` (or, with [`GROUP`] set, in the pool of
@@ -44,35 +47,112 @@ impl Plan {
     }
 }
 
-/// A key of a shard: its digest, and its plan.
+/// How a catalog names a key: its bytes, or a digest of them.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Named<'a> {
+    Plain(&'a [u8]),
+    Digest(&'a KeyDigest),
+}
+
+impl<'a> Named<'a> {
+    fn parts(self) -> (&'a [u8], u32) {
+        match self {
+            Named::Plain(key) => (key, 0),
+            Named::Digest(d) => (&d.0, DIGESTED),
+        }
+    }
+}
+
+/// Marks a digest's slot in [`Slot::len`] (no key is 2 GiB long).
+const DIGESTED: u32 = 1 << 31;
+
+/// A key of a shard: where its bytes are in the shard's arena (and whether they are a digest's),
+/// what its counters are named by, and its plan.
 #[derive(Debug, Clone)]
 struct Slot {
-    digest: KeyDigest,
+    at: u32,
+    /// Its bytes' length, with [`DIGESTED`] set for a digest.
+    len: u32,
+    id: KeyId,
     plan: Arc<Plan>,
 }
 
-/// The keys that hash to one shard.
+impl Slot {
+    fn key<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.at as usize..][..(self.len & !DIGESTED) as usize]
+    }
+
+    fn is(&self, bytes: &[u8], key: &[u8], kind: u32) -> bool {
+        self.len & DIGESTED == kind && self.key(bytes) == key
+    }
+}
+
+/// The keys that hash to one shard. Their bytes are in one arena, shared by the copies that
+/// diffs make of the shard until one adds a key: a diff that only changes keys' limits (a new plan
+/// for every key, say) copies the slots and not the bytes, so the old and the new version hold
+/// one set of key bytes between them. An arena copied or grown keeps only the bytes of keys still
+/// there, so the bytes of removed keys are never more than the live ones.
 #[derive(Debug, Clone, Default)]
 struct Shard {
     slots: HashTable<Slot>,
+    bytes: Arc<Vec<u8>>,
+    /// Bytes of `bytes` whose keys were removed.
+    dead: usize,
 }
 
 impl Shard {
-    fn find(&self, hash: u64, digest: &KeyDigest) -> Option<&Slot> {
-        self.slots.find(hash, |s| s.digest == *digest)
+    fn find(&self, hash: u64, key: &[u8], kind: u32) -> Option<&Slot> {
+        let bytes = &self.bytes[..];
+        self.slots.find(hash, |s| s.is(bytes, key, kind))
+    }
+
+    /// Room for `key` at the end of the arena, made this shard's own first; the arena is
+    /// rewritten without the removed keys' bytes when it is shared (a copy is made anyway) or
+    /// when they are most of it.
+    fn append(&mut self, key: &[u8]) -> Result<(u32, u32), TooLarge> {
+        let shared = Arc::get_mut(&mut self.bytes).is_none();
+        let live = self.bytes.len() - self.dead;
+        let compact = shared || self.dead > self.bytes.len() / 2;
+        let end = if compact { live } else { self.bytes.len() } + key.len();
+        // Checked before anything changes: every offset below then fits, and no length reaches
+        // the flag bit.
+        let (Ok(len), Ok(_)) = (u32::try_from(key.len()), u32::try_from(end)) else {
+            return Err(TooLarge);
+        };
+        if len & DIGESTED != 0 {
+            return Err(TooLarge);
+        }
+        if compact {
+            let mut fresh = Vec::with_capacity(end);
+            for slot in self.slots.iter_mut() {
+                let from = slot.key(&self.bytes);
+                slot.at = fresh.len() as u32;
+                fresh.extend_from_slice(from);
+            }
+            (self.bytes, self.dead) = (Arc::new(fresh), 0);
+        }
+        // This shard's own by now (never a copy here).
+        let bytes = Arc::make_mut(&mut self.bytes);
+        let at = bytes.len() as u32;
+        bytes.extend_from_slice(key);
+        Ok((at, len))
     }
 }
+
+/// A shard's arena would pass 4 GiB (u32 offsets): not reachable by a catalog within
+/// `catalog.max_bytes`.
+#[derive(Debug)]
+struct TooLarge;
 
 /// Keys per shard aimed at: 70% of a 1024-slot table (hashbrown fills at most 7/8 of its slots
 /// and doubles them when full), so a shard holds a key in about 1.4 slots; a diff of one key
 /// copies one shard, about this many entries.
 const KEYS_PER_SHARD: usize = 717;
 
-/// An API key's digest ([`KeyDigest`]) -> its plan.
+/// API key bytes -> its plan.
 ///
 /// foldhash, seeded per process, rather than SipHash: looked up on every request, and only the
-/// catalog inserts into it, so a client cannot grow it; seeded, so that a catalog cannot choose
-/// digests that share slots to slow its own loading down.
+/// catalog inserts into it, so a client cannot grow it or choose colliding keys to slow it down.
 #[derive(Debug, Clone)]
 pub(super) struct KeyTable {
     hasher: foldhash::fast::RandomState,
@@ -97,6 +177,7 @@ impl KeyTable {
                 .map(|_| {
                     Arc::new(Shard {
                         slots: HashTable::with_capacity(per_shard),
+                        ..Shard::default()
                     })
                 })
                 .collect(),
@@ -108,8 +189,8 @@ impl KeyTable {
         self.len
     }
 
-    fn hash(&self, digest: &KeyDigest) -> u64 {
-        self.hasher.hash_one(digest.0)
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     /// Bits 16 to 47 of the hash, scaled to the shard count (a multiply, not a division): a
@@ -120,40 +201,76 @@ impl KeyTable {
         ((middle * self.shards.len() as u64) >> 32) as usize
     }
 
-    /// The plan of the key of `digest`, and the digest as the table holds it.
-    pub fn get(&self, digest: &KeyDigest) -> Option<&Plan> {
-        let hash = self.hash(digest);
+    /// The id and plan of the key named `key`.
+    pub fn get(&self, key: Named) -> Option<(KeyId, &Plan)> {
+        let (key, kind) = key.parts();
+        let hash = self.hash(key);
         let shard = &self.shards[self.shard_of(hash)];
-        shard.find(hash, digest).map(|s| &*s.plan)
+        shard.find(hash, key, kind).map(|s| (s.id, &*s.plan))
     }
 
-    /// Sets the plan of the key of `digest`; copies its shard first if another version shares it.
-    pub fn insert(&mut self, digest: KeyDigest, plan: Arc<Plan>) {
-        let hash = self.hash(&digest);
+    /// The keys named in plain (for a check across a whole catalog).
+    pub fn plain_keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.shards.iter().flat_map(|s| {
+            (s.slots.iter())
+                .filter(|slot| slot.len & DIGESTED == 0)
+                .map(|slot| slot.key(&s.bytes))
+        })
+    }
+
+    /// Sets the plan and id of the key named `key`; copies its shard first if another version
+    /// shares it.
+    pub fn insert(&mut self, key: Named, id: KeyId, plan: Arc<Plan>) {
+        let (key, kind) = key.parts();
+        let hash = self.hash(key);
         let hasher = self.hasher.clone();
         let at = self.shard_of(hash);
         let shard = Arc::make_mut(&mut self.shards[at]);
-        if let Some(slot) = shard.slots.find_mut(hash, |s| s.digest == digest) {
-            slot.plan = plan;
+        let bytes = &shard.bytes[..];
+        if let Some(slot) = shard.slots.find_mut(hash, |s| s.is(bytes, key, kind)) {
+            (slot.plan, slot.id) = (plan, id);
             return;
         }
-        let slot = Slot { digest, plan };
-        (shard.slots).insert_unique(hash, slot, |s| hasher.hash_one(s.digest.0));
+        let Ok((at, len)) = shard.append(key) else {
+            // Unreachable (see `TooLarge`); the key is then not there, never another's.
+            return;
+        };
+        let bytes = &shard.bytes[..];
+        let slot = Slot {
+            at,
+            len: len | kind,
+            id,
+            plan,
+        };
+        (shard.slots).insert_unique(hash, slot, |s| hasher.hash_one(s.key(bytes)));
         self.len += 1;
     }
 
-    /// Removes the key of `digest` (nothing if absent); copies its shard first if another
-    /// version shares it.
-    pub fn remove(&mut self, digest: &KeyDigest) {
-        let hash = self.hash(digest);
+    /// Removes the key named `key` (nothing if absent); copies its shard first if another version
+    /// shares it.
+    pub fn remove(&mut self, key: Named) {
+        let (key, kind) = key.parts();
+        let hash = self.hash(key);
         let at = self.shard_of(hash);
-        if self.shards[at].find(hash, digest).is_none() {
+        if self.shards[at].find(hash, key, kind).is_none() {
             return;
         }
         let shard = Arc::make_mut(&mut self.shards[at]);
-        if let Ok(entry) = shard.slots.find_entry(hash, |s| s.digest == *digest) {
-            entry.remove();
+        let bytes = &shard.bytes[..];
+        if let Ok(entry) = shard.slots.find_entry(hash, |s| s.is(bytes, key, kind)) {
+            let (slot, _) = entry.remove();
+            shard.dead += (slot.len & !DIGESTED) as usize;
             self.len -= 1;
+        }
+    }
+
+    /// Gives back what the arenas grown since the last call hold beyond their bytes (an arena
+    /// doubles as keys are added): called when a version is complete.
+    pub fn shrink(&mut self) {
+        for shard in self.shards.iter_mut() {
+            if let Some(bytes) = Arc::get_mut(shard).and_then(|s| Arc::get_mut(&mut s.bytes)) {
+                bytes.shrink_to_fit();
+            }
         }
     }
 }
@@ -184,9 +301,7 @@ impl Plans {
 mod tests {
     use super::*;
 
-    fn d(key: impl AsRef<[u8]>) -> KeyDigest {
-        KeyDigest::sha256(key.as_ref())
-    }
+    const ID: KeyId = KeyId([7; 16]);
 
     fn plan(rl: u64) -> Plan {
         Plan {
@@ -201,27 +316,38 @@ mod tests {
         let mut plans = Plans::default();
         let mut old = KeyTable::with_capacity(10_000);
         for i in 0..10_000u32 {
-            old.insert(d(format!("key{i}")), plans.share(plan(u64::from(i % 3))));
+            old.insert(
+                Named::Plain(format!("key{i}").as_bytes()),
+                ID,
+                plans.share(plan(u64::from(i % 3))),
+            );
         }
         assert_eq!(old.len(), 10_000);
         assert_eq!(old.shards.len(), 14, "10,000 keys at 717 a shard");
         let mut new = old.clone();
-        new.insert(d("key7"), Arc::new(plan(99)));
-        new.insert(d("fresh"), Arc::new(plan(5)));
-        new.remove(&d("key8"));
-        new.remove(&d("absent"));
+        new.insert(Named::Plain(b"key7"), ID, Arc::new(plan(99)));
+        new.insert(Named::Plain(b"fresh"), ID, Arc::new(plan(5)));
+        new.remove(Named::Plain(b"key8"));
+        new.remove(Named::Plain(b"absent"));
         assert_eq!(new.len(), 10_000);
-        assert_eq!(new.get(&d("key7")).unwrap().limits[0].rl, 99);
+        assert_eq!(new.get(Named::Plain(b"key7")).unwrap().1.limits[0].rl, 99);
         assert_eq!(
-            old.get(&d("key7")).unwrap().limits[0].rl,
+            old.get(Named::Plain(b"key7")).unwrap().1.limits[0].rl,
             1,
             "the old version unchanged"
         );
-        assert!(new.get(&d("key8")).is_none() && old.get(&d("key8")).is_some());
-        assert!(new.get(&d("fresh")).is_some() && old.get(&d("fresh")).is_none());
+        assert!(
+            new.get(Named::Plain(b"key8")).is_none() && old.get(Named::Plain(b"key8")).is_some()
+        );
+        assert!(
+            new.get(Named::Plain(b"fresh")).is_some() && old.get(Named::Plain(b"fresh")).is_none()
+        );
         for i in (0..10_000u32).filter(|i| ![7, 8].contains(i)) {
             let k = format!("key{i}");
-            assert_eq!(new.get(&d(&k)).unwrap().limits[0].rl, u64::from(i % 3));
+            assert_eq!(
+                new.get(Named::Plain(k.as_bytes())).unwrap().1.limits[0].rl,
+                u64::from(i % 3)
+            );
         }
         let shared = (old.shards.iter().zip(new.shards.iter()))
             .filter(|(a, b)| Arc::ptr_eq(a, b))
@@ -231,6 +357,103 @@ mod tests {
             "at most three shards copied: {shared} of {} shared",
             old.shards.len()
         );
+    }
+
+    #[test]
+    fn a_copy_that_changes_only_limits_shares_the_key_bytes() {
+        let mut plans = Plans::default();
+        let mut old = KeyTable::with_capacity(2_000);
+        for i in 0..2_000u32 {
+            old.insert(
+                Named::Plain(format!("key{i}").as_bytes()),
+                ID,
+                plans.share(plan(1)),
+            );
+        }
+        old.shrink();
+        let mut new = old.clone();
+        let other = plans.share(plan(2));
+        for i in 0..2_000u32 {
+            new.insert(
+                Named::Plain(format!("key{i}").as_bytes()),
+                ID,
+                other.clone(),
+            );
+        }
+        new.shrink();
+        for (a, b) in old.shards.iter().zip(new.shards.iter()) {
+            assert!(!Arc::ptr_eq(a, b), "every shard copied (its plans changed)");
+            assert!(Arc::ptr_eq(&a.bytes, &b.bytes), "the key bytes shared");
+        }
+        assert_eq!(new.get(Named::Plain(b"key1999")).unwrap().1.limits[0].rl, 2);
+        assert_eq!(old.get(Named::Plain(b"key1999")).unwrap().1.limits[0].rl, 1);
+    }
+
+    #[test]
+    fn removed_keys_bytes_are_dropped_when_the_arena_is_copied_or_mostly_dead() {
+        let mut t = KeyTable::with_capacity(1);
+        let p = Arc::new(plan(1));
+        for i in 0..100u32 {
+            t.insert(Named::Plain(format!("key{i:03}").as_bytes()), ID, p.clone());
+        }
+        let full = t.shards[0].bytes.len();
+        assert_eq!(full, 600);
+        for i in 0..60u32 {
+            t.remove(Named::Plain(format!("key{i:03}").as_bytes()));
+        }
+        assert_eq!(
+            t.shards[0].bytes.len(),
+            full,
+            "removal alone leaves the bytes"
+        );
+        // Mostly dead: the next key added rewrites the arena with the live keys.
+        t.insert(Named::Plain(b"fresh!"), ID, p.clone());
+        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        // Shared with another version: the copy keeps only the live keys.
+        let old = t.clone();
+        t.remove(Named::Plain(b"key099"));
+        t.insert(Named::Plain(b"other!"), ID, p.clone());
+        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        assert_eq!(
+            old.shards[0].bytes.len(),
+            41 * 6,
+            "the old version untouched"
+        );
+        for i in 60..99u32 {
+            let k = format!("key{i:03}");
+            assert!(
+                t.get(Named::Plain(k.as_bytes())).is_some()
+                    && old.get(Named::Plain(k.as_bytes())).is_some(),
+                "{k}"
+            );
+        }
+        assert!(
+            t.get(Named::Plain(b"key099")).is_none() && old.get(Named::Plain(b"key099")).is_some()
+        );
+        assert!(
+            t.get(Named::Plain(b"other!")).is_some() && old.get(Named::Plain(b"other!")).is_none()
+        );
+        assert!(
+            t.get(Named::Plain(b"fresh!")).is_some() && old.get(Named::Plain(b"fresh!")).is_some()
+        );
+        assert!(t.get(Named::Plain(b"key000")).is_none());
+        assert_eq!((t.len(), old.len()), (41, 41));
+    }
+
+    #[test]
+    fn a_key_named_in_plain_is_not_a_digest_of_the_same_bytes() {
+        let mut t = KeyTable::with_capacity(2);
+        let d = KeyDigest([b'x'; 32]);
+        let other = KeyId([9; 16]);
+        t.insert(Named::Plain(&d.0), ID, Arc::new(plan(1)));
+        assert!(t.get(Named::Digest(&d)).is_none());
+        t.insert(Named::Digest(&d), other, Arc::new(plan(2)));
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.get(Named::Plain(&d.0)).unwrap().0, ID);
+        assert_eq!(t.get(Named::Digest(&d)).unwrap().0, other);
+        assert_eq!(t.plain_keys().collect::<Vec<_>>(), [&d.0[..]]);
+        t.remove(Named::Digest(&d));
+        assert!(t.get(Named::Digest(&d)).is_none() && t.get(Named::Plain(&d.0)).is_some());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess
 
 use super::digest::KeyDigest;
 use super::doc::{UnknownFields, parse_doc};
+use super::keys::Named;
 use super::{ApiLimits, CatalogDoc, CatalogError, CatalogVersion, Problem};
 
 /// `apilimits` in the first pass: how many entries it has, each skipped unread.
@@ -162,8 +163,8 @@ impl<'de, F: FnMut(usize, ApiLimits) -> bool> Visitor<'de> for Entries<'_, F> {
 pub(super) trait DiffSink {
     /// `apilimits[k]`.
     fn set(&mut self, k: usize, entry: ApiLimits);
-    /// One of `removed_keys` or `removed_key_digests`, by the digest the key table knows it by.
-    fn remove(&mut self, digest: KeyDigest);
+    /// One of `removed_keys` or `removed_key_digests`, named as the diff names it.
+    fn remove(&mut self, key: Named);
 }
 
 /// Reads the diff `json` (the answer's body as it arrives) in one pass, handing its keys to
@@ -254,11 +255,13 @@ impl<'de, S: DiffSink> Visitor<'de> for Removed<'_, S> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(key) = seq.next_element::<std::borrow::Cow<'de, str>>()? {
-            let digest = match self.1 {
-                false => KeyDigest::sha256(key.as_bytes()),
-                true => KeyDigest::parse(&key).map_err(A::Error::custom)?.1,
-            };
-            self.0.remove(digest);
+            match self.1 {
+                false => self.0.remove(Named::Plain(key.as_bytes())),
+                true => {
+                    let digest = KeyDigest::parse(&key).map_err(A::Error::custom)?.1;
+                    self.0.remove(Named::Digest(&digest));
+                }
+            }
         }
         Ok(())
     }

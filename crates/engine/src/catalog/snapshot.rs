@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::CatalogVersion;
 use super::digest::{self, Form, KeyDigest, KeyId, KeySecrets};
-use super::keys::{GROUP, KeyTable, Plan, Plans};
+use super::keys::{GROUP, KeyTable, Named, Plan, Plans};
 use super::read::{self, Counted};
 use super::{ApiLimits, CatalogDiff, CatalogDoc, CatalogError, LimitDef, Problem, UnknownFields};
 use crate::limiter::{Limit, MAX_LIMITS, MAX_WINDOW_SECONDS, Period, WINDOW_SECONDS, ZoneId};
@@ -120,8 +120,9 @@ pub struct Snapshot {
     unknown_fields: Vec<String>,
     /// The key secrets `hmac-sha256` digests are made with (`catalog.key_secret_file`).
     secrets: Option<Arc<KeySecrets>>,
-    /// Whether some entry is named by an `hmac-sha256` digest (only then is a request's key
-    /// digested under the secrets).
+    /// Whether some entry is named by a digest (only then is a request's key that is not among
+    /// the plain ones digested), and by an `hmac-sha256` one (only then under the secrets).
+    digest_entries: bool,
     hmac_entries: bool,
 }
 
@@ -164,7 +165,7 @@ impl Snapshot {
             let mut seen = Seen::default();
             // Any problem stops the read: the whole read below then reports every one.
             streamed = read::each_key(json, Some(&mut unknown), |k, entry| {
-                let known = |d: &KeyDigest| keys.get(d).map(|_| None);
+                let known = |named: Named, _: &KeyDigest| keys.get(named).map(|_| None);
                 match seen.name(ctx, k, &entry, known) {
                     Ok(digest) => add_key(
                         k,
@@ -179,6 +180,9 @@ impl Snapshot {
                     Err(_) => false,
                 }
             });
+            // A key named in plain and by its SHA-256 too: told only with both read.
+            streamed = streamed && !(ctx.digest_entries.get() && plain_twice(&keys));
+            keys.shrink();
             (keys, pooled)
         });
         match built {
@@ -248,32 +252,46 @@ impl Snapshot {
         self.secrets.as_ref()
     }
 
-    /// The digest the catalog knows `key` by (its SHA-256, or its HMAC under one of the key
-    /// secrets), `None` when it does not know it.
-    pub fn find(&self, key: &[u8]) -> Option<KeyDigest> {
+    /// What the counters of `key` are named by, `None` when the catalog does not know it.
+    pub fn find(&self, key: &[u8]) -> Option<KeyId> {
+        self.found(key).map(|(id, _)| id)
+    }
+
+    /// The id and plan of `key`: among the keys named in plain, as sent; else, when the catalog
+    /// names some by a digest, by its digests (its SHA-256, then its HMAC under each secret).
+    fn found(&self, key: &[u8]) -> Option<(KeyId, &Plan)> {
+        if let Some(found) = self.keys.get(Named::Plain(key)) {
+            return Some(found);
+        }
+        if !self.digest_entries {
+            return None;
+        }
         let secrets = self.secrets.as_deref().filter(|_| self.hmac_entries);
         let digests = digest::digests(key, secrets);
-        digests
-            .as_slice()
-            .iter()
-            .find(|d| self.keys.get(d).is_some())
-            .copied()
+        let mut all = digests.as_slice().iter();
+        all.find_map(|d| self.keys.get(Named::Digest(d)))
     }
 
     /// The limits of `key` on `endpoint`: its own, else the endpoint's defaults; and its pools
     /// that cover the endpoint.
     pub fn limit(&self, key: &[u8], endpoint: usize) -> LimitLookup<'_> {
-        match self.find(key) {
-            Some(digest) => self.limit_of(&digest, endpoint),
+        match self.found(key) {
+            Some((id, entry)) => self.limit_in(entry, id, endpoint),
             None => LimitLookup::UnknownKey,
         }
     }
 
-    /// [`Snapshot::limit`] of the key the catalog knows by `digest`.
+    /// [`Snapshot::limit`] of the key the catalog names by `digest` (a key it names in plain is
+    /// not found by its digest).
     pub fn limit_of(&self, digest: &KeyDigest, endpoint: usize) -> LimitLookup<'_> {
-        let Some(entry) = self.keys.get(digest) else {
-            return LimitLookup::UnknownKey;
-        };
+        match self.keys.get(Named::Digest(digest)) {
+            Some((id, entry)) => self.limit_in(entry, id, endpoint),
+            None => LimitLookup::UnknownKey,
+        }
+    }
+
+    /// The limits on `endpoint` of the key of plan `entry`, whose counters `id` names.
+    fn limit_in<'s>(&'s self, entry: &'s Plan, id: KeyId, endpoint: usize) -> LimitLookup<'s> {
         let Some(e) = self.endpoints.get(endpoint) else {
             return LimitLookup::NoLimit;
         };
@@ -285,7 +303,7 @@ impl Snapshot {
                 own
             },
             entry: Some(entry),
-            id: Some(digest.id()),
+            id: Some(id),
             groups: &e.pools,
             names: &self.groups.names,
         };
@@ -339,11 +357,11 @@ impl Snapshot {
     pub fn apply(&self, source: &str, diff: &CatalogDiff) -> Result<Snapshot, CatalogError> {
         let ((), applied) = self.apply_with(source, |ctx, keys, pooled, problems| {
             for k in &diff.removed_keys {
-                keys.remove(&KeyDigest::sha256(k.as_bytes()));
+                keys.remove(Named::Plain(k.as_bytes()));
             }
             for (i, d) in diff.removed_key_digests.iter().enumerate() {
                 match KeyDigest::parse(d) {
-                    Ok((_, d)) => keys.remove(&d),
+                    Ok((_, d)) => keys.remove(Named::Digest(&d)),
                     Err(r) => problems.add(format!("removed_key_digests[{i}]"), r),
                 }
             }
@@ -404,11 +422,13 @@ impl Snapshot {
             groups: &self.groups,
             defaults: &defaults,
             secrets: self.secrets.as_deref(),
+            digest_entries: std::cell::Cell::new(self.digest_entries),
             hmac_entries: std::cell::Cell::new(self.hmac_entries),
         };
         let mut keys = self.keys.clone();
         let mut pooled = self.pooled.clone();
         let done = change(&ctx, &mut keys, &mut pooled, &mut problems);
+        keys.shrink();
         if !problems.0.is_empty() {
             let e = CatalogError {
                 source: source.to_owned(),
@@ -430,6 +450,7 @@ impl Snapshot {
             tz: self.tz,
             unknown_fields: self.unknown_fields.clone(),
             secrets: self.secrets.clone(),
+            digest_entries: ctx.digest_entries.get(),
             hmac_entries: ctx.hmac_entries.get(),
         };
         (done, Ok(applied))
@@ -448,14 +469,14 @@ struct Applying<'a> {
 
 impl Applying<'_> {
     /// Whether this diff set the key of `digest` already.
-    fn set_here(&self, digest: &KeyDigest) -> bool {
-        self.keys.get(digest).is_some_and(|p| self.plans.made(p))
+    fn set_here(&self, key: Named) -> bool {
+        self.keys.get(key).is_some_and(|(_, p)| self.plans.made(p))
     }
 }
 
 impl read::DiffSink for Applying<'_> {
     fn set(&mut self, k: usize, entry: ApiLimits) {
-        let set_here = |d: &KeyDigest| self.set_here(d).then_some(None);
+        let set_here = |named: Named, _: &KeyDigest| self.set_here(named).then_some(None);
         match Seen::default().name(self.ctx, k, &entry, set_here) {
             Err((field, reason)) => self.problems.add(format!("apilimits[{k}].{field}"), reason),
             Ok(digest) => {
@@ -474,9 +495,9 @@ impl read::DiffSink for Applying<'_> {
         }
     }
 
-    fn remove(&mut self, digest: KeyDigest) {
-        if !self.set_here(&digest) {
-            self.keys.remove(&digest);
+    fn remove(&mut self, key: Named) {
+        if !self.set_here(key) {
+            self.keys.remove(key);
         }
     }
 }
@@ -498,14 +519,15 @@ struct Seen {
 
 impl Seen {
     /// The digest `entry` is held by, once checked: named one way, in a well-formed digest, and
-    /// not a key already named (`known`: where the digest was met before, `Some(None)` when
-    /// where is not known). `Err`: the entry's field at fault and why.
+    /// not a key already named (`known`, given how the entry names its key and the key's digest:
+    /// where it was met before, `Some(None)` when where is not known). `Err`: the entry's field at
+    /// fault and why.
     fn name(
         &mut self,
         ctx: &KeyContext,
         k: usize,
         entry: &ApiLimits,
-        known: impl Fn(&KeyDigest) -> Option<Option<usize>>,
+        known: impl Fn(Named, &KeyDigest) -> Option<Option<usize>>,
     ) -> Result<KeyDigest, (&'static str, String)> {
         let (digest, form) = match (entry.key.is_empty(), entry.key_digest.as_deref()) {
             (false, Some(_)) => {
@@ -533,7 +555,11 @@ impl Seen {
                     .into(),
             ));
         }
-        if let Some(first) = known(&digest) {
+        let named = match form {
+            None => Named::Plain(entry.key.as_bytes()),
+            Some(_) => Named::Digest(&digest),
+        };
+        if let Some(first) = known(named, &digest) {
             return Err((field, duplicate_key(first)));
         }
         // Recorded as soon as checked: an entry with a problem fails its catalog anyway.
@@ -545,7 +571,9 @@ impl Seen {
                 }
                 self.hmac_entries.insert(digest, k);
                 ctx.hmac_entries.set(true);
+                ctx.digest_entries.set(true);
             }
+            (Some(Form::Sha256), _) => ctx.digest_entries.set(true),
             (None, Some(secrets)) => {
                 for i in 0..secrets.len() {
                     let Some(h) = secrets.hmac(i, entry.key.as_bytes()) else {
@@ -557,10 +585,15 @@ impl Seen {
                     self.hmacs_of_keys.entry(h).or_insert(k);
                 }
             }
-            _ => {}
+            (None, None) => {}
         }
         Ok(digest)
     }
+}
+
+/// Whether a key is named in plain and by its SHA-256 in `keys` (one caller twice).
+fn plain_twice(keys: &KeyTable) -> bool {
+    (keys.plain_keys()).any(|k| keys.get(Named::Digest(&KeyDigest::sha256(k))).is_some())
 }
 
 /// Why a key met twice cannot be used; `first`: where it was met first, when known.
@@ -907,10 +940,11 @@ fn build<K>(
         groups: &groups,
         defaults: &defaults,
         secrets: secrets.as_deref(),
+        digest_entries: std::cell::Cell::new(false),
         hmac_entries: std::cell::Cell::new(false),
     };
     let (keys, pooled) = keys(&ctx, &raw.apilimits, &mut problems);
-    let hmac_entries = ctx.hmac_entries.get();
+    let (digest_entries, hmac_entries) = (ctx.digest_entries.get(), ctx.hmac_entries.get());
     if endpoints.len() == raw.endpoints.len() {
         set_pools(&mut endpoints, &groups, &pooled);
     }
@@ -932,6 +966,7 @@ fn build<K>(
         tz,
         unknown_fields: Vec::new(),
         secrets,
+        digest_entries,
         hmac_entries,
     })
 }
@@ -955,7 +990,8 @@ struct KeyContext<'a> {
     defaults: &'a [usize],
     /// The key secrets `hmac-sha256` digests are made with.
     secrets: Option<&'a KeySecrets>,
-    /// Set when an entry named by an `hmac-sha256` digest is met.
+    /// Set when an entry named by a digest, and by an `hmac-sha256` one, is met.
+    digest_entries: std::cell::Cell<bool>,
     hmac_entries: std::cell::Cell<bool>,
 }
 
@@ -1141,6 +1177,7 @@ fn key_limits(
     let mut pooled = vec![false; ctx.groups.names.len()];
     let mut keys = KeyTable::with_capacity(entries.len());
     add_keys(entries, ctx, &mut keys, &mut pooled, problems);
+    keys.shrink();
     (keys, pooled)
 }
 
@@ -1157,7 +1194,7 @@ fn add_keys(
     let mut first_seen: HashMap<KeyDigest, usize> = HashMap::with_capacity(entries.len());
     let mut seen = Seen::default();
     for (k, entry) in entries.iter().enumerate() {
-        let digest = match seen.name(ctx, k, entry, |d| first_seen.get(d).map(|&f| Some(f))) {
+        let digest = match seen.name(ctx, k, entry, |_, d| first_seen.get(d).map(|&f| Some(f))) {
             Ok(digest) => digest,
             Err((field, reason)) => {
                 problems.add(format!("apilimits[{k}].{field}"), reason);
@@ -1184,7 +1221,11 @@ fn add_key(
 ) -> bool {
     match key_plan(k, entry, ctx, pooled, problems) {
         Some(plan) => {
-            keys.insert(digest, plans.share(plan));
+            let named = match entry.key_digest {
+                None => Named::Plain(entry.key.as_bytes()),
+                Some(_) => Named::Digest(&digest),
+            };
+            keys.insert(named, digest.id(), plans.share(plan));
             true
         }
         None => false,
@@ -2003,7 +2044,7 @@ mod tests {
             };
             assert_eq!(l.own[0].rl, 5, "{key}");
             let id = l.key_id().unwrap();
-            assert_eq!(Some(id), s.find(key.as_bytes()).map(|d| d.id()));
+            assert_eq!(Some(id), s.find(key.as_bytes()));
             assert!(!id.to_string().contains(key));
         }
         for stranger in ["", "Plain", "hashed ", "current", "keyed-now\n"] {
