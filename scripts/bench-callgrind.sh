@@ -13,6 +13,8 @@
 # so each request's reservation is given back). PAD=N adds a header of N bytes to each request
 # (the echo's body grows by as much: PAD=500 makes it about 1 kB).
 # BODY=N sends each request as a POST with a body of N bytes (and a Content-Length).
+# DIGESTS=sha256 names the catalog's keys by their SHA-256 (`"key_digest"`, issue 72) instead of in
+# plain; DIGESTS=hmac by their HMAC-SHA256 under a secret file the gateway is given.
 # FIELDS=1 adds the six fields an API client or browser usually sends and the gateway does not
 # read (User-Agent, Accept, Accept-Encoding, Accept-Language, Cache-Control, X-Request-Id: 200
 # bytes), which the gateway and its peers hand on to the upstream.
@@ -47,8 +49,9 @@ if [ -n "${PEER:-}" ]; then
   NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 fi
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} python3 - "$W/catalog.json" <<'PY'
-import json, os, sys
+printf 'bench secret\n' >"$W/key-secret"
+WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} DIGESTS=${DIGESTS:-} python3 - "$W/catalog.json" <<'PY'
+import hashlib, hmac, json, os, sys
 ws = [60] if os.environ["WINDOWS"] == "1" else [1, 60, 3600]
 many = 1_000_000_000
 limits = {
@@ -58,7 +61,14 @@ limits = {
     "concurrent": [{"ep": 0, "concurrent": 1000}],
     "refused": [{"ep": 0, "rl": 1, "w": 3600}],
 }[os.environ["LIMITS"]]
-keys = [{"key": f"key-{i:04d}", "limits": limits} for i in range(1000)]
+def named(key):
+    if os.environ["DIGESTS"] == "sha256":
+        return {"key_digest": "sha256:" + hashlib.sha256(key.encode()).hexdigest()}
+    if os.environ["DIGESTS"] == "hmac":
+        mac = hmac.new(b"bench secret", key.encode(), hashlib.sha256).hexdigest()
+        return {"key_digest": "hmac-sha256:" + mac}
+    return {"key": key}
+keys = [dict(named(f"key-{i:04d}"), limits=limits) for i in range(1000)]
 endpoint = {"p": 0, "m": 1 if int(os.environ["BODY"]) else 0}
 if os.environ["COST_FROM"]:
     endpoint["cost_from"] = {"json": "body_bytes"}
@@ -79,7 +89,8 @@ instructions() {
     "$BIN" example-upstream --listen "127.0.0.1:$up2" 2>/dev/null & up2pid=$!
     url="$url,http://127.0.0.1:$up2"
   fi
-  local sim=()
+  local sim=() secret=()
+  [ "${DIGESTS:-}" = hmac ] && secret=(--set "catalog.key_secret_file=$W/key-secret")
   [ -n "${CACHE:-}" ] && sim=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64 --dump-instr=yes)
   if [ -n "${PEER:-}" ]; then
     local servers="server 127.0.0.1:$up;" limit=()
@@ -93,7 +104,7 @@ instructions() {
   else
     valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$W/cg.out" "$BIN" --listen "127.0.0.1:$gw" \
       --upstream "$url" --catalog "$W/catalog.json" --set log.level=warn \
-      --set admin.enabled=false --set server.workers=1 "$@" 2>"$W/vg.log" & gpid=$!
+      --set admin.enabled=false --set server.workers=1 "${secret[@]}" "$@" 2>"$W/vg.log" & gpid=$!
   fi
   for _ in $(seq 1 600); do (echo >"/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
   local served=$n

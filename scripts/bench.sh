@@ -50,13 +50,18 @@ trap cleanup EXIT
 
 # A catalog with 1000 keys far under their limits, one key ("hog") with a limit of 10 per minute and
 # one ("hot") far under its limit.
-python3 - "$WORK/catalog.json" <<'PY'
-import json, sys
+# The same catalog with every key named by its SHA-256 (`"key_digest"`, issue 72).
+python3 - "$WORK/catalog.json" "$WORK/catalog-digests.json" <<'PY'
+import hashlib, json, sys
 keys = [{"key": f"key-{i:04d}", "limits": [{"ep": 0, "rl": 1_000_000_000}]} for i in range(1000)]
 keys.append({"key": "hog", "limits": [{"ep": 0, "rl": 10}]})
 keys.append({"key": "hot", "limits": [{"ep": 0, "rl": 1_000_000_000}]})
-json.dump({"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
-           "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}, open(sys.argv[1], "w"))
+doc = {"version": {"semver": "bench", "hash": "bench"}, "methods": ["GET"], "paths": ["/users/{id}"],
+       "endpoints": [{"p": 0, "m": 0}], "apilimits": keys}
+json.dump(doc, open(sys.argv[1], "w"))
+for k in keys:
+    k["key_digest"] = "sha256:" + hashlib.sha256(k.pop("key").encode()).hexdigest()
+json.dump(doc, open(sys.argv[2], "w"))
 PY
 # Every request uses one of the 1000 keys, round robin per wrk thread.
 many_keys_lua "$WORK/many-keys.lua"
@@ -245,6 +250,10 @@ for ROUND in $(seq "$ROUNDS"); do
   gateway "quotagate, memory store, 1 worker, 2 targets least requests" MANY --set server.workers=1 \
     --set "upstream.url=$TWO"
   gateway "quotagate, Redis store, 1000 keys under limit" MANY "${REDIS[@]}"
+  DIGESTED=(--set "catalog.file=$WORK/catalog-digests.json")
+  gateway "quotagate, memory store, 1000 keys under limit, named by SHA-256 digests" MANY "${DIGESTED[@]}"
+  gateway "quotagate, Redis store, 1000 keys under limit, named by SHA-256 digests" MANY "${REDIS[@]}" \
+    "${DIGESTED[@]}"
   gateway "quotagate, Redis store, 1000 keys under limit, leases off" MANY "${REDIS[@]}" --set store.lease=off
   gateway "quotagate, memory store, one hot key under limit" HOT
   gateway "quotagate, Redis store, one hot key under limit" HOT "${REDIS[@]}"

@@ -19,6 +19,13 @@ SETS = {
         ("limits off <= 0.9x nginx proxy_pass", "quotagate, limits off", [NGINX], 0.9),
         ("memory store <= the best per-key peer (nginx limit_req, HAProxy stick table)",
          "quotagate, memory store, 1000 keys under limit", PER_KEY_PEERS, 1.0),
+        # Issue 72: a catalog of digests against the same catalog in plain.
+        ("keys as SHA-256 digests <= 1.03x in plain, memory store",
+         "quotagate, memory store, 1000 keys under limit, named by SHA-256 digests",
+         ["quotagate, memory store, 1000 keys under limit"], 1.03),
+        ("keys as SHA-256 digests <= 1.03x in plain, Redis store (leases)",
+         "quotagate, Redis store, 1000 keys under limit, named by SHA-256 digests",
+         ["quotagate, Redis store, 1000 keys under limit"], 1.03),
     ],
     "connections": [
         ("a new TLS 1.3 connection a request <= 1.0x nginx ssl",
