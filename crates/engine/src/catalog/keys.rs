@@ -66,20 +66,43 @@ impl<'a> Named<'a> {
 /// Marks a digest's slot in [`Slot::len`] (no key is 2 GiB long).
 const DIGESTED: u32 = 1 << 31;
 
-/// A key of a shard: where its bytes are in the shard's arena (and whether they are a digest's),
-/// what its counters are named by, and its plan.
+/// A key of a shard: where its record is in the shard's arena (and whether it is a digest's),
+/// and its plan. A plain key's record is its [`KeyId`] (16 bytes), then its bytes; a digest's is
+/// the digest, whose first 16 bytes are its id. So the id costs a slot nothing, and a diff that
+/// changes only limits shares it with the key's bytes.
 #[derive(Debug, Clone)]
 struct Slot {
     at: u32,
-    /// Its bytes' length, with [`DIGESTED`] set for a digest.
+    /// Its key's length, with [`DIGESTED`] set for a digest.
     len: u32,
-    id: KeyId,
     plan: Arc<Plan>,
 }
 
+/// The bytes of an id, before a plain key's bytes in its record.
+const ID_BYTES: usize = 16;
+
 impl Slot {
+    /// Bytes of its record before the key's.
+    fn before(&self) -> usize {
+        if self.len & DIGESTED == 0 {
+            ID_BYTES
+        } else {
+            0
+        }
+    }
+
+    fn record<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.at as usize..][..self.before() + (self.len & !DIGESTED) as usize]
+    }
+
     fn key<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
-        &bytes[self.at as usize..][..(self.len & !DIGESTED) as usize]
+        &self.record(bytes)[self.before()..]
+    }
+
+    fn id(&self, bytes: &[u8]) -> KeyId {
+        let mut id = [0u8; ID_BYTES];
+        id.copy_from_slice(&self.record(bytes)[..ID_BYTES]);
+        KeyId(id)
     }
 
     fn is(&self, bytes: &[u8], key: &[u8], kind: u32) -> bool {
@@ -109,11 +132,11 @@ impl Shard {
     /// Room for `key` at the end of the arena, made this shard's own first; the arena is
     /// rewritten without the removed keys' bytes when it is shared (a copy is made anyway) or
     /// when they are most of it.
-    fn append(&mut self, key: &[u8]) -> Result<(u32, u32), TooLarge> {
+    fn append(&mut self, before: &[u8], key: &[u8]) -> Result<(u32, u32), TooLarge> {
         let shared = Arc::get_mut(&mut self.bytes).is_none();
         let live = self.bytes.len() - self.dead;
         let compact = shared || self.dead > self.bytes.len() / 2;
-        let end = if compact { live } else { self.bytes.len() } + key.len();
+        let end = if compact { live } else { self.bytes.len() } + before.len() + key.len();
         // Checked before anything changes: every offset below then fits, and no length reaches
         // the flag bit.
         let (Ok(len), Ok(_)) = (u32::try_from(key.len()), u32::try_from(end)) else {
@@ -125,7 +148,7 @@ impl Shard {
         if compact {
             let mut fresh = Vec::with_capacity(end);
             for slot in self.slots.iter_mut() {
-                let from = slot.key(&self.bytes);
+                let from = slot.record(&self.bytes);
                 slot.at = fresh.len() as u32;
                 fresh.extend_from_slice(from);
             }
@@ -134,6 +157,7 @@ impl Shard {
         // This shard's own by now (never a copy here).
         let bytes = Arc::make_mut(&mut self.bytes);
         let at = bytes.len() as u32;
+        bytes.extend_from_slice(before);
         bytes.extend_from_slice(key);
         Ok((at, len))
     }
@@ -206,7 +230,9 @@ impl KeyTable {
         let (key, kind) = key.parts();
         let hash = self.hash(key);
         let shard = &self.shards[self.shard_of(hash)];
-        shard.find(hash, key, kind).map(|s| (s.id, &*s.plan))
+        shard
+            .find(hash, key, kind)
+            .map(|s| (s.id(&shard.bytes), &*s.plan))
     }
 
     /// The keys named in plain (for a check across a whole catalog).
@@ -218,8 +244,8 @@ impl KeyTable {
         })
     }
 
-    /// Sets the plan and id of the key named `key`; copies its shard first if another version
-    /// shares it.
+    /// Sets the plan of the key named `key` (and, when it is new and named in plain, its id: a
+    /// digest's is its first half); copies its shard first if another version shares it.
     pub fn insert(&mut self, key: Named, id: KeyId, plan: Arc<Plan>) {
         let (key, kind) = key.parts();
         let hash = self.hash(key);
@@ -228,10 +254,11 @@ impl KeyTable {
         let shard = Arc::make_mut(&mut self.shards[at]);
         let bytes = &shard.bytes[..];
         if let Some(slot) = shard.slots.find_mut(hash, |s| s.is(bytes, key, kind)) {
-            (slot.plan, slot.id) = (plan, id);
+            slot.plan = plan;
             return;
         }
-        let Ok((at, len)) = shard.append(key) else {
+        let before: &[u8] = if kind == DIGESTED { &[] } else { &id.0 };
+        let Ok((at, len)) = shard.append(before, key) else {
             // Unreachable (see `TooLarge`); the key is then not there, never another's.
             return;
         };
@@ -239,7 +266,6 @@ impl KeyTable {
         let slot = Slot {
             at,
             len: len | kind,
-            id,
             plan,
         };
         (shard.slots).insert_unique(hash, slot, |s| hasher.hash_one(s.key(bytes)));
@@ -259,7 +285,7 @@ impl KeyTable {
         let bytes = &shard.bytes[..];
         if let Ok(entry) = shard.slots.find_entry(hash, |s| s.is(bytes, key, kind)) {
             let (slot, _) = entry.remove();
-            shard.dead += (slot.len & !DIGESTED) as usize;
+            shard.dead += slot.before() + (slot.len & !DIGESTED) as usize;
             self.len -= 1;
         }
     }
@@ -397,7 +423,7 @@ mod tests {
             t.insert(Named::Plain(format!("key{i:03}").as_bytes()), ID, p.clone());
         }
         let full = t.shards[0].bytes.len();
-        assert_eq!(full, 600);
+        assert_eq!(full, 100 * (16 + 6), "each key after its id");
         for i in 0..60u32 {
             t.remove(Named::Plain(format!("key{i:03}").as_bytes()));
         }
@@ -408,15 +434,15 @@ mod tests {
         );
         // Mostly dead: the next key added rewrites the arena with the live keys.
         t.insert(Named::Plain(b"fresh!"), ID, p.clone());
-        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        assert_eq!(t.shards[0].bytes.len(), 41 * 22);
         // Shared with another version: the copy keeps only the live keys.
         let old = t.clone();
         t.remove(Named::Plain(b"key099"));
         t.insert(Named::Plain(b"other!"), ID, p.clone());
-        assert_eq!(t.shards[0].bytes.len(), 41 * 6);
+        assert_eq!(t.shards[0].bytes.len(), 41 * 22);
         assert_eq!(
             old.shards[0].bytes.len(),
-            41 * 6,
+            41 * 22,
             "the old version untouched"
         );
         for i in 60..99u32 {
@@ -450,7 +476,11 @@ mod tests {
         t.insert(Named::Digest(&d), other, Arc::new(plan(2)));
         assert_eq!(t.len(), 2);
         assert_eq!(t.get(Named::Plain(&d.0)).unwrap().0, ID);
-        assert_eq!(t.get(Named::Digest(&d)).unwrap().0, other);
+        assert_eq!(
+            t.get(Named::Digest(&d)).unwrap().0,
+            KeyId([b'x'; 16]),
+            "a digest's id is its first half"
+        );
         assert_eq!(t.plain_keys().collect::<Vec<_>>(), [&d.0[..]]);
         t.remove(Named::Digest(&d));
         assert!(t.get(Named::Digest(&d)).is_none() && t.get(Named::Plain(&d.0)).is_some());
