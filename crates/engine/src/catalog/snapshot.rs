@@ -468,7 +468,7 @@ struct Applying<'a> {
 }
 
 impl Applying<'_> {
-    /// Whether this diff set the key of `digest` already.
+    /// Whether this diff set the key named `key` already.
     fn set_here(&self, key: Named) -> bool {
         self.keys.get(key).is_some_and(|(_, p)| self.plans.made(p))
     }
@@ -506,9 +506,9 @@ const EMPTY_KEY: &str =
     "the API key is empty (an entry names its key by \"key\" or \"key_digest\")";
 
 /// The keys a document named so far, to find one named twice in any of its forms: a `key`, its
-/// `sha256:` digest (both held as the key's SHA-256, met as one digest), or its `hmac-sha256:`
-/// digest (told only with the secrets: a `key`'s HMACs are remembered here). A `sha256:` and an
-/// `hmac-sha256:` digest of one key cannot be told to be one key.
+/// `sha256:` digest (one SHA-256, met twice), or its `hmac-sha256:` digest (told only with the
+/// secrets: a `key`'s HMACs are remembered here). A `sha256:` and an `hmac-sha256:` digest of one
+/// key cannot be told to be one key.
 #[derive(Default)]
 struct Seen {
     /// Each `key`'s HMAC under each secret, and where the key was (its entry's index).
