@@ -303,6 +303,11 @@ impl Digests {
     pub fn as_slice(&self) -> &[KeyDigest] {
         &self.all[..usize::from(self.len)]
     }
+
+    /// The key's SHA-256 (always the first).
+    pub fn sha256(&self) -> KeyDigest {
+        self.all[0]
+    }
 }
 
 #[cfg(test)]
