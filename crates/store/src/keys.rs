@@ -177,7 +177,9 @@ impl CounterKey {
         }
         // Through the engine's per-thread memo of digests: a busy descriptor is digested once
         // (a SHA-256 is ~3,400 instructions in software, as callgrind counts it).
-        let id = quotagate_engine::catalog::digests(&listed, None).sha256().id();
+        let id = quotagate_engine::catalog::digests(&listed, None)
+            .sha256()
+            .id();
         let mut s = Vec::with_capacity(domain.len() + 40);
         s.extend_from_slice(b"{#");
         escape(domain.as_bytes(), &mut s);
