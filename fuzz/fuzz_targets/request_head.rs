@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use quotagate::server::h1::{Line, Parsed, parse, read_head};
 
 fn read(part: &[u8], lines: &mut Vec<Line>) -> (String, Vec<(String, Vec<u8>)>) {
-    let parsed = parse(part, 4096, lines);
+    let parsed = parse(part, 4096, 100, lines);
     let Parsed::Own(head) = &parsed else {
         return (format!("{parsed:?}"), Vec::new());
     };

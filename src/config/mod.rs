@@ -196,6 +196,8 @@ pub struct ServerConfig {
     pub keep_alive_timeout_ms: u64,
     /// Largest request header section. Default: 65536 bytes (at least 8192).
     pub max_header_bytes: usize,
+    /// Header lines a request may have; more get 431. Default: 100 (from 1 to 10000).
+    pub max_headers: usize,
     /// Largest request body; larger ones get 413. Default: 10485760 bytes (10 MiB).
     pub max_body_bytes: u64,
     /// Open client connections at most; more wait in the accept queue. Default: 10000.
@@ -223,6 +225,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             keep_alive_timeout_ms: 75_000,
             max_header_bytes: 64 * 1024,
+            max_headers: 100,
             max_body_bytes: 10 * 1024 * 1024,
             max_connections: 10_000,
             workers: 0,

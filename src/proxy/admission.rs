@@ -11,7 +11,7 @@
 //!    neither creates a counter;
 //! 6. the sliding window (the store's verdict): 429 with `Retry-After`, or forward.
 
-use http::header::{CONTENT_LENGTH, HOST, HeaderValue};
+use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Version};
 
@@ -416,8 +416,11 @@ pub fn admit<'s, 'r>(
 /// a custom name is hashed byte by byte: ~90-180 instructions each, callgrind).
 #[derive(Default)]
 struct Fields<'r> {
-    /// How many `Host` fields (counted to two).
+    /// How many `Host` fields (counted to two), and the first.
     hosts: u8,
+    host: Option<&'r HeaderValue>,
+    /// A `Transfer-Encoding` came.
+    coded: bool,
     content_length: Option<&'r HeaderValue>,
     api_key: Two<'r>,
     /// The cost field's (`limits.cost_header`), when one is configured.
@@ -430,7 +433,9 @@ impl<'r> Fields<'r> {
         for (name, value) in &head.headers {
             if name == HOST {
                 f.hosts = f.hosts.saturating_add(1).min(2);
+                f.host.get_or_insert(value);
             }
+            f.coded |= name == TRANSFER_ENCODING;
             if name == CONTENT_LENGTH && f.content_length.is_none() {
                 f.content_length = Some(value);
             }
@@ -653,6 +658,20 @@ fn check_head<'s>(head: &Parts, fields: &Fields<'_>, policy: &Policy) -> Result<
             "an HTTP/1.1 request needs exactly one Host header",
         ));
     }
+    // RFC 9112 §3.2: and one with an invalid Host (it would go on as `X-Forwarded-Host`).
+    if fields
+        .host
+        .is_some_and(|h| !crate::server::framing::valid_host(h.as_bytes()))
+    {
+        return Err(Admission::reject(
+            Decision::BadRequest,
+            StatusCode::BAD_REQUEST,
+            "the Host header is not a host and an optional port",
+        ));
+    }
+    if fields.coded {
+        coding_refused(head)?;
+    }
     let declared = fields
         .content_length
         .and_then(|v| v.to_str().ok())
@@ -668,6 +687,29 @@ fn check_head<'s>(head: &Parts, fields: &Fields<'_>, policy: &Policy) -> Result<
         ));
     }
     Ok(())
+}
+
+/// A request with a `Transfer-Encoding`, framed by its codings as the own server frames those it
+/// reads ([`crate::server::framing`]): one hyper's server read (after a hand-off) may list codings
+/// it decoded but for `chunked` and would pass on without them (hyper refuses the rest itself).
+/// Its `Content-Length`, if it had one, is gone by now (hyper's server drops it: the connection
+/// then closes after the answer).
+#[cold]
+#[inline(never)]
+#[allow(clippy::result_large_err)]
+fn coding_refused<'s>(head: &Parts) -> Result<(), Admission<'s>> {
+    let mut framing = crate::server::framing::RequestFraming::default();
+    for value in head.headers.get_all(http::header::TRANSFER_ENCODING) {
+        framing.transfer_encoding(value.as_bytes());
+    }
+    match framing.decide(head.version == Version::HTTP_11) {
+        Ok(_) => Ok(()),
+        Err(refusal) => Err(Admission::reject(
+            Decision::BadRequest,
+            refusal.status,
+            refusal.why,
+        )),
+    }
 }
 
 /// Step 2: the API key, `None` when it is missing and anonymous limits may apply.

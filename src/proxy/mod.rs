@@ -496,12 +496,18 @@ impl Proxy {
             // map: each way to the upstream puts the target's in its place (the own exchange
             // skips the map's, hyper's HTTP/1.1 replaces it, HTTP/2 removes it), and taking it
             // out cost ~230 instructions a request (callgrind).
-            let host = match headers::find(req.headers(), &HOST) {
-                Some(v) if v.to_str().is_ok() => Some(v.clone()),
-                _ => req
-                    .uri()
-                    .authority()
-                    .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
+            // An absolute-form target's authority is the request's host, whatever its Host says
+            // (RFC 9112 §3.2.2); without userinfo, which names no host.
+            let host = match req.uri().authority() {
+                Some(a) => {
+                    let a = a.as_str();
+                    let a = a.rsplit_once('@').map_or(a, |(_, host)| host);
+                    http::HeaderValue::from_str(a).ok()
+                }
+                None => match headers::find(req.headers(), &HOST) {
+                    Some(v) if v.to_str().is_ok() => Some(v.clone()),
+                    _ => None,
+                },
             };
             // Only a request that hyper's server read as asking to switch (HTTP/1.1 with an
             // `Upgrade`) carries an `OnUpgrade`: the own server hands every such request to

@@ -31,13 +31,14 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::RequestBody;
+use super::{RequestBody, cold};
 
 /// The largest request body read whole here, in bytes (64 KiB; the proxy's
 /// `outgoing::WHOLE_MAX` is this one): a longer one is hyper's, which streams it.
 pub const BODY_MAX: u64 = 64 * 1024;
 
-/// Header lines a request may have (hyper's default): more is hyper's to refuse.
+/// Header lines a request read here may have (hyper's default): one with more (up to
+/// `server.max_headers`) is hyper's.
 const MAX_HEADERS: usize = 100;
 
 /// The longest request target (hyper's limit): longer is hyper's to refuse (414).
@@ -52,6 +53,9 @@ pub enum Parsed {
     Own(Head),
     /// A request for hyper's server (or bytes that are not a request: hyper answers them).
     Hyper,
+    /// A request whose framing is refused ([`framing`](super::framing)): answered here, and the
+    /// connection closes.
+    Refused(Refusal),
 }
 
 /// A request head read here.
@@ -62,8 +66,8 @@ pub struct Head {
     pub method: Method,
     /// Where the request target is in the head.
     pub target: Range<usize>,
-    /// The body's length (`Content-Length`; 0 without one).
-    pub body: u64,
+    /// The body's length: `Content-Length` (0 without one), or chunked.
+    pub body: BodyLength,
     /// The client asked to close after this request (`Connection: close`).
     pub close: bool,
     /// The line of the head's one `Connection` field, when it says only `close` or
@@ -71,6 +75,7 @@ pub struct Head {
     pub connection: Option<usize>,
 }
 
+use crate::server::framing::{BodyLength, Chunked, Next, Refusal, RequestFraming};
 use crate::server::http1::{KEPT_ROOM, has_token, plain_number};
 pub use crate::server::http1::{Line, Lines};
 use crate::server::passed::{Passed, Passes};
@@ -81,8 +86,13 @@ static CLOSE: http::HeaderName = http::HeaderName::from_static("close");
 
 /// Reads the request head at the start of `buf`, if it is whole; its header lines go to `lines`
 /// (which hold the connection's last request's, reused where written the same). `max_head`
-/// bounds a head's length.
-pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
+/// bounds a head's length, `max_headers` its lines (more than [`MAX_HEADERS`] is hyper's).
+///
+/// Every head whose lines are read is framed here ([`RequestFraming`]), whoever serves it: a
+/// framing refused is [`Parsed::Refused`] even where hyper's server would have read it (two
+/// equal lengths, a length and a coding, a coding but chunked), so what hyper is handed frames
+/// its message as this server would.
+pub fn parse(buf: &[u8], max_head: usize, max_headers: usize, lines: &mut Lines) -> Parsed {
     let mut headers =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
@@ -95,24 +105,23 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
         Ok(httparse::Status::Partial) if buf.len() < max_head => return Parsed::Partial,
         _ => return Parsed::Hyper,
     };
-    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Parsed::Hyper;
     };
-    if len > max_head || target.len() > MAX_URI {
+    if len > max_head || target.len() > MAX_URI || req.headers.len() > max_headers {
         return Parsed::Hyper;
     }
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Parsed::Hyper;
     };
-    if method == Method::CONNECT {
-        return Parsed::Hyper;
-    }
+    // Read here, but served by hyper's server once the framing is known to be sound.
+    let mut hypers = version != 1 || method == Method::CONNECT;
     let start = buf.as_ptr() as usize;
     let at = |s: &[u8]| {
         let from = s.as_ptr() as usize - start;
         from..from + s.len()
     };
-    let (mut body, mut close) = (None, false);
+    let (mut framing, mut close) = (RequestFraming::default(), false);
     // The `Connection` line (`None` inside: more than one), and whether a field is named `close`.
     let (mut connection, mut named_close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
@@ -124,32 +133,30 @@ pub fn parse(buf: &[u8], max_head: usize, lines: &mut Lines) -> Parsed {
         };
         let name = &line.name;
         match *name {
-            header::CONTENT_LENGTH => match (plain_number(h.value), body) {
-                (Some(n), None) => body = Some(n),
-                (Some(n), Some(m)) if n == m => {}
-                _ => return Parsed::Hyper,
-            },
+            header::CONTENT_LENGTH => framing.content_length(h.value),
+            header::TRANSFER_ENCODING => framing.transfer_encoding(h.value),
             header::CONNECTION => {
                 if h.value.eq_ignore_ascii_case(b"close") {
                     close = true;
                 } else if !h.value.eq_ignore_ascii_case(b"keep-alive") {
                     // `upgrade`, or a list: hyper's.
-                    return Parsed::Hyper;
+                    hypers = true;
                 }
                 connection = match connection {
                     None => Some(Some(i)),
                     Some(_) => Some(None),
                 };
             }
-            header::TRANSFER_ENCODING | header::UPGRADE | header::EXPECT | header::TE => {
-                return Parsed::Hyper;
-            }
+            header::UPGRADE | header::EXPECT | header::TE => hypers = true,
             _ => named_close |= *name == CLOSE,
         }
     }
     lines.truncate(req.headers.len());
-    let body = body.unwrap_or(0);
-    if body > BODY_MAX {
+    let body = match framing.decide(version == 1) {
+        Ok(body) => body,
+        Err(refusal) => return Parsed::Refused(refusal),
+    };
+    if hypers || matches!(body, BodyLength::Length(n) if n > BODY_MAX) {
         return Parsed::Hyper;
     }
     Parsed::Own(Head {
@@ -318,6 +325,8 @@ pub struct Conn<'a, H> {
     pub activity: &'a std::sync::Arc<super::idle::Activity>,
     /// `server.max_header_bytes` (at least 8 KiB).
     pub max_head: usize,
+    /// `server.max_headers`.
+    pub max_headers: usize,
     /// Fields the handler hands on unread ([`HttpSettings::passes`](super::HttpSettings)).
     pub passes: Option<&'a Passes>,
 }
@@ -332,7 +341,7 @@ pub async fn serve<I, H, F, A, B, D>(
     mut drain: Pin<&mut D>,
 ) -> End<I>
 where
-    I: AsyncRead + AsyncWrite + Unpin,
+    I: AsyncRead + AsyncWrite + Unpin + Send,
     H: Fn(SocketAddr, Request<RequestBody>) -> F,
     F: Future<Output = A>,
     A: super::Answer<Body = B>,
@@ -345,10 +354,11 @@ where
     loop {
         let head = loop {
             if !buf.is_empty() {
-                match parse(&buf, conn.max_head, &mut lines) {
+                match parse(&buf, conn.max_head, conn.max_headers, &mut lines) {
                     Parsed::Own(head) => break head,
                     Parsed::Hyper if draining => return End::Closed,
                     Parsed::Hyper => return End::Hyper(buf, io),
+                    Parsed::Refused(refusal) => return cold::apart(|| refuse(io, refusal)).await,
                     Parsed::Partial => {}
                 }
             }
@@ -393,17 +403,32 @@ where
             return again(&head_bytes, buf, io, draining);
         };
         let request_in_flight = conn.activity.begin();
-        let body = head.body as usize;
-        while buf.len() < body {
-            buf.reserve(body - buf.len());
-            if !matches!(io.read_buf(&mut buf).await, Ok(n) if n > 0) {
-                // Cut short: hyper's, which hands the handler a body that fails (its answer, 400,
-                // is the handler's).
-                drop(request_in_flight);
-                return again(&head_bytes, buf, io, draining);
+        let body = match head.body {
+            BodyLength::Length(n) => {
+                let body = n as usize;
+                while buf.len() < body {
+                    buf.reserve(body - buf.len());
+                    if !matches!(io.read_buf(&mut buf).await, Ok(n) if n > 0) {
+                        // Cut short: hyper's, which hands the handler a body that fails (its
+                        // answer, 400, is the handler's).
+                        drop(request_in_flight);
+                        return again(&head_bytes, buf, io, draining);
+                    }
+                }
+                buf.split_to(body).freeze()
             }
-        }
-        let mut req = Request::new(RequestBody::read(buf.split_to(body).freeze(), passed));
+            BodyLength::Chunked => match cold::apart(|| read_chunked(&mut io, &mut buf)).await {
+                Ok(Some(body)) => body,
+                // Longer than is read whole, with trailers, or cut short: hyper's, from the
+                // head's first byte (nothing of `buf` was taken).
+                Ok(None) => {
+                    drop(request_in_flight);
+                    return again(&head_bytes, buf, io, draining);
+                }
+                Err(refusal) => return cold::apart(|| refuse(io, refusal)).await,
+            },
+        };
+        let mut req = Request::new(RequestBody::read(body, passed));
         *req.method_mut() = parts.0;
         *req.uri_mut() = parts.1;
         *req.headers_mut() = parts.2;
@@ -467,6 +492,70 @@ where
                 let _ = io.shutdown().await;
                 return End::Closed;
             }
+        }
+    }
+}
+
+/// Answers a request whose framing is refused, then closes: what follows it on the connection
+/// cannot be told from a next request's head.
+async fn refuse<I: AsyncWrite + Unpin + Send>(mut io: I, refusal: Refusal) -> End<I> {
+    let (parts, body) =
+        super::problem::problem(refusal.status, None, refusal.why, None).into_parts();
+    let mut out = Vec::new();
+    let written = super::Written::default();
+    let _ = respond(&mut io, &mut out, &parts, &written, body, false, false).await;
+    let _ = io.shutdown().await;
+    End::Closed
+}
+
+/// The raw bytes a chunked body read whole may take, in bytes (four times [`BODY_MAX`]: a body
+/// sent in small chunks is longer than its data).
+const CHUNKED_MAX: usize = 4 * BODY_MAX as usize;
+
+/// Reads a chunked request body whole from `buf` (its head taken off) and `io`: its data, with
+/// `buf` then starting after the body. `Ok(None)`, and `buf` holds what it held and all that was
+/// read after: the body is longer than is read whole ([`BODY_MAX`] of data, [`CHUNKED_MAX`] of
+/// bytes), has trailer fields (hyper's server passes them on), or the client stopped sending.
+async fn read_chunked<I: AsyncRead + Unpin + Send>(
+    io: &mut I,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, Refusal> {
+    const MALFORMED: Refusal = Refusal {
+        status: StatusCode::BAD_REQUEST,
+        why: "the chunked request body is malformed",
+    };
+    let mut chunked = Chunked::new(1024);
+    let mut data = BytesMut::new();
+    let mut at = 0;
+    loop {
+        let (used, next) = chunked.next(&buf[at..]).map_err(|_| MALFORMED)?;
+        at += used;
+        match next {
+            Next::Data(n) => {
+                if data.len() + n > BODY_MAX as usize {
+                    return Ok(None);
+                }
+                data.extend_from_slice(&buf[at..at + n]);
+                at += n;
+                continue;
+            }
+            Next::Trailers => match super::framing::trailer_section(&buf[at..], 1024) {
+                Err(_) => return Err(MALFORMED),
+                Ok(Some((len, 0))) => {
+                    buf.advance(at + len);
+                    return Ok(Some(data.freeze()));
+                }
+                Ok(Some(_)) => return Ok(None),
+                Ok(None) => {}
+            },
+            Next::More => {}
+        }
+        if buf.len() >= CHUNKED_MAX {
+            return Ok(None);
+        }
+        buf.reserve(READ);
+        if !matches!(io.read_buf(buf).await, Ok(n) if n > 0) {
+            return Ok(None);
         }
     }
 }
@@ -598,7 +687,7 @@ pub fn read_head(
     lines: &mut Lines,
     passes: Option<&Passes>,
 ) -> Option<(Method, http::Uri, HeaderMap, Passed)> {
-    let Parsed::Own(head) = parse(buf, buf.len().max(8192), lines) else {
+    let Parsed::Own(head) = parse(buf, buf.len().max(8192), MAX_HEADERS, lines) else {
         return None;
     };
     let mut passed = Passed::default();
@@ -768,7 +857,7 @@ mod tests {
     use http::header::HeaderName;
 
     fn own(s: &str) -> Head {
-        match parse(s.as_bytes(), 8192, &mut Vec::new()) {
+        match parse(s.as_bytes(), 8192, 100, &mut Vec::new()) {
             Parsed::Own(h) => h,
             other => panic!("{s:?}: {other:?}"),
         }
@@ -776,7 +865,7 @@ mod tests {
 
     fn hyper(s: &str) {
         assert_eq!(
-            parse(s.as_bytes(), 8192, &mut Vec::new()),
+            parse(s.as_bytes(), 8192, 100, &mut Vec::new()),
             Parsed::Hyper,
             "{s:?}"
         );
@@ -786,25 +875,25 @@ mod tests {
     fn plain_requests_are_read_here_with_their_lines() {
         let mut lines = Vec::new();
         let s = "GET /users/42?x=1 HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\n\r\nGET /next";
-        let Parsed::Own(h) = parse(s.as_bytes(), 8192, &mut lines) else {
+        let Parsed::Own(h) = parse(s.as_bytes(), 8192, 100, &mut lines) else {
             panic!()
         };
         assert_eq!(h.len, s.find("GET /next").unwrap());
         assert_eq!(h.method, Method::GET);
         assert_eq!(&s[h.target.clone()], "/users/42?x=1");
-        assert_eq!((h.body, h.close), (0, false));
+        assert_eq!((h.body, h.close), (BodyLength::Length(0), false));
         let lines: Vec<_> = lines
             .iter()
             .map(|l| (l.name.as_str(), &s[l.value.clone()]))
             .collect();
         assert_eq!(lines, [("host", "a"), ("x-api-key", "k")]);
-        let h = own(
-            "POST / HTTP/1.1\r\ncontent-length: 12\r\nContent-Length: 12\r\nConnection: Close\r\n\r\n",
-        );
-        assert_eq!((h.body, h.close), (12, true));
+        let h = own("POST / HTTP/1.1\r\ncontent-length: 12\r\nConnection: Close\r\n\r\n");
+        assert_eq!((h.body, h.close), (BodyLength::Length(12), true));
+        let h = own("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(h.body, BodyLength::Chunked);
         assert!(!own("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n").close);
         assert_eq!(
-            parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 8192, &mut Vec::new()),
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 8192, 100, &mut Vec::new()),
             Parsed::Partial
         );
     }
@@ -928,7 +1017,10 @@ mod tests {
     fn a_connections_names_are_reused_only_where_written_the_same() {
         let mut lines = Vec::new();
         let names = |s: &str, lines: &mut Vec<Line>| -> Vec<(String, String)> {
-            assert!(matches!(parse(s.as_bytes(), 8192, lines), Parsed::Own(_)));
+            assert!(matches!(
+                parse(s.as_bytes(), 8192, 100, lines),
+                Parsed::Own(_)
+            ));
             lines
                 .iter()
                 .map(|l| (l.name.as_str().to_owned(), s[l.value.clone()].to_owned()))
@@ -971,14 +1063,9 @@ mod tests {
     fn anything_but_a_plain_request_is_hypers() {
         for s in [
             "GET / HTTP/1.0\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.0\r\nContent-Length: 5\r\n\r\n",
             "POST / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
             "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
             "PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
@@ -994,6 +1081,46 @@ mod tests {
         let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "x".repeat(9000));
         hyper(&long);
         hyper(&long[..8500]);
+        // More lines than `server.max_headers`.
+        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "x: y\r\n".repeat(11));
+        assert_eq!(
+            parse(many.as_bytes(), 8192, 10, &mut Vec::new()),
+            Parsed::Hyper
+        );
+        assert!(matches!(
+            parse(many.as_bytes(), 8192, 11, &mut Vec::new()),
+            Parsed::Own(_)
+        ));
+    }
+
+    #[test]
+    fn a_framing_refused_is_answered_here_whoever_would_serve_the_request() {
+        let refused = |s: &str| match parse(s.as_bytes(), 8192, 100, &mut Vec::new()) {
+            Parsed::Refused(r) => r.status.as_u16(),
+            other => panic!("{s:?}: {other:?}"),
+        };
+        for s in [
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // Refused whatever else would make it hyper's.
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            "PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(refused(s), 400, "{s:?}");
+        }
+        assert_eq!(
+            refused("POST / HTTP/1.1\r\nTransfer-Encoding: deflate, chunked\r\n\r\n"),
+            501
+        );
     }
 
     fn head(

@@ -19,6 +19,7 @@ mod body;
 pub mod coarse;
 pub mod cold;
 pub mod deadline;
+pub mod framing;
 pub mod h1;
 pub mod http1;
 pub mod idle;

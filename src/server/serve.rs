@@ -202,6 +202,8 @@ struct Http {
     h2: http2::Builder<TokioExecutor>,
     /// `server.max_header_bytes`, at least 8 KiB (hyper's read buffer's bound).
     max_head: usize,
+    /// `server.max_headers`.
+    max_headers: usize,
     passes: Option<Arc<crate::server::passed::Passes>>,
 }
 
@@ -215,7 +217,8 @@ impl Http {
         h1.timer(TokioTimer::new())
             .header_read_timeout(None)
             .writev(false)
-            .max_buf_size(settings.max_header_bytes.max(8192));
+            .max_buf_size(settings.max_header_bytes.max(8192))
+            .max_headers(settings.max_headers);
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
@@ -223,6 +226,7 @@ impl Http {
             h1,
             h2,
             max_head: settings.max_header_bytes.max(8192),
+            max_headers: settings.max_headers,
             passes: settings.passes.clone(),
         }
     }
@@ -277,6 +281,7 @@ impl Http {
                         peer: conn.peer,
                         activity: &conn.activity,
                         max_head: self.max_head,
+                        max_headers: self.max_headers,
                         passes: self.passes.as_deref(),
                     };
                     conn.activity.served_by_own_loop(true);

@@ -17,6 +17,9 @@ pub struct HttpSettings {
     pub keep_alive_timeout: Duration,
     /// Largest request header section, in bytes (HTTP/1 read buffer, HTTP/2 header list). Default: 64 KiB.
     pub max_header_bytes: usize,
+    /// Header lines a request may have (HTTP/1; HTTP/2 is bounded by its header list's bytes).
+    /// Default: 100.
+    pub max_headers: usize,
     /// Open connections at most; more wait in the kernel's accept queue. Default: 10000.
     pub max_connections: usize,
     /// How long in-flight requests may take to finish after shutdown begins. Default: 10 s.
@@ -70,6 +73,12 @@ impl TryFrom<&ServerConfig> for HttpSettings {
                 "must be at least 8192",
             ));
         }
+        if !(1..=10_000).contains(&c.max_headers) {
+            return Err(ConfigError::option(
+                "server.max_headers",
+                "must be from 1 to 10000",
+            ));
+        }
         if c.max_connections == 0 {
             return Err(ConfigError::option(
                 "server.max_connections",
@@ -86,6 +95,7 @@ impl TryFrom<&ServerConfig> for HttpSettings {
                 c.keep_alive_timeout_ms,
             )?,
             max_header_bytes: c.max_header_bytes,
+            max_headers: c.max_headers,
             max_connections: c.max_connections,
             drain_timeout: positive_ms("server.drain_timeout_ms", c.drain_timeout_ms)?,
             tls: tls_settings(c)?,

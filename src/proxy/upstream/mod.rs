@@ -683,13 +683,22 @@ fn back_in(t: &Target) {
 }
 
 /// An HTTP/1.1 request to `t`: origin form, `t`'s `Host`.
-fn for_http1<B>(req: &mut Request<B>, t: &TargetUrl) {
+fn for_http1<B: http_body::Body>(req: &mut Request<B>, t: &TargetUrl) {
     *req.version_mut() = Version::HTTP_11;
     if req.uri().authority().is_some() {
         let pq = req.uri().path_and_query().cloned();
         *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
     }
     req.headers_mut().insert(HOST, t.host.clone());
+    // A body of unknown length (the client's was chunked) goes chunked, whatever the method:
+    // hyper's client sends a GET's or HEAD's as no body at all unless told (the client's
+    // `Transfer-Encoding` was removed as hop-by-hop), and the body would be lost unread.
+    if !req.body().is_end_stream() && req.body().size_hint().exact().is_none() {
+        req.headers_mut().insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
 }
 
 /// An HTTP/2 request to `t`: the scheme and authority in the URI (`:authority`), no `Host`.
@@ -777,7 +786,7 @@ mod tests {
 
     #[test]
     fn requests_take_each_protocols_form_for_their_target() {
-        let mut req = Request::new(());
+        let mut req = Request::new(http_body_util::Empty::<bytes::Bytes>::new());
         *req.uri_mut() = "/v1/users/1?x=2".parse().unwrap();
         req.headers_mut()
             .insert(HOST, "client.test".parse().unwrap());
@@ -792,6 +801,14 @@ mod tests {
         assert_eq!(req.headers()[HOST], "a.test:8080");
         for_h2(&mut req, &url("http://[::1]:9000"));
         assert_eq!(req.uri().to_string(), "http://[::1]:9000/v1/users/1?x=2");
+        // A body of unknown length goes chunked over HTTP/1.1, a GET's too.
+        assert!(req.headers().get(http::header::TRANSFER_ENCODING).is_none());
+        let stream = http_body_util::StreamBody::new(futures_util::stream::empty::<
+            Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>,
+        >());
+        let mut req = req.map(|_| stream);
+        for_http1(&mut req, &url("http://a.test:8080"));
+        assert_eq!(req.headers()[http::header::TRANSFER_ENCODING], "chunked");
     }
 
     #[test]
