@@ -3,6 +3,9 @@
 
 mod support;
 
+#[path = "edge/framing.rs"]
+mod framing;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
