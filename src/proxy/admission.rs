@@ -661,7 +661,7 @@ fn check_head<'s>(head: &Parts, fields: &Fields<'_>, policy: &Policy) -> Result<
     // RFC 9112 §3.2: and one with an invalid Host (it would go on as `X-Forwarded-Host`).
     if fields
         .host
-        .is_some_and(|h| !crate::server::framing::valid_host(h.as_bytes()))
+        .is_some_and(|h| !crate::server::framing::valid_host_remembered(h.as_bytes()))
     {
         return Err(Admission::reject(
             Decision::BadRequest,
