@@ -250,11 +250,14 @@ fn dechunk(input: &[u8]) -> Dechunked {
     }
 }
 
+/// Each connection's messages, by the client's port.
+type Log = Arc<Mutex<std::collections::HashMap<u16, Vec<Message>>>>;
+
 /// The server under test, started once: its address and each connection's messages, by the
 /// client's port.
 struct Server {
     addr: SocketAddr,
-    seen: Arc<Mutex<std::collections::HashMap<u16, Vec<Message>>>>,
+    seen: Log,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -266,7 +269,7 @@ fn server() -> &'static Server {
             .enable_all()
             .build()
             .unwrap();
-        let seen = Arc::new(Mutex::new(std::collections::HashMap::new()));
+        let seen: Log = Arc::new(Mutex::new(std::collections::HashMap::new()));
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
