@@ -2,14 +2,14 @@
 //!
 //! Why: hyper's HTTP/1 server costs about a third of a proxied request's instructions (its
 //! dispatcher, its body channel, its encoder: docs/benchmarks/, "The gateway's own HTTP/1.1
-//! server"). Most API requests are plain: HTTP/1.1, no body or a small one of known length, no
-//! upgrade, no `Expect`. Those are read and answered here; the first request that is anything
-//! else (or that does not parse) hands the connection, with every byte read so far, to hyper's
-//! server, which serves it from then on, answering errors as it always did. So what is served
-//! here is a strict subset of what hyper accepts, read by the same parser (`httparse`, hyper's
-//! settings), and the request-smuggling surface is not widened: a request with
-//! `Transfer-Encoding`, or with `Content-Length` written in any way but one plain number, is
-//! hyper's.
+//! server"). Most API requests are plain: HTTP/1.1, no body or a small one (of known length, or
+//! chunked), no upgrade, no `Expect` but `100-continue`. Those are read and answered here; the
+//! first request that is anything else (or that does not parse) hands the connection, with every
+//! byte read so far, to hyper's server, which serves it from then on, answering errors as it
+//! always did. Every head read here is framed first ([`super::framing`]): a framing refused is
+//! answered here, and the connection closed, whoever would have served the request, so what
+//! hyper is handed frames its messages as this server would, and the request-smuggling surface
+//! is no wider than hyper's alone (narrower: docs/semantics.md, "Framing at the edge").
 //!
 //! The rules kept from hyper: keep-alive unless the client or the handler says `close` (then the
 //! answer says `connection: close`); a `date` header; the body framed by its known length, else
@@ -73,6 +73,8 @@ pub struct Head {
     /// The line of the head's one `Connection` field, when it says only `close` or
     /// `keep-alive`: this server acts on it, and the request's map goes without it.
     pub connection: Option<usize>,
+    /// The client waits for `100 Continue` before it sends the body (`Expect: 100-continue`).
+    pub expect_continue: bool,
 }
 
 use crate::server::framing::{BodyLength, Chunked, Next, Refusal, RequestFraming};
@@ -121,7 +123,7 @@ pub fn parse(buf: &[u8], max_head: usize, max_headers: usize, lines: &mut Lines)
         let from = s.as_ptr() as usize - start;
         from..from + s.len()
     };
-    let (mut framing, mut close) = (RequestFraming::default(), false);
+    let (mut framing, mut close, mut expect_continue) = (RequestFraming::default(), false, false);
     // The `Connection` line (`None` inside: more than one), and whether a field is named `close`.
     let (mut connection, mut named_close) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
@@ -147,6 +149,11 @@ pub fn parse(buf: &[u8], max_head: usize, max_headers: usize, lines: &mut Lines)
                     Some(_) => Some(None),
                 };
             }
+            // `100-continue` is answered here before the body is read; another expectation is
+            // hyper's (which ignores it).
+            header::EXPECT if h.value.eq_ignore_ascii_case(b"100-continue") => {
+                expect_continue = true;
+            }
             header::UPGRADE | header::EXPECT | header::TE => hypers = true,
             _ => named_close |= *name == CLOSE,
         }
@@ -168,6 +175,7 @@ pub fn parse(buf: &[u8], max_head: usize, max_headers: usize, lines: &mut Lines)
         // A field named `close` is hop-by-hop once `Connection: close` names it: with the line
         // kept, the proxy removes both.
         connection: connection.flatten().filter(|_| !named_close),
+        expect_continue: expect_continue && body != BodyLength::Length(0),
     })
 }
 
@@ -403,6 +411,18 @@ where
             return again(&head_bytes, buf, io, draining);
         };
         let request_in_flight = conn.activity.begin();
+        // RFC 9110 §10.1.1: the client waits for this before it sends its body (unless it has
+        // started already). The body is read whole before the request is admitted, as nginx
+        // reads one before it is proxied.
+        if head.expect_continue && buf.is_empty() {
+            let sent = cold::apart(|| async {
+                io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+                io.flush().await
+            });
+            if sent.await.is_err() {
+                return End::Closed;
+            }
+        }
         let body = match head.body {
             BodyLength::Length(n) => {
                 let body = n as usize;
@@ -891,6 +911,11 @@ mod tests {
         assert_eq!((h.body, h.close), (BodyLength::Length(12), true));
         let h = own("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
         assert_eq!(h.body, BodyLength::Chunked);
+        // `100 Continue` is this server's to send, where a body is to come.
+        let h = own("PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n");
+        assert!(h.expect_continue);
+        let h = own("PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n");
+        assert!(!h.expect_continue);
         assert!(!own("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n").close);
         assert_eq!(
             parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 8192, 100, &mut Vec::new()),
@@ -1065,10 +1090,10 @@ mod tests {
             "GET / HTTP/1.0\r\n\r\n",
             "POST / HTTP/1.0\r\nContent-Length: 5\r\n\r\n",
             "POST / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue, x\r\n\r\n",
             "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
-            "PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+            "PUT / HTTP/1.1\r\nExpect: x\r\nContent-Length: 1\r\n\r\n",
             "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
             "CONNECT a:443 HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
