@@ -127,7 +127,9 @@ fn strict(input: &[u8]) -> (Vec<Message>, End) {
                             .filter(|c| !c.is_empty()),
                     );
                 }
-                // Another protocol, or a wait the RFC lets a server answer either way.
+                // `100-continue` is answered and the body read as any other (RFC 9110 §10.1.1).
+                b"expect" if value.eq_ignore_ascii_case(b"100-continue") => {}
+                // Another protocol, or an expectation the RFC lets a server answer either way.
                 b"connection" | b"upgrade" | b"expect" | b"te" => {
                     return (messages, End::Unsure);
                 }
@@ -318,7 +320,13 @@ fn statuses(mut bytes: &[u8]) -> Vec<u16> {
             break;
         };
         let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
-        out.push(head[9..12].parse().unwrap());
+        let status: u16 = head[9..12].parse().unwrap();
+        if (100..200).contains(&status) {
+            // Interim (`100 Continue`): no body, the answer follows.
+            bytes = &bytes[end + 4..];
+            continue;
+        }
+        out.push(status);
         let len = head
             .lines()
             .find_map(|l| l.strip_prefix("content-length: "))
