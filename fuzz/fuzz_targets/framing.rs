@@ -139,7 +139,7 @@ fn strict(input: &[u8]) -> (Vec<Message>, End) {
         at += end + 4;
         let body = if coded {
             let chunked = codings.iter().filter(|c| c.as_slice() == b"chunked").count();
-            let valid = codings.iter().all(|c| !c.is_empty() && c.iter().all(|&b| tchar(b)));
+            let valid = codings.iter().all(|c| coding(c));
             if lengths > 0
                 || !valid
                 || codings.last().map(Vec::as_slice) != Some(b"chunked")
@@ -177,6 +177,46 @@ fn strict(input: &[u8]) -> (Vec<Message>, End) {
             body,
         });
     }
+}
+
+/// RFC 9112 §7: `transfer-coding = token *( OWS ";" OWS transfer-parameter )`, a parameter
+/// being `token BWS "=" BWS ( token / quoted-string )` (a `;` inside a quoted string is taken as
+/// a separator here, as the gateway documents).
+fn coding(c: &[u8]) -> bool {
+    let token = |t: &[u8]| !t.is_empty() && t.iter().all(|&b| tchar(b));
+    let mut parts = c.splitn(2, |&b| b == b';');
+    if !token(parts.next().unwrap_or_default().trim_ascii()) {
+        return false;
+    }
+    let Some(params) = parts.next() else {
+        return true;
+    };
+    params.split(|&b| b == b';').all(|p| {
+        let mut kv = p.splitn(2, |&b| b == b'=');
+        let key = kv.next().unwrap_or_default().trim_ascii();
+        let Some(value) = kv.next().map(<[u8]>::trim_ascii) else {
+            return false;
+        };
+        token(key) && (token(value) || quoted(value))
+    })
+}
+
+/// RFC 9110 §5.6.4: `DQUOTE *( qdtext / quoted-pair ) DQUOTE`, over the bytes this reading
+/// lets into a value (no obs-text).
+fn quoted(v: &[u8]) -> bool {
+    if v.len() < 2 || v[0] != b'"' || v[v.len() - 1] != b'"' {
+        return false;
+    }
+    let mut escaped = false;
+    for &b in &v[1..v.len() - 1] {
+        match (escaped, b) {
+            (true, _) => escaped = false,
+            (false, b'\\') => escaped = true,
+            (false, b'"') => return false,
+            _ => {}
+        }
+    }
+    !escaped
 }
 
 enum Dechunked {

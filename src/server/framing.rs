@@ -88,7 +88,10 @@ impl RequestFraming {
                 Some(i) => (member[..i].trim_ascii(), Some(&member[i + 1..])),
                 None => (member, None),
             };
-            if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            if name.is_empty()
+                || !name.iter().all(|&b| is_tchar(b))
+                || params.is_some_and(|p| !valid_parameters(p))
+            {
                 c.malformed = true;
             }
             // `chunked` takes no parameters (RFC 9112 §7): one with them is a coding unknown here.
@@ -151,6 +154,41 @@ impl RequestFraming {
             (_, None) => Err(Refusal::bad("an invalid Content-Length")),
         }
     }
+}
+
+/// Whether `params` (what follows a coding's first `;`) are `name=value` pairs, each value a
+/// token or a quoted string (RFC 9112 §7: transfer-parameter; RFC 9110 §5.6.4). A `;` or `,`
+/// inside a quoted string is not read as one (a coding with one is refused as malformed).
+fn valid_parameters(params: &[u8]) -> bool {
+    params.split(|&b| b == b';').all(|p| {
+        let Some(eq) = p.iter().position(|&b| b == b'=') else {
+            return false;
+        };
+        let (name, value) = (p[..eq].trim_ascii(), p[eq + 1..].trim_ascii());
+        let token = |t: &[u8]| !t.is_empty() && t.iter().all(|&b| is_tchar(b));
+        token(name) && (token(value) || quoted_string(value))
+    })
+}
+
+/// `DQUOTE *( qdtext / quoted-pair ) DQUOTE` (RFC 9110 §5.6.4).
+fn quoted_string(v: &[u8]) -> bool {
+    let Some(inner) = v.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")) else {
+        return false;
+    };
+    let text = |b: u8| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80;
+    let mut bytes = inner.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e) if text(e) => {}
+                _ => return false,
+            },
+            b'"' => return false,
+            _ if text(b) => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// A `tchar` (RFC 9110 §5.6.2).
@@ -482,6 +520,11 @@ mod tests {
             "chunked\x0b",
             "chu nked",
             "chunked;q=1",
+            "x;a, chunked",
+            "x;=b, chunked",
+            "x;a=\"b, chunked",
+            "x;a=b c, chunked",
+            "x;a=\"b;\", chunked",
         ] {
             assert_eq!(status(&[("te", te)], true), Err(bad), "{te:?}");
         }
@@ -490,7 +533,12 @@ mod tests {
             Err(bad)
         );
         assert_eq!(status(&[("te", "chunked"), ("te", "gzip")], true), Err(bad));
-        for te in ["deflate, chunked", "x, chunked", "gzip;a=b, chunked"] {
+        for te in [
+            "deflate, chunked",
+            "x, chunked",
+            "gzip;a=b, chunked",
+            "x; a = \"b c\" ,chunked",
+        ] {
             assert_eq!(status(&[("te", te)], true), Err(not_implemented), "{te:?}");
         }
         assert_eq!(
