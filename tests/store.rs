@@ -6,13 +6,14 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use quotagate_engine::clock::SystemClock;
 use quotagate_engine::limiter::{
     FixedWindow, Kind, Limit, Outcome, Period, Quota, Span, Window, WindowSet, ZoneId,
 };
 use quotagate_store::connect::TlsFiles;
 use quotagate_store::{
-    CounterKey, FailurePolicy, LeaseMode, RedisMode, RedisOptions, RedisStore, RedisTarget, Store,
-    TimeSource, Verdict,
+    CounterKey, FailurePolicy, LeaseMode, MemoryStore, RedisMode, RedisOptions, RedisStore,
+    RedisTarget, Store, TimeSource, Verdict,
 };
 use support::{RedisCluster, RedisServer, SentinelSet, TlsRedis, eventually, file_in};
 
@@ -26,6 +27,8 @@ struct Subject {
     /// than once on one deployment.
     tag: String,
     _redis: Option<RedisServer>,
+    /// The embedded store's directory, when it keeps one.
+    _dir: Option<tempfile::TempDir>,
 }
 
 /// A store on a shared topology (cluster, TLS server), with a key prefix of its own so that the
@@ -52,6 +55,7 @@ fn subject_leased_on(target: RedisTarget, prefix: &str, lease: LeaseMode) -> Sub
         ),
         tag: format!("{lease:?}"),
         _redis: None,
+        _dir: None,
     }
 }
 
@@ -144,6 +148,24 @@ fn memory() -> Subject {
         store: Store::memory(),
         tag: String::new(),
         _redis: None,
+        _dir: None,
+    }
+}
+
+/// The embedded store keeping its counters in a directory (`store.path`): every answer waits
+/// for the commit that makes it durable (committing at once, not every 20 ms: the cases wait on
+/// one answer at a time).
+fn on_disk_in(dir: &std::path::Path) -> MemoryStore {
+    MemoryStore::open_with(dir, Arc::new(SystemClock::new()), Duration::ZERO).unwrap()
+}
+
+fn disk() -> Subject {
+    let dir = tempfile::tempdir().unwrap();
+    Subject {
+        store: Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed),
+        tag: String::new(),
+        _redis: None,
+        _dir: Some(dir),
     }
 }
 
@@ -167,6 +189,7 @@ fn redis_with(lease: LeaseMode) -> Subject {
         store: Store::redis(store, FailurePolicy::Closed, Duration::from_millis(50)),
         tag: String::new(),
         _redis: Some(server),
+        _dir: None,
     }
 }
 
@@ -174,6 +197,7 @@ fn redis_with(lease: LeaseMode) -> Subject {
 macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod on_memory { $( #[tokio::test] async fn $case() { super::$case(super::memory()).await } )* }
+        mod on_disk { $( #[tokio::test] async fn $case() { super::$case(super::disk()).await } )* }
         mod on_redis { $( #[tokio::test] async fn $case() { super::$case(super::redis()).await } )* }
         mod on_redis_leased { $( #[tokio::test] async fn $case() { super::$case(super::redis_leased()).await } )* }
         /// Every case on one 3-master Redis Cluster (started once: it takes seconds), with leases
@@ -2369,5 +2393,226 @@ async fn window_lua_straight_line_answers_as_its_general_path_and_the_engine() {
             answers[0].0, want,
             "step {step} at {now_ms}, limit {rl}, cost {cost}"
         );
+    }
+}
+
+/// A random walk of requests (sliding windows with a calendar quota, a pool, a Divvy-style
+/// fixed window) on the embedded store kept in a directory, stopped cleanly and opened again at
+/// random points, answers exactly as the memory store that never stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_and_start_on_disk_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = Store::memory();
+    let mut durable = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+    let mut next = xorshift(0x5EED_D15C_0000_0001);
+    let (own, pooled, pool) = (
+        CounterKey::new(b"k1", "GET /a"),
+        CounterKey::new(b"k1", "GET /b"),
+        CounterKey::pool(b"k1", "g"),
+    );
+    let divvy = CounterKey::divvy("method=GET", "actor");
+    let limits = [lim(5, 10), calendar(40, Period::Day, "Europe/Berlin")];
+    let pooled_limits = [lim(6, 60), lim(3, 10)];
+    let pools = [(pool.clone(), 1)];
+    let fixed = [Limit::fixed(7, 30)];
+    let mut now = T0 * 1000;
+    let (mut stops, mut admitted) = (0, 0);
+    for step in 0..3000 {
+        now += next(1500);
+        let cost = 1 + next(2);
+        let (a, b) = match next(3) {
+            0 => (
+                reference.hit(&own, &limits, cost, now).await,
+                durable.hit(&own, &limits, cost, now).await,
+            ),
+            1 => (
+                reference
+                    .hit_pooled(&pooled, &pooled_limits, &pools, cost, now)
+                    .await,
+                durable
+                    .hit_pooled(&pooled, &pooled_limits, &pools, cost, now)
+                    .await,
+            ),
+            _ => (
+                reference.hit(&divvy, &fixed, cost, now).await,
+                durable.hit(&divvy, &fixed, cost, now).await,
+            ),
+        };
+        assert_eq!(a, b, "step {step} at {now}");
+        admitted += usize::from(matches!(a, Verdict::Decided(o) if o.allowed));
+        if next(100) == 0 {
+            let local = durable.local();
+            tokio::task::block_in_place(|| local.close());
+            drop(durable);
+            durable = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+            stops += 1;
+        }
+    }
+    assert!(
+        stops >= 10 && admitted >= 500,
+        "{stops} stops, {admitted} admitted"
+    );
+}
+
+/// A store abandoned without a stop (as a crash leaves it: every commit on disk, nothing
+/// after) charges each counter back at least what it admitted and at most its reservations
+/// more: a quota of 1,000 a month, hit from several tasks, then the store opened again, never
+/// admits more than 1,000 in all, and at least 950.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_never_lets_a_quota_pass_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = CounterKey::new(b"monthly", "GET /x");
+    let limits = [calendar(1000, Period::Month, "UTC")];
+    let clock = SystemClock::new();
+    let mut admitted = 0u64;
+    let open = || {
+        MemoryStore::open_with(
+            dir.path(),
+            Arc::new(clock.clone()),
+            Duration::from_millis(2),
+        )
+    };
+    let mut opened = open().unwrap();
+    for _crash in 0..3 {
+        let store = Arc::new(Store::embedded(opened, FailurePolicy::Closed));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, key) = (store.clone(), key.clone());
+                let clock = clock.clone();
+                tokio::spawn(async move {
+                    use quotagate_engine::clock::Clock;
+                    let mut n = 0u64;
+                    for _ in 0..120 {
+                        if let Verdict::Decided(o) =
+                            store.hit(&key, &limits, 1, clock.now_ms()).await
+                            && o.allowed
+                        {
+                            n += 1;
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        // A crash: the store is dropped, never closed; its directory is free once the writer
+        // sees it gone.
+        drop(store);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        opened = loop {
+            match open() {
+                Ok(s) => break s,
+                Err(e) => assert!(Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+    }
+    // What is left after the three crashes.
+    let store = Store::embedded(opened, FailurePolicy::Closed);
+    use quotagate_engine::clock::Clock;
+    for _ in 0..1000 {
+        if let Verdict::Decided(o) = store.hit(&key, &limits, 1, clock.now_ms()).await
+            && o.allowed
+        {
+            admitted += 1;
+        }
+    }
+    assert!((950..=1000).contains(&admitted), "{admitted} admitted");
+}
+
+/// Two processes on one directory would each admit the whole quota: the second is refused,
+/// naming the directory and the holder.
+#[tokio::test]
+async fn a_directory_serves_one_store_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = on_disk_in(dir.path());
+    let e = MemoryStore::open_with(dir.path(), Arc::new(SystemClock::new()), Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&dir.path().display().to_string()), "{e}");
+    assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+    first.close();
+    MemoryStore::open_with(dir.path(), Arc::new(SystemClock::new()), Duration::ZERO)
+        .unwrap()
+        .close();
+}
+
+/// Files damaged after a stop: the start resumes from the last whole commit (a commit cut
+/// short at the end was never answered) or refuses with one line; it never starts from less
+/// than what was committed without saying so, and never panics.
+#[tokio::test]
+async fn damaged_files_resume_from_the_last_commit_or_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = CounterKey::new(b"k", "GET /x");
+    let limits = [calendar(100_000, Period::Month, "UTC")];
+    let now = T0 * 1000;
+    {
+        // Snapshot, then a log of commits (abandoned: no final snapshot).
+        let store = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+        for i in 0..200 {
+            let k = CounterKey::new(format!("k{i}").as_bytes(), "GET /x");
+            store.hit(&k, &limits, 1, now).await;
+        }
+        store.local().close();
+        let store = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+        for _ in 0..50 {
+            store.hit(&key, &limits, 1, now).await;
+        }
+    }
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("log."))
+        .unwrap();
+    let (snapshot, log_bytes) = (
+        std::fs::read(dir.path().join("snapshot")).unwrap(),
+        std::fs::read(&log).unwrap(),
+    );
+    let mut next = xorshift(0xDA4A_6ED0_0000_0001);
+    for round in 0..60 {
+        std::fs::write(dir.path().join("snapshot"), &snapshot).unwrap();
+        std::fs::write(&log, &log_bytes).unwrap();
+        let (target, bytes) = if round % 2 == 0 {
+            (&log, &log_bytes)
+        } else {
+            (&dir.path().join("snapshot"), &snapshot)
+        };
+        let mut damaged = bytes.clone();
+        if round % 4 < 2 {
+            damaged.truncate(next(bytes.len() as u64) as usize);
+        } else {
+            let at = next(bytes.len() as u64) as usize;
+            damaged[at] ^= 1 << next(8);
+        }
+        std::fs::write(target, &damaged).unwrap();
+        match MemoryStore::open_with(dir.path(), Arc::new(SystemClock::new()), Duration::ZERO) {
+            Ok(store) => {
+                // Resumed: the key holds at most the 50 it admitted, and at least what the
+                // commits left whole hold (a cut log: fewer, never more).
+                let store = Store::embedded(store, FailurePolicy::Closed);
+                let o = store.peek(&key, &limits, 1, now).await.unwrap();
+                assert!(
+                    o.quotas()[0].remaining >= 100_000 - 50 - 2 * 500,
+                    "round {round}"
+                );
+                store.local().close();
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("store.path ") && !e.contains('\n'),
+                    "round {round}: {e}"
+                );
+            }
+        }
+        // Each round starts from the same files.
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            let p = f.unwrap().path();
+            if p.file_name().unwrap() != "lock" {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
     }
 }

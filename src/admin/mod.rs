@@ -165,9 +165,12 @@ impl Admin {
         };
         if self.store.is_degraded() {
             let meaning = policy_meaning(self.store.policy());
+            let what = match self.store.shared() {
+                Some(_) => format!("the {} store is unreachable", self.store.kind()),
+                None => "store.path cannot be written".to_owned(),
+            };
             body.push_str(&format!(
-                "degraded: the {} store is unreachable; failure policy {} applies ({meaning})\n",
-                self.store.kind(),
+                "degraded: {what}; failure policy {} applies ({meaning})\n",
                 self.store.policy().as_str()
             ));
         }

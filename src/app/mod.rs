@@ -118,7 +118,7 @@ impl App {
             StoreSettings::Redis { redis, .. } => {
                 Some(Arc::new(Announcer::new(&redis.target, redis.timeout)?))
             }
-            StoreSettings::Memory => None,
+            StoreSettings::Memory { .. } => None,
         };
         let rt = Runtime {
             store: store.clone(),
@@ -281,14 +281,25 @@ impl App {
             _ => None,
         };
         let mut drained = true;
+        let mut divvy_port_beside = None;
         if let (Some((l, _)), Some(g)) = (listeners.gateway, &self.gateway) {
             g.spawn_background(&token);
             drained = g.serve(l, token.cancelled()).await;
+            divvy_port_beside = divvy_port;
         } else if let Some(port) = divvy_port {
             let _ = port.await;
         }
         if let Some(port) = rls_port {
             drained &= port.await.unwrap_or(false);
+        }
+        // The embedded store's directory holds the counts exactly once the last request is
+        // answered: the Divvy port beside the gateway ends its connections on the same token.
+        if self.store.local().disk().is_some() {
+            if let Some(port) = divvy_port_beside {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), port).await;
+            }
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.local().close()).await;
         }
         drained
     }

@@ -204,7 +204,16 @@ fn store_settings(c: &StoreConfig, workers: usize) -> Result<StoreSettings, Conf
     };
     let probe_interval = positive_ms("store.probe_interval_ms", c.probe_interval_ms)?;
     Ok(match c.kind {
-        StoreKind::Memory => StoreSettings::Memory,
+        StoreKind::Memory => StoreSettings::Memory {
+            path: (!c.path.is_empty()).then(|| c.path.clone().into()),
+            policy: c.failure_policy,
+        },
+        StoreKind::Redis if !c.path.is_empty() => {
+            return Err(ConfigError::option(
+                "store.path",
+                "is for the embedded store (store.kind = \"memory\"); with Redis the counters are kept by Redis",
+            ));
+        }
         StoreKind::Redis => StoreSettings::Redis {
             redis,
             policy: c.failure_policy,
@@ -237,7 +246,7 @@ mod tests {
         assert_eq!(g.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(s.admin.unwrap().listen.to_string(), "127.0.0.1:8081");
         assert!(s.divvy.is_none());
-        assert!(matches!(s.store, StoreSettings::Memory));
+        assert!(matches!(s.store, StoreSettings::Memory { path: None, .. }));
     }
 
     #[test]

@@ -544,6 +544,10 @@ pub struct StoreConfig {
     /// holding it (renewed every third of it while the instance lives): the slots of an instance
     /// that died are freed within this time. At least 1000 and 4 x `timeout_ms`. Default: 10000 ms.
     pub concurrency_hold_ms: u64,
+    /// A directory where the embedded store (`kind = "memory"`) keeps its counters, so that a
+    /// restart resumes them and a crash never admits over a limit (docs/stores.md); created
+    /// when missing, one instance at a time. Default: empty (counters in memory only).
+    pub path: String,
 }
 
 impl Default for StoreConfig {
@@ -567,6 +571,7 @@ impl Default for StoreConfig {
             lease: quotagate_store::LeaseMode::Auto,
             lease_max_units: 1000,
             concurrency_hold_ms: 10_000,
+            path: String::new(),
         }
     }
 }

@@ -315,7 +315,7 @@ mod tests {
             )
         );
         let s = dropin(&[("BACKEND_TYPE", "memory")]).unwrap();
-        assert!(matches!(s.store, StoreSettings::Memory));
+        assert!(matches!(s.store, StoreSettings::Memory { .. }));
     }
 
     #[test]

@@ -14,7 +14,12 @@ use crate::{Failover, FailurePolicy, RedisMode, RedisOptions, RedisStore, StoreE
 // Built once at start-up: its size does not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum StoreSettings {
-    Memory,
+    /// The embedded store; `path`: the directory it keeps its counters in (`None`: memory
+    /// only); `policy`: what to do while that directory cannot be written.
+    Memory {
+        path: Option<std::path::PathBuf>,
+        policy: FailurePolicy,
+    },
     Redis {
         redis: RedisOptions,
         policy: FailurePolicy,
@@ -36,7 +41,15 @@ impl Store {
         clock: Arc<dyn Clock>,
     ) -> Result<Store, StoreError> {
         Ok(match s {
-            StoreSettings::Memory => Store::memory(),
+            StoreSettings::Memory { path: None, .. } => Store::memory(),
+            StoreSettings::Memory {
+                path: Some(dir),
+                policy,
+            } => Failover::embedded(
+                crate::MemoryStore::open(dir, clock)
+                    .map_err(|e| StoreError::unreachable(e.to_string()))?,
+                *policy,
+            ),
             StoreSettings::Redis {
                 redis,
                 policy,

@@ -23,6 +23,8 @@ enum Cause {
     Unreachable(String),
     Redis(redis::RedisError),
     Reply(String),
+    /// The embedded store's directory cannot be written.
+    Disk,
     /// A question no store answers (what, in our words): not an outage.
     Unsupported(&'static str),
 }
@@ -63,6 +65,12 @@ impl StoreError {
         StoreError {
             cause: Cause::Reply(msg),
         }
+    }
+
+    /// The embedded store's directory (`store.path`) cannot be written: answers would not be
+    /// durable.
+    pub(crate) fn disk() -> Self {
+        StoreError { cause: Cause::Disk }
     }
 
     /// A request's limits mix a fixed window with other windows: no store decides these yet.
@@ -112,6 +120,7 @@ impl fmt::Display for StoreError {
             Cause::Unreachable(why) => f.write_str(why),
             Cause::Redis(e) => write!(f, "Redis error: {e}"),
             Cause::Reply(e) => write!(f, "bad reply from Redis: {e}"),
+            Cause::Disk => f.write_str("store.path cannot be written"),
             Cause::Unsupported(what) => write!(f, "not supported: {what}"),
         }
     }
@@ -121,9 +130,11 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.cause {
             Cause::Config(e) | Cause::Connect { source: e, .. } | Cause::Redis(e) => Some(e),
-            Cause::Timeout | Cause::Unreachable(_) | Cause::Reply(_) | Cause::Unsupported(_) => {
-                None
-            }
+            Cause::Timeout
+            | Cause::Unreachable(_)
+            | Cause::Reply(_)
+            | Cause::Disk
+            | Cause::Unsupported(_) => None,
         }
     }
 }

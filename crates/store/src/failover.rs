@@ -48,6 +48,20 @@ impl<B: CounterStore> Failover<B> {
         Failover::around(None, FailurePolicy::Local, Duration::from_secs(1))
     }
 
+    /// Every request decided in `local`, the embedded store (kept in a directory, whose writes
+    /// can fail: then `policy` applies until it can be written again).
+    pub fn embedded(local: MemoryStore, policy: FailurePolicy) -> Self {
+        Failover {
+            local,
+            ..Failover::around(None, policy, Duration::from_secs(1))
+        }
+    }
+
+    /// The embedded store (all counters without a shared store; else those of policy `local`).
+    pub fn local(&self) -> &MemoryStore {
+        &self.local
+    }
+
     fn around(shared: Option<Arc<B>>, policy: FailurePolicy, probe_interval: Duration) -> Self {
         Failover {
             shared,
@@ -74,9 +88,10 @@ impl<B: CounterStore> Failover<B> {
         self.policy
     }
 
-    /// True while the backend is considered down.
+    /// True while the backend is considered down (the embedded store's directory cannot be
+    /// written, without a shared store).
     pub fn is_degraded(&self) -> bool {
-        self.down.load(Ordering::Relaxed)
+        self.down.load(Ordering::Relaxed) || (self.shared.is_none() && self.local.is_failed())
     }
 
     /// Asks the backend once, at start-up, so that an unreachable one is said at once in one line
@@ -101,7 +116,10 @@ impl<B: CounterStore> Failover<B> {
             return Verdict::Decided(o);
         }
         let Some(shared) = &self.shared else {
-            return self.in_local(key, limits, cost, now_ms, Verdict::Decided);
+            return match self.local.hit_now(key, limits, cost, now_ms) {
+                Ok((o, ticket)) => self.on_disk(o, ticket).await,
+                Err(e) => self.unanswerable(&e),
+            };
         };
         // Boxed: the shared store's state (kilobytes, for Redis) would otherwise be in every
         // request's future, which is held as long as the request, waiting or forwarded, and
@@ -147,7 +165,10 @@ impl<B: CounterStore> Failover<B> {
             return self.hit(p.counter, p.limits, cost, now_ms).await;
         }
         let Some(shared) = &self.shared else {
-            return self.parts_in_local(parts, cost, now_ms, Verdict::Decided);
+            return match self.local.hit_parts_now(parts, cost, now_ms) {
+                Ok((o, ticket)) => self.on_disk(o, ticket).await,
+                Err(e) => self.unanswerable(&e),
+            };
         };
         if !self.is_degraded() {
             // Boxed, as in `hit`.
@@ -173,8 +194,25 @@ impl<B: CounterStore> Failover<B> {
         told: impl FnOnce(Outcome) -> Verdict,
     ) -> Verdict {
         match self.local.hit_parts_now(parts, cost, now_ms) {
-            Ok(o) => told(o),
+            Ok((o, _)) => told(o),
             Err(e) => self.unanswerable(&e),
+        }
+    }
+
+    /// The embedded store's answer `o`, given once its units are durable (`ticket`: nothing to
+    /// wait for without a directory); when the directory cannot be written, the failure policy's
+    /// answer (`local`: `o`, decided in memory).
+    async fn on_disk(&self, o: Outcome, ticket: crate::Ticket) -> Verdict {
+        if ticket.is_none() {
+            return Verdict::Decided(o);
+        }
+        match self.local.durable(ticket).await {
+            Ok(()) => Verdict::Decided(o),
+            Err(_) => match self.policy {
+                FailurePolicy::Local => Verdict::Local(o),
+                FailurePolicy::Open => Verdict::Open,
+                FailurePolicy::Closed => Verdict::Closed,
+            },
         }
     }
 
@@ -286,7 +324,7 @@ impl<B: CounterStore> Failover<B> {
         told: impl FnOnce(Outcome) -> Verdict,
     ) -> Verdict {
         match self.local.hit_now(key, limits, cost, now_ms) {
-            Ok(o) => told(o),
+            Ok((o, _)) => told(o),
             Err(e) => self.unanswerable(&e),
         }
     }

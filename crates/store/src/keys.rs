@@ -119,6 +119,11 @@ impl CounterKey {
         CounterKey(ascii(s))
     }
 
+    /// A counter's name as a store kept it ([`CounterKey::as_str`] read back).
+    pub fn from_stored(name: String) -> Self {
+        CounterKey(name)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

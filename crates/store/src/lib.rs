@@ -23,6 +23,7 @@ mod announce;
 mod blocked;
 mod configured;
 pub mod connect;
+pub mod disk;
 mod error;
 mod failover;
 pub mod keys;
@@ -42,7 +43,7 @@ pub use error::StoreError;
 pub use failover::Failover;
 pub use keys::CounterKey;
 pub use lease::{LeaseMode, StoreStats};
-pub use memory::{FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows};
+pub use memory::{FixedWindows, MAX_FIXED_WINDOWS, MemoryStore, SlidingWindows, Ticket};
 pub use target::{RedisMode, RedisTarget};
 
 use quotagate_engine::limiter::{Limit, Outcome, WindowSet};

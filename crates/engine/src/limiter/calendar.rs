@@ -38,6 +38,16 @@ impl Tally {
         }
     }
 
+    /// The calendar period it counts in.
+    pub fn period(&self) -> Period {
+        self.period
+    }
+
+    /// The zone its periods lie in.
+    pub fn zone(&self) -> ZoneId {
+        self.zone
+    }
+
     pub fn is_for(&self, period: Period, zone: ZoneId) -> bool {
         (self.period, self.zone) == (period, zone)
     }

@@ -31,6 +31,13 @@ impl Period {
             Period::Month => "month",
         }
     }
+
+    /// The period [`Period::as_str`] names.
+    pub fn parse(name: &str) -> Option<Period> {
+        [Period::Hour, Period::Day, Period::Week, Period::Month]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
 }
 
 /// The zone called `name` (an IANA name such as `Europe/Berlin`, or `UTC`), if the database

@@ -5,7 +5,7 @@ use super::{Check, Kind, Limit, MAX_LIMITS, Outcome, Period, Quota, Slots, Tally
 
 /// The windows of one (API key, endpoint) counter, one per window length, and its calendar
 /// tallies, one per period and zone.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowSet {
     windows: Vec<Window>,
     tallies: Vec<Tally>,
@@ -40,6 +40,46 @@ impl WindowSet {
         self.slots.in_flight() == 0
             && self.windows.iter().all(|w| w.is_idle(now_ms))
             && self.tallies.iter().all(|t| t.is_idle(now_ms))
+    }
+
+    /// Its windows, one per length.
+    pub fn windows(&self) -> &[Window] {
+        &self.windows
+    }
+
+    /// Its calendar tallies, one per period and zone.
+    pub fn tallies(&self) -> &[Tally] {
+        &self.tallies
+    }
+
+    /// Counts `units` at `at_ms` in the windows of lengths `windows` and the tallies of
+    /// `tallies` (each created empty when missing), whatever their room: units a store reserved
+    /// for this counter and may have spent, charged back when it reads them again (a store that
+    /// keeps counters on disk, after a crash). A window whose latest bucket is later than
+    /// `at_ms` counts them there.
+    pub fn charge(
+        &mut self,
+        windows: &[u32],
+        tallies: &[(Period, ZoneId)],
+        units: u64,
+        at_ms: u64,
+    ) {
+        for &w in windows {
+            let i = self.window(w);
+            self.windows[i].check(at_ms, u64::MAX, 0);
+            self.windows[i].count(units);
+        }
+        for &(period, zone) in tallies {
+            let i = match self.tallies.iter().position(|t| t.is_for(period, zone)) {
+                Some(i) => i,
+                None => {
+                    self.tallies.push(Tally::new(period, zone, at_ms));
+                    self.tallies.len() - 1
+                }
+            };
+            self.tallies[i].check(at_ms, u64::MAX, 0);
+            self.tallies[i].count(units);
+        }
     }
 
     /// The tally of calendar limit `l` (created empty, for the period holding `now_ms`, if new).

@@ -182,6 +182,17 @@ impl Window {
         win
     }
 
+    /// The buckets holding a count, oldest first, as (bucket, count): what [`Window::from_counts`]
+    /// takes back (a store that keeps windows on disk writes these).
+    pub fn held(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        let n = self.n();
+        let first = (self.last + 1).saturating_sub(n);
+        (first..=self.last).filter_map(move |b| {
+            let c = self.counts[(b % n) as usize];
+            (c > 0).then_some((b, c))
+        })
+    }
+
     /// Brings the window to `now_ms` and says whether `cost` more fits under `limit`, counting
     /// nothing.
     pub fn check(&mut self, now_ms: u64, limit: u64, cost: u64) -> Check {
@@ -357,6 +368,22 @@ mod tests {
 
     fn hits(w: &mut Window, now: u64, limit: u64, n: usize) -> Vec<bool> {
         (0..n).map(|_| w.hit(now, limit).allowed).collect()
+    }
+
+    #[test]
+    fn a_window_read_back_from_its_held_buckets_is_the_same() {
+        for w in [1u32, 60, 3600] {
+            let mut win = Window::of_seconds(w);
+            let mut now_ms = 1_700_000_000_000u64;
+            for i in 0..500u64 {
+                now_ms += (i * 7919) % (u64::from(w) * 40 + 1);
+                win.check(now_ms, u64::MAX, 0);
+                win.count(1 + i % 3);
+                let back = Window::from_counts(w, win.last(), win.held());
+                assert_eq!(back, win, "w {w} at {now_ms}");
+                assert_eq!(back.sum, win.sum);
+            }
+        }
     }
 
     #[test]
