@@ -1776,3 +1776,176 @@ fn validate_refuses_bad_digests_and_needs_the_secret_for_hmac() {
         "{stderr}"
     );
 }
+
+/// A catalog whose key `k` has 2 a minute on `/w/{x}`, 2 a day on `/d/{x}`, 2 a month on
+/// `/m/{x}`, a pool of 2 an hour over `/p/{x}` and `/q/{x}`, and 1,000 a month on `/load/{x}`.
+const DURABLE_CATALOG: &str = r#"{
+  "methods": ["GET"],
+  "paths": ["/w/{x}", "/d/{x}", "/m/{x}", "/p/{x}", "/q/{x}", "/load/{x}"],
+  "endpoints": [{"p":0,"m":0}, {"p":1,"m":0}, {"p":2,"m":0}, {"p":3,"m":0}, {"p":4,"m":0}, {"p":5,"m":0}],
+  "groups": {"pq": [3, 4]},
+  "apilimits": [{"key": "k", "limits": [
+    {"ep": 0, "rl": 2}, {"ep": 1, "rl": 2, "period": "day"}, {"ep": 2, "rl": 2, "period": "month"},
+    {"group": "pq", "rl": 2, "period": "hour"}, {"ep": 5, "rl": 1000, "period": "month"}]}]
+}"#;
+
+/// A gateway on the embedded store kept in `dir`, on port 0, with the Divvy port: its proxy's
+/// and its Divvy port's addresses.
+fn durable_gateway(
+    dir: &std::path::Path,
+    upstream: &str,
+    catalog: &str,
+) -> (Running, String, String) {
+    let path = format!("store.path={}", dir.display());
+    let q = Running::start(&[
+        "--set",
+        "admin.listen=127.0.0.1:0",
+        "--set",
+        &path,
+        "--set",
+        "divvy.listen=127.0.0.1:0",
+        "--set",
+        "divvy.rules=examples/divvy-example.ini",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--catalog",
+        catalog,
+    ]);
+    let line = q.wait_for("quotagate listening");
+    let (listen, divvy) = (
+        line["listen"].as_str().unwrap(),
+        line["divvy"].as_str().unwrap(),
+    );
+    (q, listen.to_owned(), divvy.to_owned())
+}
+
+/// One `HIT` on the Divvy port at `addr`: its answer line.
+async fn divvy_hit(addr: &str, line: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(line.as_bytes()).await.unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// `store.path`: counts survive a clean stop exactly (a minute window, a day and a month period,
+/// a pool, the Divvy port), a second instance on the directory is refused naming the first, and
+/// kill -9 under load three times on a quota of 1,000 a month never admits more than 1,000 in
+/// all, and at least 950.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_store_on_disk_keeps_counts_across_stops_and_crashes() {
+    let up = support::Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("counters");
+    let catalog = dir.path().join("catalog.json");
+    std::fs::write(&catalog, DURABLE_CATALOG).unwrap();
+    let catalog = catalog.to_str().unwrap();
+    let key = ("X-Api-Key", "k");
+    let cookies = "HIT method=GET path=/pantry/cookies ip=1.2.3.4\n";
+
+    let (mut q, addr, divvy) = durable_gateway(&store_dir, &up.url(), catalog);
+    for path in ["/w/1", "/d/1", "/m/1", "/p/1", "/q/1"] {
+        assert_eq!(
+            get(&format!("http://{addr}{path}"), &[key]).await.status,
+            200,
+            "{path}"
+        );
+    }
+    for path in ["/w/1", "/d/1", "/m/1"] {
+        assert_eq!(
+            get(&format!("http://{addr}{path}"), &[key]).await.status,
+            200,
+            "{path}"
+        );
+    }
+    // Credit left, then the seconds until the window ends (3600 from the first hit).
+    assert!(divvy_hit(&divvy, cookies).await.starts_with("OK true 2 "));
+    assert!(divvy_hit(&divvy, cookies).await.starts_with("OK true 1 "));
+
+    // A second instance on the same directory is refused, in one line naming the first.
+    let out = Command::new(BIN)
+        .args(["--set", &format!("store.path={}", store_dir.display())])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--set",
+            "admin.listen=127.0.0.1:0",
+        ])
+        .args(["--upstream", &up.url(), "--catalog", catalog])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&store_dir.display().to_string())
+            && stderr.contains(&format!("pid {}", q.child.id())),
+        "{stderr}"
+    );
+
+    q.signal("-TERM");
+    assert!(q.wait_exit().success());
+    let (q, addr, divvy) = durable_gateway(&store_dir, &up.url(), catalog);
+    for path in ["/w/1", "/d/1", "/m/1", "/p/1", "/q/1"] {
+        let r = get(&format!("http://{addr}{path}"), &[key]).await;
+        assert_eq!(r.status, 429, "{path} after a stop");
+    }
+    assert!(divvy_hit(&divvy, cookies).await.starts_with("OK true 0 "));
+    assert!(divvy_hit(&divvy, cookies).await.starts_with("OK false 0 "));
+    drop(q);
+
+    // kill -9 under load from four connections, three times, then the rest of the month.
+    let admitted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let load = |addr: String| {
+        (0..4)
+            .map(|_| {
+                let (addr, admitted) = (addr.clone(), admitted.clone());
+                tokio::spawn(async move {
+                    let client = support::http1_client();
+                    loop {
+                        let req = hyper::Request::get(format!("http://{addr}/load/1"))
+                            .header("x-api-key", "k")
+                            .body(http_body_util::Full::new(bytes::Bytes::new()))
+                            .unwrap();
+                        match client.request(req).await {
+                            Ok(r) if r.status() == 200 => {
+                                admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
+                            Ok(r) if r.status() == 429 => return,
+                            Ok(r) => panic!("status {}", r.status()),
+                            // The gateway was killed.
+                            Err(_) => return,
+                        }
+                    }
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    for round in 1..=3u64 {
+        let (mut q, addr, _) = durable_gateway(&store_dir, &up.url(), catalog);
+        let before = admitted.load(std::sync::atomic::Ordering::SeqCst);
+        let tasks = load(addr);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while admitted.load(std::sync::atomic::Ordering::SeqCst) < before + 250 {
+            assert!(Instant::now() < deadline, "round {round}: too slow");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        q.signal("-KILL");
+        q.wait_exit();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    let (_q, addr, _) = durable_gateway(&store_dir, &up.url(), catalog);
+    for t in load(addr) {
+        t.await.unwrap();
+    }
+    let all = admitted.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("{all} admitted of 1,000 across three kills");
+    assert!((950..=1000).contains(&all), "{all} admitted of 1,000");
+}

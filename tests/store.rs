@@ -2519,6 +2519,7 @@ async fn a_crash_never_lets_a_quota_pass_its_limit() {
             admitted += 1;
         }
     }
+    eprintln!("{admitted} admitted");
     assert!((950..=1000).contains(&admitted), "{admitted} admitted");
 }
 
