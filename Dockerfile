@@ -46,13 +46,17 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin quotagate
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin quotagate \
+ && install -d -o quotagate -g quotagate -m 0700 /var/lib/quotagate
 COPY --from=binary /quotagate /usr/local/bin/quotagate
 # Example catalogs, rule files and demo configs; relative paths in configs resolve from here.
 WORKDIR /etc/quotagate
 COPY catalogs ./catalogs
 COPY examples ./examples
 USER 10001
+# The embedded store's counters when QUOTAGATE_STORE_PATH=/var/lib/quotagate (store.path; empty by
+# default: memory only). One volume per instance: a directory serves one process at a time.
+VOLUME /var/lib/quotagate
 # proxy, admin (/metrics /healthz /readyz), Divvy port
 EXPOSE 8080 8081 8321
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
