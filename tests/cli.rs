@@ -260,7 +260,7 @@ fn validate_lists_every_problem_and_fails() {
 fn start_up_errors_are_one_clear_line() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--listen", &addr, "--catalog", "catalogs/quickstart.json"],
             &format!("error: cannot listen on {addr}: "),
@@ -280,6 +280,19 @@ fn start_up_errors_are_one_clear_line() {
         (
             &[],
             "error: no catalog: set catalog.file, catalog.server_url or both",
+        ),
+        (
+            &[
+                "--catalog",
+                "catalogs/quickstart.json",
+                "--set",
+                "store.path=Cargo.toml/counters",
+            ],
+            "error: store.path Cargo.toml/counters: cannot create: ",
+        ),
+        (
+            &["--set", "store.kind=redis", "--set", "store.path=/tmp/x"],
+            "error: store.path: is for the embedded store",
         ),
     ];
     for (args, want) in cases {

@@ -2617,3 +2617,44 @@ async fn damaged_files_resume_from_the_last_commit_or_refuse() {
         }
     }
 }
+
+/// A directory that stops taking writes (its next log is a full disk, `/dev/full`) marks the
+/// store degraded at its next snapshot: the failure policy answers (`closed`: refused, counting
+/// nothing); once a snapshot can be written again, answers are durable again, and a stop then
+/// keeps every count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_that_cannot_be_written_applies_the_failure_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+    let full = dir.path().join("log.0000000002");
+    std::os::unix::fs::symlink("/dev/full", &full).unwrap();
+    let key = CounterKey::new(b"k", "GET /x");
+    let limits = [lim(100, 60)];
+    let now = T0 * 1000;
+    let decided = |v: Verdict| matches!(v, Verdict::Decided(o) if o.allowed);
+    assert!(decided(store.hit(&key, &limits, 1, now).await));
+    store.local().disk().unwrap().compact_now();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.is_degraded() {
+        assert!(Instant::now() < deadline, "never degraded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.hit(&key, &limits, 1, now).await, Verdict::Closed);
+    std::fs::remove_file(&full).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.is_degraded() {
+        assert!(Instant::now() < deadline, "never writable again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(decided(store.hit(&key, &limits, 1, now).await));
+    store.local().close();
+    drop(store);
+    let store = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+    let o = store.peek(&key, &limits, 1, now).await.unwrap();
+    assert_eq!(
+        o.quotas()[0].remaining,
+        98,
+        "the two answered, not the refused one"
+    );
+    store.local().close();
+}

@@ -114,6 +114,9 @@ impl App {
         if let Some(stats) = store.stats() {
             metrics.register_store(stats);
         }
+        if let Some(disk) = store.local().disk() {
+            metrics.register_disk(disk.commits());
+        }
         let announcer = match &settings.store {
             StoreSettings::Redis { redis, .. } => {
                 Some(Arc::new(Announcer::new(&redis.target, redis.timeout)?))

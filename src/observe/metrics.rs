@@ -307,6 +307,15 @@ impl Metrics {
     }
 
     /// Registers what the Redis store counts: decisions by where they were taken, and leases.
+    /// The embedded store's commits to its directory (`store.path`).
+    pub fn register_disk(&self, commits: &prometheus_client::metrics::counter::Counter) {
+        self.registry().register(
+            "quotagate_store_disk_commits",
+            "Commits the embedded store wrote to store.path (one write and one fdatasync each; at most 50 a second)",
+            commits.clone(),
+        );
+    }
+
     pub fn register_store(&self, stats: &quotagate_store::StoreStats) {
         let mut r = self.registry();
         let r = &mut *r;

@@ -116,6 +116,9 @@ impl<B: CounterStore> Failover<B> {
             return Verdict::Decided(o);
         }
         let Some(shared) = &self.shared else {
+            if self.local.is_failed() {
+                return self.without_disk(|| self.local.hit_now(key, limits, cost, now_ms));
+            }
             return match self.local.hit_now(key, limits, cost, now_ms) {
                 Ok((o, ticket)) => self.on_disk(o, ticket).await,
                 Err(e) => self.unanswerable(&e),
@@ -165,6 +168,9 @@ impl<B: CounterStore> Failover<B> {
             return self.hit(p.counter, p.limits, cost, now_ms).await;
         }
         let Some(shared) = &self.shared else {
+            if self.local.is_failed() {
+                return self.without_disk(|| self.local.hit_parts_now(parts, cost, now_ms));
+            }
             return match self.local.hit_parts_now(parts, cost, now_ms) {
                 Ok((o, ticket)) => self.on_disk(o, ticket).await,
                 Err(e) => self.unanswerable(&e),
@@ -196,6 +202,22 @@ impl<B: CounterStore> Failover<B> {
         match self.local.hit_parts_now(parts, cost, now_ms) {
             Ok((o, _)) => told(o),
             Err(e) => self.unanswerable(&e),
+        }
+    }
+
+    /// The failure policy's answer while the embedded store's directory cannot be written:
+    /// `local` decides in memory (`hit`), not durably; `open` and `closed` count nothing.
+    fn without_disk(
+        &self,
+        hit: impl FnOnce() -> Result<(Outcome, crate::Ticket), StoreError>,
+    ) -> Verdict {
+        match self.policy {
+            FailurePolicy::Local => match hit() {
+                Ok((o, _)) => Verdict::Local(o),
+                Err(e) => self.unanswerable(&e),
+            },
+            FailurePolicy::Open => Verdict::Open,
+            FailurePolicy::Closed => Verdict::Closed,
         }
     }
 

@@ -79,6 +79,8 @@ struct Queue {
     /// The sequence number of the latest record appended.
     seq: u64,
     stop: bool,
+    /// A snapshot is asked for now ([`Disk::compact_now`]).
+    compact: bool,
 }
 
 struct Shared {
@@ -89,7 +91,8 @@ struct Shared {
     /// The directory cannot be written: answers are not durable (the failure policy applies).
     failed: AtomicBool,
     durable_now: tokio::sync::Notify,
-    fsyncs: AtomicU64,
+    /// Commits written (one `fdatasync` each): a metric.
+    commits: prometheus_client::metrics::counter::Counter,
 }
 
 /// The embedded store's directory, once opened: appends records, says when they are durable.
@@ -176,12 +179,13 @@ impl Disk {
                     buf: Vec::new(),
                     seq: 0,
                     stop: false,
+                    compact: false,
                 }),
                 wake: Condvar::new(),
                 durable: AtomicU64::new(0),
                 failed: AtomicBool::new(false),
                 durable_now: tokio::sync::Notify::new(),
-                fsyncs: AtomicU64::new(0),
+                commits: Default::default(),
             }),
             dir: dir.to_owned(),
             writer: Mutex::new(None),
@@ -250,9 +254,9 @@ impl Disk {
         self.shared.failed.load(Ordering::Acquire)
     }
 
-    /// Commits (`fdatasync`s) so far.
-    pub fn fsyncs(&self) -> u64 {
-        self.shared.fsyncs.load(Ordering::Relaxed)
+    /// Commits (one `fdatasync` each) so far, as a metric the application registers.
+    pub fn commits(&self) -> &prometheus_client::metrics::counter::Counter {
+        &self.shared.commits
     }
 
     /// Waits until record `seq` is on disk; `false` when the directory cannot be written.
@@ -275,6 +279,14 @@ impl Disk {
             }
             notified.await;
         }
+    }
+
+    /// Folds the log into a new snapshot at the writer's next turn, as it does every
+    /// [`SNAPSHOT_EVERY`] (for tests of what a failed snapshot does, and for operators' tools).
+    pub fn compact_now(&self) {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.compact = true;
+        self.shared.wake.notify_one();
     }
 
     /// Writes what is queued, then every counter as it is now (exact: call it after the last
@@ -679,9 +691,9 @@ impl Writer {
     fn run(mut self) {
         let mut spare = Vec::new();
         loop {
-            let (stop, seq) = {
+            let (stop, seq, compact) = {
                 let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-                while q.buf.is_empty() && !q.stop {
+                while q.buf.is_empty() && !q.stop && !q.compact {
                     let (guard, timeout) = self
                         .shared
                         .wake
@@ -693,7 +705,7 @@ impl Writer {
                     }
                 }
                 std::mem::swap(&mut q.buf, &mut spare);
-                (q.stop, q.seq)
+                (q.stop, q.seq, std::mem::take(&mut q.compact))
             };
             if self.source.strong_count() == 0 && !stop {
                 // The store is gone without a stop: end as a crash would.
@@ -723,7 +735,8 @@ impl Writer {
                 }
                 return;
             }
-            let due = self.files.log_bytes > MAX_LOG_BYTES
+            let due = compact
+                || self.files.log_bytes > MAX_LOG_BYTES
                 || (self.last_snapshot.elapsed() >= SNAPSHOT_EVERY
                     && self.files.log_bytes > LOG_MAGIC.len() as u64);
             if due
@@ -877,7 +890,7 @@ fn commit_to(log: &mut File, shared: &Shared, buf: &mut Vec<u8>, seq: u64) -> io
     let written = log.write_all(&out).and_then(|()| log.sync_data());
     buf.clear();
     written?;
-    shared.fsyncs.fetch_add(1, Ordering::Relaxed);
+    shared.commits.inc();
     shared.durable.store(seq, Ordering::Release);
     shared.durable_now.notify_waiters();
     Ok(out.len() as u64)
