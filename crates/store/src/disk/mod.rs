@@ -579,6 +579,18 @@ impl Recovered {
     }
 }
 
+/// What a snapshot and the logs after it hold, read as a start reads them, from bytes (the fuzz
+/// target's door: nothing a file holds may panic or hang a start).
+pub fn read_bytes(snapshot: &[u8], logs: &[&[u8]], now_ms: u64) -> Result<Recovered, DiskError> {
+    let dir = Path::new("(bytes)");
+    let mut replay = Replay::default();
+    let (_, clean) = read_snapshot(dir, snapshot, &mut replay)?;
+    for (i, log) in logs.iter().enumerate() {
+        read_log(dir, Path::new("log"), log, i + 1 == logs.len(), &mut replay)?;
+    }
+    Ok(replay.finish(now_ms.min(record::MAX_MS), clean))
+}
+
 /// Reads a snapshot into `replay`: the log that follows it, and whether it was written at a
 /// clean stop.
 fn read_snapshot(dir: &Path, bytes: &[u8], replay: &mut Replay) -> Result<(u64, bool), DiskError> {

@@ -13,6 +13,10 @@ pub const FRAME_HEADER: usize = 8;
 /// damaged file cannot ask for more memory than this.
 pub const MAX_FRAME: usize = 16 << 20;
 
+/// No time a record holds is later than 9999-12-31 (Unix milliseconds): a damaged file's
+/// number cannot overflow the window arithmetic.
+pub const MAX_MS: u64 = 253_402_300_799_999;
+
 /// The first bytes of a snapshot file, naming the format.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"QGSNAP1\n";
 /// The first bytes of a log file.
@@ -238,7 +242,13 @@ impl Record {
             GRANT => {
                 let key = r.str()?;
                 let claim = r.claim()?;
-                let windows = (0..r.u8()?).map(|_| r.u32()).collect::<Result<_, _>>()?;
+                let windows: Vec<u32> = (0..r.u8()?).map(|_| r.u32()).collect::<Result<_, _>>()?;
+                if windows
+                    .iter()
+                    .any(|&w| w == 0 || w > quotagate_engine::limiter::MAX_WINDOW_SECONDS)
+                {
+                    return Err(Malformed("a window of 0 s or longer than a limit may be"));
+                }
                 let tallies = (0..r.u8()?)
                     .map(|_| r.tally_name())
                     .collect::<Result<_, _>>()?;
@@ -252,18 +262,22 @@ impl Record {
             FIXED_GRANT => Record::FixedGrant {
                 name: r.str()?,
                 limit: r.u64()?,
-                expires: r.u64()?,
+                expires: r.seconds()?,
                 claim: r.claim()?,
             },
             FORGET => Record::Forget { prefix: r.str()? },
             COUNTER => {
                 let key = r.str()?;
                 let outstanding = r.u64()?;
-                let until_ms = r.u64()?;
+                let until_ms = r.ms()?;
                 let mut windows = Vec::new();
                 for _ in 0..r.u8()? {
                     let w = r.u32()?;
+                    // Buckets are at least 100 ms long.
                     let last = r.u64()?;
+                    if last > MAX_MS / 100 {
+                        return Err(Malformed("a bucket past the year 9999"));
+                    }
                     let n = r.u16()?;
                     let mut held = Vec::with_capacity(usize::from(n));
                     for _ in 0..n {
@@ -271,15 +285,15 @@ impl Record {
                         let c = r.u32()?;
                         held.push((last.checked_sub(back).ok_or(Malformed("bucket"))?, c));
                     }
-                    if w == 0 {
-                        return Err(Malformed("window of 0 s"));
+                    if w == 0 || w > quotagate_engine::limiter::MAX_WINDOW_SECONDS {
+                        return Err(Malformed("a window of 0 s or longer than a limit may be"));
                     }
                     windows.push(Window::from_counts(w, last, held));
                 }
                 let mut tallies = Vec::new();
                 for _ in 0..r.u8()? {
                     let (period, zone) = r.tally_name()?;
-                    let start_ms = r.u64()?;
+                    let start_ms = r.ms()?;
                     let count = r.u64()?;
                     tallies.push(Tally::holding(period, zone, start_ms, count));
                 }
@@ -293,14 +307,14 @@ impl Record {
             FIXED => Record::Fixed {
                 name: r.str()?,
                 credit: r.u64()?,
-                expires: r.u64()?,
+                expires: r.seconds()?,
             },
             END => Record::End {
                 next_log: r.u64()?,
                 entries: r.u64()?,
                 clean: r.u8()? == 1,
             },
-            RESTART => Record::Restart { at_ms: r.u64()? },
+            RESTART => Record::Restart { at_ms: r.ms()? },
             _ => return Err(Malformed("unknown record")),
         };
         *buf = r.0;
@@ -392,13 +406,29 @@ impl Reader<'_> {
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| Malformed("name not UTF-8"))
     }
 
+    /// A time in Unix milliseconds (at most [`MAX_MS`]).
+    fn ms(&mut self) -> Result<u64, Malformed> {
+        match self.u64()? {
+            ms if ms <= MAX_MS => Ok(ms),
+            _ => Err(Malformed("a time past the year 9999")),
+        }
+    }
+
+    /// A time in Unix seconds.
+    fn seconds(&mut self) -> Result<u64, Malformed> {
+        match self.u64()? {
+            s if s <= MAX_MS / 1000 => Ok(s),
+            _ => Err(Malformed("a time past the year 9999")),
+        }
+    }
+
     fn claim(&mut self) -> Result<Claim, Malformed> {
         Ok(Claim {
             spent: self.u64()?,
             open: self.u64()?,
             reserve: self.u64()?,
-            at_ms: self.u64()?,
-            until_ms: self.u64()?,
+            at_ms: self.ms()?,
+            until_ms: self.ms()?,
         })
     }
 
