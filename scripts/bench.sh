@@ -256,6 +256,9 @@ for ROUND in $(seq "$ROUNDS"); do
     "${DIGESTED[@]}"
   gateway "quotagate, Redis store, 1000 keys under limit, leases off" MANY "${REDIS[@]}" --set store.lease=off
   gateway "quotagate, memory store, one hot key under limit" HOT
+  # Issue 73: the same store keeping its counters in a directory (store.path).
+  gateway "quotagate, memory store on disk, 1000 keys under limit" MANY --set "store.path=$WORK/counters-$ROUND"
+  gateway "quotagate, memory store on disk, one hot key under limit" HOT --set "store.path=$WORK/counters-$ROUND"
   gateway "quotagate, Redis store, one hot key under limit" HOT "${REDIS[@]}"
   gateway "quotagate, Redis store, one hot key under limit, leases off" HOT "${REDIS[@]}" --set store.lease=off
   gateway "quotagate, memory store, one key over its limit" HOG

@@ -23,6 +23,13 @@ SETS = {
         ("keys as SHA-256 digests <= 1.03x in plain, memory store",
          "quotagate, memory store, 1000 keys under limit, named by SHA-256 digests",
          ["quotagate, memory store, 1000 keys under limit"], 1.03),
+        # Issue 73: the embedded store kept on disk against the same store without a directory.
+        ("store.path <= 1.05x the memory store, 1000 keys",
+         "quotagate, memory store on disk, 1000 keys under limit",
+         ["quotagate, memory store, 1000 keys under limit"], 1.05),
+        ("store.path <= 1.05x the memory store, one hot key",
+         "quotagate, memory store on disk, one hot key under limit",
+         ["quotagate, memory store, one hot key under limit"], 1.05),
         ("keys as SHA-256 digests <= 1.03x in plain, Redis store (leases)",
          "quotagate, Redis store, 1000 keys under limit, named by SHA-256 digests",
          ["quotagate, Redis store, 1000 keys under limit"], 1.03),
