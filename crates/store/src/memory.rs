@@ -182,6 +182,10 @@ impl SlidingWindows {
         units: u64,
         now_ms: u64,
     ) -> Ticket {
+        if limits.iter().all(Limit::is_concurrent) {
+            // Slots are not kept on disk: no request is in flight after a restart.
+            return Ticket::NONE;
+        }
         if disk.is_failed() {
             return Ticket::FAILED;
         }
