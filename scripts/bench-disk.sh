@@ -23,7 +23,9 @@ cd "$(dirname "$0")/.."
 DURATION=${1:-10}
 CONNS=${2:-64}
 ROUNDS=${BENCH_ROUNDS:-3}
-ACTORS=${BENCH_DISK_ACTORS:-1000000}
+# Actors sent to the Divvy port: the memory store holds at most 1,000,000 Divvy windows (31,250 a
+# shard), so a few more than that fill it.
+ACTORS=${BENCH_DISK_ACTORS:-1100000}
 
 ensure_debian_packages wrk:wrk
 quotagate_builds
@@ -43,6 +45,9 @@ cat > "$WORK/rules.ini" <<'INI'
 creditLimit = 100
 resetSeconds = 3600
 actorField = 'ip'
+
+[default]
+creditLimit = 0
 INI
 many_keys_lua "$WORK/many-keys.lua"
 # The same keys on the endpoint where each has 1,000 a minute.
@@ -109,7 +114,8 @@ for name, rounds in rows.items():
     disk = statistics.median(r["disk"][0] for r in both)
     cps = max(r["disk"][1] for r in both)
     m = statistics.median(ratios)
-    print(f"| {name} | {mem:.1f} | {disk:.1f} | {m:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}) | {cps:.1f} (highest round) | {\"met\" if m <= 1.05 else \"NOT met\"} | {\"met\" if cps <= 50 else \"NOT met\"} |")
+    met = lambda ok: "met" if ok else "NOT met"
+    print(f"| {name} | {mem:.1f} | {disk:.1f} | {m:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}) | {cps:.1f} (highest round) | {met(m <= 1.05)} | {met(cps <= 50)} |")
 ')
 
 # Bytes a counter: 1000 sliding counters, stopped cleanly.
@@ -156,6 +162,8 @@ PY
 )
 stop_gateway
 BIG_BYTES=$(stat -c %s "$BIG/snapshot")
+# The entries the snapshot holds: its last frame's End record ([tag][next log u64][entries u64][clean]).
+STORED=$(python3 -c 'import struct, sys; b = open(sys.argv[1], "rb").read(); print(struct.unpack("<Q", b[-9:-1])[0])' "$BIG/snapshot")
 
 # Start-up: exec to the proxy port accepting, 3 times each, with the million counters and empty.
 start_time() {
@@ -173,7 +181,7 @@ for _ in 1 2 3; do
 done
 med() { printf '%s\n' "$@" | python3 -c 'import statistics, sys; print(statistics.median(float(l) for l in sys.stdin))'; }
 EMPTY_S=$(med "${EMPTY_TIMES[@]}"); BIG_S=$(med "${BIG_TIMES[@]}")
-START_TABLE=$(python3 - "$SLIDING_BYTES" "$BIG_BYTES" "$ACTORS" "$EMPTY_S" "$BIG_S" "$LOAD_S" <<'PY'
+START_TABLE=$(python3 - "$SLIDING_BYTES" "$BIG_BYTES" "$STORED" "$EMPTY_S" "$BIG_S" "$LOAD_S" <<'PY'
 import sys
 sliding, big, actors, empty_s, big_s, load_s = sys.argv[1:]
 sliding, big, actors = int(sliding), int(big), int(actors)
@@ -182,7 +190,7 @@ print("| measure | value | bound |")
 print("|---|---|---|")
 print(f"| snapshot bytes a sliding counter (1000 keys' minute windows, clean stop) | {sliding / 1000:.0f} | |")
 print(f"| snapshot bytes a Divvy window ({actors:,} windows, clean stop) | {big / actors:.0f} ({big / 2**20:.0f} MiB) | |")
-print(f"| loading {actors:,} new windows through the Divvy port (8 connections; one record and commit wait each) | {load_s} s | |")
+print(f"| loading them through the Divvy port (8 connections; a record, and a wait for its commit, each) | {load_s} s | |")
 print(f"| start-up, empty directory (exec to the port accepting, median of 3) | {float(empty_s):.3f} s | |")
 print(f"| start-up with {actors:,} stored counters (median of 3) | {float(big_s):.3f} s | {'met' if extra < 1 else 'NOT met'}: {extra:.3f} s more, bound under 1 s |")
 PY

@@ -60,20 +60,24 @@ impl Ticket {
 }
 
 /// `units` more spent at `now_ms` under `cover`, reserving `block` at a time: the ticket its
-/// answer waits for, and a record (`record` of its claim) appended when the cover needs one.
+/// answer waits for, and a record (`encode` of its claim) appended when the cover needs one.
 fn spend(
     disk: &Disk,
     cover: &mut Cover,
     units: u64,
     block: u64,
     now_ms: u64,
-    record: impl FnOnce(record::Claim) -> Record,
+    encode: impl FnOnce(&mut Vec<u8>, &record::Claim),
 ) -> Ticket {
     match cover.spend(units, now_ms, block, disk.durable()) {
         Spend::Covered => Ticket::NONE,
-        Spend::WaitFor(seq) => Ticket(seq),
+        Spend::WaitFor(seq) => {
+            // A renewal written ahead, not yet committed, is now waited for.
+            disk.hurry();
+            Ticket(seq)
+        }
         Spend::Write { claim, wait } => {
-            let seq = disk.append(&record(claim));
+            let seq = disk.append_with(wait, |buf| encode(buf, &claim));
             cover.wrote(seq, &claim, wait);
             if wait { Ticket(seq) } else { Ticket::NONE }
         }
@@ -82,14 +86,15 @@ fn spend(
 
 /// The reservation block of a counter whose limits are `limits` ([`cover::block`]).
 fn block_of(limits: &[Limit]) -> u64 {
-    cover::block(
-        limits
-            .iter()
-            .filter(|l| !l.is_concurrent())
-            .map(|l| l.rl)
-            .min()
-            .unwrap_or(1),
-    )
+    limits
+        .iter()
+        .filter(|l| !l.is_concurrent())
+        .map(|l| {
+            let seconds = l.period().is_none().then_some(u64::from(l.w));
+            cover::block(l.rl, seconds)
+        })
+        .min()
+        .unwrap_or(1)
 }
 
 /// Sliding windows in memory, sharded by key.
@@ -193,9 +198,14 @@ impl SlidingWindows {
             Some(c) => c,
             None => covers.entry(key.clone()).or_default(),
         };
-        spend(disk, cover, units, block_of(limits), now_ms, |claim| {
-            crate::disk::grant(key.as_str(), claim, set)
-        })
+        spend(
+            disk,
+            cover,
+            units,
+            block_of(limits),
+            now_ms,
+            |buf, claim| record::encode_grant(buf, key.as_str(), claim, set),
+        )
     }
 
     /// [`hit_parts`] on the parts' counters, under one lock (they share a hash tag: the caller
@@ -496,9 +506,15 @@ impl FixedWindows {
             *w = slot.unwrap_or(*w);
             let expires = w.expires;
             let ticket = match &self.disk {
-                Some(disk) if allowed && cost > 0 => {
-                    Self::spend(disk, &mut shard.covers, key, limit, expires, cost, now_ms)
-                }
+                Some(disk) if allowed && cost > 0 => Self::spend(
+                    disk,
+                    &mut shard.covers,
+                    key,
+                    (limit, seconds),
+                    expires,
+                    cost,
+                    now_ms,
+                ),
                 _ => Ticket::NONE,
             };
             return (allowed, credit, ttl, ticket);
@@ -536,7 +552,7 @@ impl FixedWindows {
                 disk,
                 &mut shard.covers,
                 key,
-                limit,
+                (limit, seconds),
                 fresh.expires,
                 cost,
                 now_ms,
@@ -546,12 +562,12 @@ impl FixedWindows {
         (allowed, credit, ttl, ticket)
     }
 
-    /// [`spend`] for the window `name` of `limit` ending at `expires`.
+    /// [`spend`] for the window `name` of `limit` units a `seconds` ending at `expires`.
     fn spend(
         disk: &Disk,
         covers: &mut HashMap<String, (u64, Cover)>,
         name: &str,
-        limit: u64,
+        (limit, seconds): (u64, u64),
         expires: u64,
         units: u64,
         now_ms: u64,
@@ -571,14 +587,9 @@ impl FixedWindows {
             disk,
             &mut entry.1,
             units,
-            cover::block(limit),
+            cover::block(limit, Some(seconds)),
             now_ms,
-            |claim| Record::FixedGrant {
-                name: name.to_owned(),
-                limit,
-                expires,
-                claim,
-            },
+            |buf, claim| record::encode_fixed_grant(buf, name, limit, expires, claim),
         )
     }
 }

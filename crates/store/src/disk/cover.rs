@@ -15,13 +15,18 @@ use super::record::Claim;
 /// were spent.
 pub const RESERVE_MS: u64 = 5_000;
 
-/// A reservation is this share of a counter's smallest limit (at least one unit): what a crash
-/// can take from a key at most, twice (the block in use and the one written ahead).
+/// A reservation is at least this share of a limit (at least one unit).
 pub const SHARE: u64 = 200;
 
-/// The units a counter reserves at a time: [`SHARE`] of its smallest limit, at least one.
-pub fn block(smallest_limit: u64) -> u64 {
-    (smallest_limit / SHARE).max(1)
+/// The units one limit lets a counter reserve at a time: [`SHARE`] of it (`rl / 200`), or, in a
+/// window of `seconds` (a sliding or a fixed window; `None`: a calendar period), one second's
+/// worth of it (`rl / seconds`) if that is more, at least one unit. What a crash can take from a
+/// key is at most twice this (the block in use and the one written ahead): 1% of a calendar
+/// quota, and in a window at most two seconds' worth of its limit (or 1% of it), for at most
+/// the window's length. A counter reserves the least of its limits' blocks.
+pub fn block(rl: u64, seconds: Option<u64>) -> u64 {
+    let second = seconds.filter(|&s| s > 0).map_or(0, |s| rl / s);
+    (rl / SHARE).max(second).max(1)
 }
 
 /// One counter's units: spent since its last record, and reserved by durable records or by one

@@ -27,11 +27,17 @@ use std::time::{Duration, Instant};
 use quotagate_engine::clock::Clock;
 use quotagate_engine::limiter::{FixedWindow, Period, WindowSet, ZoneId};
 
-use record::{Claim, Frame, LOG_MAGIC, Record, SNAPSHOT_MAGIC, read_frame};
+use record::{Frame, LOG_MAGIC, Record, SNAPSHOT_MAGIC, read_frame};
 
 /// At most one commit (a write and an `fdatasync`) per this much time, however busy: at most
 /// 50 a second.
 pub const COMMIT_EVERY: Duration = Duration::from_millis(20);
+/// Records no answer waits for yet (reservations written ahead) are committed within this
+/// time, or sooner with a record an answer waits for. An `fdatasync` costs the kernel about a
+/// millisecond of CPU here: most records of a busy gateway are of this kind, and committing them
+/// together keeps that cost off the requests (docs/stores.md). A block written ahead lasts longer
+/// than this at its counter's full rate ([`cover::block`]).
+pub const LAZY_COMMIT: Duration = Duration::from_millis(100);
 /// A log longer than this is folded into a new snapshot.
 pub const MAX_LOG_BYTES: u64 = 64 << 20;
 /// A log is folded into a snapshot at least this often while it grows, so that counters that
@@ -81,6 +87,10 @@ struct Queue {
     stop: bool,
     /// A snapshot is asked for now ([`Disk::compact_now`]).
     compact: bool,
+    /// An answer waits for a record in `buf`: commit it as soon as [`COMMIT_EVERY`] allows.
+    urgent: bool,
+    /// When the oldest record in `buf` was appended.
+    since: Option<Instant>,
 }
 
 struct Shared {
@@ -180,6 +190,8 @@ impl Disk {
                     seq: 0,
                     stop: false,
                     compact: false,
+                    urgent: false,
+                    since: None,
                 }),
                 wake: Condvar::new(),
                 durable: AtomicU64::new(0),
@@ -232,16 +244,37 @@ impl Disk {
         }
     }
 
-    /// Appends `record`; its sequence number, durable once [`Disk::durable`] reaches it.
+    /// Appends `record`, committed within [`LAZY_COMMIT`]; its sequence number, durable once
+    /// [`Disk::durable`] reaches it.
     pub fn append(&self, record: &Record) -> u64 {
+        self.append_with(false, |buf| record.encode(buf))
+    }
+
+    /// Appends the record `encode` writes (one whole record: see [`record`]'s `encode_*`);
+    /// `urgent`: an answer waits for it (else it is committed within [`LAZY_COMMIT`]).
+    pub fn append_with(&self, urgent: bool, encode: impl FnOnce(&mut Vec<u8>)) -> u64 {
         let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let was_empty = q.buf.is_empty();
-        record.encode(&mut q.buf);
+        if q.buf.is_empty() {
+            q.since = Some(Instant::now());
+        }
+        encode(&mut q.buf);
         q.seq += 1;
-        if was_empty {
+        if urgent {
+            q.urgent = true;
             self.shared.wake.notify_one();
         }
         q.seq
+    }
+
+    /// An answer now waits for a record appended without hurry: commit what is queued as soon
+    /// as [`COMMIT_EVERY`] allows.
+    pub fn hurry(&self) {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        // An empty queue: the record is being committed already.
+        if !q.buf.is_empty() {
+            q.urgent = true;
+            self.shared.wake.notify_one();
+        }
     }
 
     /// The latest record on disk.
@@ -705,17 +738,32 @@ impl Writer {
         loop {
             let (stop, seq, compact) = {
                 let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-                while q.buf.is_empty() && !q.stop && !q.compact {
+                loop {
+                    if q.stop || q.compact || (!q.buf.is_empty() && q.urgent) {
+                        break;
+                    }
+                    // Records no answer waits for: committed once the oldest is LAZY_COMMIT old.
+                    let wait = match q.since {
+                        Some(since) if !q.buf.is_empty() => {
+                            match LAZY_COMMIT.checked_sub(since.elapsed()) {
+                                Some(left) if !left.is_zero() => left,
+                                _ => break,
+                            }
+                        }
+                        _ => RETRY_EVERY,
+                    };
                     let (guard, timeout) = self
                         .shared
                         .wake
-                        .wait_timeout(q, RETRY_EVERY)
+                        .wait_timeout(q, wait)
                         .unwrap_or_else(|e| e.into_inner());
                     q = guard;
-                    if timeout.timed_out() {
+                    if timeout.timed_out() && q.buf.is_empty() {
                         break;
                     }
                 }
+                q.urgent = false;
+                q.since = None;
                 std::mem::swap(&mut q.buf, &mut spare);
                 (q.stop, q.seq, std::mem::take(&mut q.compact))
             };
@@ -906,18 +954,4 @@ fn commit_to(log: &mut File, shared: &Shared, buf: &mut Vec<u8>, seq: u64) -> io
     shared.durable.store(seq, Ordering::Release);
     shared.durable_now.notify_waiters();
     Ok(out.len() as u64)
-}
-
-/// What a record claims for a counter, for the memory store to build ([`cover`]).
-pub fn grant(key: &str, claim: Claim, set: &WindowSet) -> Record {
-    Record::Grant {
-        key: key.to_owned(),
-        claim,
-        windows: set.windows().iter().map(|w| w.seconds()).collect(),
-        tallies: set
-            .tallies()
-            .iter()
-            .map(|t| (t.period(), t.zone()))
-            .collect(),
-    }
 }

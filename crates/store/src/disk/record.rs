@@ -148,7 +148,10 @@ fn put_claim(out: &mut Vec<u8>, c: &Claim) {
 
 fn put_tally_name(out: &mut Vec<u8>, period: Period, zone: ZoneId) {
     out.push(period_code(period));
-    put_str(out, &zone.name());
+    match zone == ZoneId::UTC {
+        true => put_str(out, "UTC"),
+        false => put_str(out, &zone.name()),
+    }
 }
 
 fn period_code(p: Period) -> u8 {
@@ -169,31 +172,19 @@ impl Record {
                 claim,
                 windows,
                 tallies,
-            } => {
-                out.push(GRANT);
-                put_str(out, key);
-                put_claim(out, claim);
-                out.push(windows.len().min(255) as u8);
-                for w in windows.iter().take(255) {
-                    out.extend_from_slice(&w.to_le_bytes());
-                }
-                out.push(tallies.len().min(255) as u8);
-                for (p, z) in tallies.iter().take(255) {
-                    put_tally_name(out, *p, *z);
-                }
-            }
+            } => put_grant(
+                out,
+                key,
+                claim,
+                windows.iter().copied(),
+                tallies.iter().copied(),
+            ),
             Record::FixedGrant {
                 name,
                 limit,
                 expires,
                 claim,
-            } => {
-                out.push(FIXED_GRANT);
-                put_str(out, name);
-                put_u64(out, *limit);
-                put_u64(out, *expires);
-                put_claim(out, claim);
-            }
+            } => encode_fixed_grant(out, name, *limit, *expires, claim),
             Record::Forget { prefix } => {
                 out.push(FORGET);
                 put_str(out, prefix);
@@ -320,6 +311,48 @@ impl Record {
         *buf = r.0;
         Ok(record)
     }
+}
+
+fn put_grant(
+    out: &mut Vec<u8>,
+    key: &str,
+    claim: &Claim,
+    windows: impl ExactSizeIterator<Item = u32>,
+    tallies: impl ExactSizeIterator<Item = (Period, ZoneId)>,
+) {
+    out.push(GRANT);
+    put_str(out, key);
+    put_claim(out, claim);
+    out.push(windows.len().min(255) as u8);
+    for w in windows.take(255) {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.push(tallies.len().min(255) as u8);
+    for (p, z) in tallies.take(255) {
+        put_tally_name(out, p, z);
+    }
+}
+
+/// A sliding counter's record ([`Record::Grant`]) of `claim`, its windows and tallies `set`'s,
+/// written from where they lie (a record is written on every few admitted units of a busy
+/// counter).
+pub fn encode_grant(out: &mut Vec<u8>, key: &str, claim: &Claim, set: &WindowSet) {
+    put_grant(
+        out,
+        key,
+        claim,
+        set.windows().iter().map(|w| w.seconds()),
+        set.tallies().iter().map(|t| (t.period(), t.zone())),
+    );
+}
+
+/// A fixed window's record ([`Record::FixedGrant`]).
+pub fn encode_fixed_grant(out: &mut Vec<u8>, name: &str, limit: u64, expires: u64, claim: &Claim) {
+    out.push(FIXED_GRANT);
+    put_str(out, name);
+    put_u64(out, limit);
+    put_u64(out, expires);
+    put_claim(out, claim);
 }
 
 /// A snapshot's sliding counter ([`Record::Counter`]), written from where it lies.
@@ -534,6 +567,25 @@ mod tests {
         assert_eq!((outstanding, until_ms), (7, now + 5));
         assert_eq!(back.windows(), set.windows());
         assert_eq!(back.tallies(), set.tallies());
+        // Its record, written from where it lies, is the record built apart.
+        let claim = Claim {
+            spent: 1,
+            ..Claim::default()
+        };
+        let (mut direct, mut built) = (Vec::new(), Vec::new());
+        encode_grant(&mut direct, "c", &claim, &set);
+        Record::Grant {
+            key: "c".into(),
+            claim,
+            windows: set.windows().iter().map(|w| w.seconds()).collect(),
+            tallies: set
+                .tallies()
+                .iter()
+                .map(|t| (t.period(), t.zone()))
+                .collect(),
+        }
+        .encode(&mut built);
+        assert_eq!(direct, built);
         // And it answers as the original does.
         assert_eq!(
             back.peek(&limits, 1, now + 500),
