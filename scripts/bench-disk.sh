@@ -162,8 +162,8 @@ PY
 )
 stop_gateway
 BIG_BYTES=$(stat -c %s "$BIG/snapshot")
-# The entries the snapshot holds: its last frame's End record ([tag][next log u64][entries u64][clean]).
-STORED=$(python3 -c 'import struct, sys; b = open(sys.argv[1], "rb").read(); print(struct.unpack("<Q", b[-9:-1])[0])' "$BIG/snapshot")
+# The entries the snapshot holds: its last record, End ([tag][next log][entries][fixed][clean]).
+STORED=$(python3 -c 'import struct, sys; b = open(sys.argv[1], "rb").read(); print(struct.unpack("<Q", b[-17:-9])[0])' "$BIG/snapshot")
 
 # Start-up: exec to the proxy port accepting, 3 times each, with the million counters and empty.
 start_time() {

@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use quotagate_engine::limiter::Limit;
-use quotagate_store::disk::read_bytes;
+use quotagate_store::disk::{Collected, read_bytes};
 
 fuzz_target!(|data: &[u8]| {
     // [u16 LE: the snapshot's length][snapshot][log]
@@ -15,9 +15,10 @@ fuzz_target!(|data: &[u8]| {
     let n = usize::from(u16::from_le_bytes([data[0], data[1]])).min(data.len() - 2);
     let (snapshot, log) = data[2..].split_at(n);
     let now_ms = 1_700_000_000_000;
-    match read_bytes(snapshot, &[log], now_ms) {
-        Ok(r) => {
-            for (_, set) in r.counters {
+    let mut into = Collected::default();
+    match read_bytes(snapshot, &[log], now_ms, &mut into) {
+        Ok(_) => {
+            for set in into.counters.values() {
                 let _ = set.peek(&[Limit::per_minute(10)], 1, now_ms);
             }
         }

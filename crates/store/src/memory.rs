@@ -130,10 +130,15 @@ impl SlidingWindows {
         }
     }
 
-    /// The shard of `key`: by its hash tag, so that every counter of one API key (a request's
-    /// endpoint and its pools) is under one lock.
+    /// The index of `key`'s shard: by its hash tag, so that every counter of one API key (a
+    /// request's endpoint and its pools) is under one lock.
+    fn shard_of(&self, key: &CounterKey) -> usize {
+        (self.hasher.hash_one(key.tag()) as usize) % SHARDS
+    }
+
+    /// The shard of `key` ([`SlidingWindows::shard_of`]), locked.
     fn shard(&self, key: &CounterKey) -> std::sync::MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one(key.tag()) as usize) % SHARDS;
+        let i = self.shard_of(key);
         // A panic while holding the lock cannot leave a window half-updated in a way that matters
         // more than refusing service would, so a poisoned lock is used as is.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -617,8 +622,72 @@ struct Counters {
 }
 
 impl Source for Counters {
-    fn each(&self, now_ms: u64, clean: bool, f: &mut dyn FnMut(&[u8])) -> u64 {
-        self.windows.each(now_ms, clean, f) + self.fixed.each(now_ms, clean, f)
+    fn each(&self, now_ms: u64, clean: bool, f: &mut dyn FnMut(&[u8])) -> (u64, u64) {
+        (
+            self.windows.each(now_ms, clean, f),
+            self.fixed.each(now_ms, clean, f),
+        )
+    }
+}
+
+/// The maps of a store being opened, as the directory's counters are read into them (owned:
+/// no lock is taken).
+struct Restoring<'a> {
+    windows: &'a mut SlidingWindows,
+    fixed: &'a mut FixedWindows,
+}
+
+impl crate::disk::Restore for Restoring<'_> {
+    fn reserve(&mut self, sliding: usize, fixed: usize) {
+        for s in self.windows.shards.iter_mut() {
+            let s = s.get_mut().unwrap_or_else(|e| e.into_inner());
+            s.windows.reserve(sliding / SHARDS + sliding / SHARDS / 8);
+        }
+        for s in self.fixed.shards.iter_mut() {
+            let s = s.get_mut().unwrap_or_else(|e| e.into_inner());
+            s.windows.reserve(fixed / SHARDS + fixed / SHARDS / 8);
+        }
+    }
+
+    fn put_counter(&mut self, key: String, set: WindowSet) {
+        let key = CounterKey::from_stored(key);
+        let i = self.windows.shard_of(&key);
+        let shard = self.windows.shards[i]
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        shard.windows.insert(key, set);
+    }
+
+    fn counter(&mut self, key: &str) -> &mut WindowSet {
+        let key = CounterKey::from_stored(key.to_owned());
+        let i = self.windows.shard_of(&key);
+        let shard = self.windows.shards[i]
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        shard.windows.entry(key).or_default()
+    }
+
+    fn forget(&mut self, prefix: &str) {
+        for s in self.windows.shards.iter_mut() {
+            let s = s.get_mut().unwrap_or_else(|e| e.into_inner());
+            s.windows.retain(|k, _| !k.as_str().starts_with(prefix));
+        }
+    }
+
+    fn put_fixed(&mut self, name: String, w: FixedWindow) {
+        let i = (self.fixed.hasher.hash_one(name.as_str()) as usize) % SHARDS;
+        let shard = self.fixed.shards[i]
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        shard.windows.insert(name, w);
+    }
+
+    fn fixed(&mut self, name: &str) -> Option<&mut FixedWindow> {
+        let i = (self.fixed.hasher.hash_one(name) as usize) % SHARDS;
+        let shard = self.fixed.shards[i]
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        shard.windows.get_mut(name)
     }
 }
 
@@ -652,22 +721,21 @@ impl MemoryStore {
         clock: Arc<dyn Clock>,
         commit_every: std::time::Duration,
     ) -> Result<MemoryStore, DiskError> {
-        let (disk, recovered) = Disk::open(dir, clock, commit_every)?;
-        let disk = Arc::new(disk);
         let mut windows = SlidingWindows::new();
-        windows.disk = Some(disk.clone());
-        for (key, set) in recovered.counters {
-            let key = CounterKey::from_stored(key);
-            let mut shard = windows.shard(&key);
-            shard.windows.insert(key, set);
-        }
         let mut fixed = FixedWindows::new(MAX_FIXED_WINDOWS);
+        let mut into = Restoring {
+            windows: &mut windows,
+            fixed: &mut fixed,
+        };
+        let (disk, recovered) = Disk::open(dir, clock, commit_every, &mut into)?;
+        tracing::debug!(
+            counters = recovered.counters,
+            clean = recovered.clean,
+            "store.path read"
+        );
+        let disk = Arc::new(disk);
+        windows.disk = Some(disk.clone());
         fixed.disk = Some(disk.clone());
-        for (name, w) in recovered.fixed {
-            let i = (fixed.hasher.hash_one(name.as_str()) as usize) % SHARDS;
-            let mut shard = fixed.shards[i].lock().unwrap_or_else(|e| e.into_inner());
-            shard.windows.insert(name, w);
-        }
         let (windows, fixed) = (Arc::new(windows), Arc::new(fixed));
         let counters = Arc::new(Counters {
             windows: windows.clone(),

@@ -62,21 +62,74 @@ fn fail(path: &Path, what: impl std::fmt::Display) -> DiskError {
     DiskError(format!("store.path {}: {what}", path.display()))
 }
 
-/// What the files held: every counter as it is to be resumed.
+/// What the files held, put where the memory store keeps its counters as they are read (one
+/// map insert a counter: a start with a million counters is within a second).
+pub trait Restore {
+    /// Room for about `sliding` more sliding counters and `fixed` more fixed windows.
+    fn reserve(&mut self, sliding: usize, fixed: usize);
+    /// Sliding counter `key`, put as it is.
+    fn put_counter(&mut self, key: String, set: WindowSet);
+    /// Sliding counter `key` (created empty when missing).
+    fn counter(&mut self, key: &str) -> &mut WindowSet;
+    /// Forgets every sliding counter whose name starts with `prefix`.
+    fn forget(&mut self, prefix: &str);
+    /// Fixed window `name`, put as it is.
+    fn put_fixed(&mut self, name: String, w: FixedWindow);
+    /// Fixed window `name`, if there is one.
+    fn fixed(&mut self, name: &str) -> Option<&mut FixedWindow>;
+}
+
+/// Counters read into plain maps (what the fuzz target and tools read files into; the memory
+/// store reads them into its own shards).
 #[derive(Debug, Default)]
+pub struct Collected {
+    pub counters: HashMap<String, WindowSet>,
+    pub fixed: HashMap<String, FixedWindow>,
+}
+
+impl Restore for Collected {
+    fn reserve(&mut self, sliding: usize, fixed: usize) {
+        self.counters.reserve(sliding);
+        self.fixed.reserve(fixed);
+    }
+
+    fn put_counter(&mut self, key: String, set: WindowSet) {
+        self.counters.insert(key, set);
+    }
+
+    fn counter(&mut self, key: &str) -> &mut WindowSet {
+        self.counters.entry(key.to_owned()).or_default()
+    }
+
+    fn forget(&mut self, prefix: &str) {
+        self.counters.retain(|k, _| !k.starts_with(prefix));
+    }
+
+    fn put_fixed(&mut self, name: String, w: FixedWindow) {
+        self.fixed.insert(name, w);
+    }
+
+    fn fixed(&mut self, name: &str) -> Option<&mut FixedWindow> {
+        self.fixed.get_mut(name)
+    }
+}
+
+/// How the files ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recovered {
-    pub counters: Vec<(String, WindowSet)>,
-    pub fixed: Vec<(String, FixedWindow)>,
     /// The last stop was clean (the counts are exact), else reservations were charged back.
     pub clean: bool,
+    /// Snapshot entries read.
+    pub counters: u64,
 }
 
 /// The counters a snapshot is written from: the memory store's maps.
 pub trait Source: Send + Sync {
     /// Calls `f` with the bytes of a record of every live counter ([`Record::Counter`],
     /// [`Record::Fixed`]), a shard at a time; `clean`: at a stop, after the last request (no reservation is
-    /// outstanding: the counts are exact). Returns the number of entries.
-    fn each(&self, now_ms: u64, clean: bool, f: &mut dyn FnMut(&[u8])) -> u64;
+    /// outstanding: the counts are exact), sliding counters first. Returns how many of each:
+    /// sliding counters, fixed windows.
+    fn each(&self, now_ms: u64, clean: bool, f: &mut dyn FnMut(&[u8])) -> (u64, u64);
 }
 
 /// Records waiting for the writer.
@@ -137,11 +190,12 @@ impl Disk {
         dir: &Path,
         clock: Arc<dyn Clock>,
         commit_every: Duration,
+        into: &mut dyn Restore,
     ) -> Result<(Disk, Recovered), DiskError> {
         fs::create_dir_all(dir).map_err(|e| fail(dir, format_args!("cannot create: {e}")))?;
         let lock = lock(dir)?;
         let now_ms = clock.now_ms();
-        let (recovered, log_gen, log_bytes) = recover(dir, now_ms)?;
+        let (recovered, log_gen, log_bytes) = recover(dir, now_ms, into)?;
         let log_path = dir.join(log_name(log_gen));
         let mut log = OpenOptions::new()
             .create(true)
@@ -385,15 +439,27 @@ fn lock(dir: &Path) -> Result<File, DiskError> {
     Ok(file)
 }
 
-/// Counters as the files are read: a sliding counter's windows with the last claim not yet
-/// charged, a fixed window's.
-#[derive(Default)]
-struct Replay {
-    counters: HashMap<String, (WindowSet, u64, u64)>,
-    fixed: HashMap<String, (FixedWindow, u64, u64)>,
+/// The files as they are read: the counters go to `into`; what the last claim of each counter
+/// reserved is kept apart until it is charged (at a restart marker, or at the end).
+struct Replay<'a> {
+    into: &'a mut dyn Restore,
+    /// Sliding counters' outstanding units and until when.
+    outstanding: HashMap<String, (u64, u64), foldhash::fast::RandomState>,
+    /// Fixed windows' outstanding units.
+    fixed_outstanding: HashMap<String, u64, foldhash::fast::RandomState>,
+    counters: u64,
 }
 
-impl Replay {
+impl<'a> Replay<'a> {
+    fn new(into: &'a mut dyn Restore) -> Replay<'a> {
+        Replay {
+            into,
+            outstanding: HashMap::default(),
+            fixed_outstanding: HashMap::default(),
+            counters: 0,
+        }
+    }
+
     fn apply(&mut self, r: Record) {
         match r {
             Record::Counter {
@@ -402,15 +468,20 @@ impl Replay {
                 outstanding,
                 until_ms,
             } => {
-                self.counters.insert(key, (set, outstanding, until_ms));
+                self.counters += 1;
+                if outstanding > 0 {
+                    self.outstanding
+                        .insert(key.clone(), (outstanding, until_ms));
+                }
+                self.into.put_counter(key, set);
             }
             Record::Fixed {
                 name,
                 credit,
                 expires,
             } => {
-                let w = FixedWindow { credit, expires };
-                self.fixed.insert(name, (w, 0, expires));
+                self.counters += 1;
+                self.into.put_fixed(name, FixedWindow { credit, expires });
             }
             Record::Grant {
                 key,
@@ -418,11 +489,11 @@ impl Replay {
                 windows,
                 tallies,
             } => {
-                let e = self.counters.entry(key).or_default();
-                e.0.charge(&windows, &tallies, claim.spent, claim.at_ms);
+                let set = self.into.counter(&key);
+                set.charge(&windows, &tallies, claim.spent, claim.at_ms);
                 // The units it spent before are in `spent`: only this claim is outstanding.
-                e.1 = claim.open + claim.reserve;
-                e.2 = claim.until_ms;
+                self.outstanding
+                    .insert(key, (claim.open + claim.reserve, claim.until_ms));
             }
             Record::FixedGrant {
                 name,
@@ -430,30 +501,25 @@ impl Replay {
                 expires,
                 claim,
             } => {
-                let e = self.fixed.entry(name).or_insert((
-                    FixedWindow {
-                        credit: limit,
-                        expires,
-                    },
-                    0,
-                    expires,
-                ));
-                if e.0.expires != expires {
-                    // A window that started after the one kept.
-                    *e = (
+                match self.into.fixed(&name) {
+                    Some(w) if w.expires == expires => {
+                        w.credit = w.credit.saturating_sub(claim.spent);
+                    }
+                    // A window that started after the one kept, or one no snapshot holds.
+                    _ => self.into.put_fixed(
+                        name.clone(),
                         FixedWindow {
-                            credit: limit,
+                            credit: limit.saturating_sub(claim.spent),
                             expires,
                         },
-                        0,
-                        expires,
-                    );
+                    ),
                 }
-                e.0.credit = e.0.credit.saturating_sub(claim.spent);
-                e.1 = claim.open + claim.reserve;
+                self.fixed_outstanding
+                    .insert(name, claim.open + claim.reserve);
             }
             Record::Forget { prefix } => {
-                self.counters.retain(|k, _| !k.starts_with(&prefix));
+                self.into.forget(&prefix);
+                self.outstanding.retain(|k, _| !k.starts_with(&prefix));
             }
             Record::Restart { at_ms } => self.charge_outstanding(at_ms),
             Record::End { .. } => {}
@@ -464,49 +530,41 @@ impl Replay {
     /// unit spent before a restart was spent by then): a restart starts every cover afresh, so
     /// what the last claims reserved becomes spent.
     fn charge_outstanding(&mut self, at_ms: u64) {
-        for (set, outstanding, until_ms) in self.counters.values_mut() {
-            if *outstanding > 0 {
-                let windows: Vec<u32> = set.windows().iter().map(|w| w.seconds()).collect();
-                let tallies: Vec<(Period, ZoneId)> = set
-                    .tallies()
-                    .iter()
-                    .map(|t| (t.period(), t.zone()))
-                    .collect();
-                set.charge(&windows, &tallies, *outstanding, (*until_ms).min(at_ms));
-                *outstanding = 0;
-            }
+        for (key, (outstanding, until_ms)) in self.outstanding.drain() {
+            let set = self.into.counter(&key);
+            let windows: Vec<u32> = set.windows().iter().map(|w| w.seconds()).collect();
+            let tallies: Vec<(Period, ZoneId)> = set
+                .tallies()
+                .iter()
+                .map(|t| (t.period(), t.zone()))
+                .collect();
+            set.charge(&windows, &tallies, outstanding, until_ms.min(at_ms));
         }
-        for (w, outstanding, _) in self.fixed.values_mut() {
-            w.credit = w.credit.saturating_sub(*outstanding);
-            *outstanding = 0;
+        for (name, outstanding) in self.fixed_outstanding.drain() {
+            if let Some(w) = self.into.fixed(&name) {
+                w.credit = w.credit.saturating_sub(outstanding);
+            }
         }
     }
 
-    /// Every counter as it is to be resumed at `now_ms` (those that left their windows too: the
-    /// memory store sweeps them as it does its own).
+    /// The counters as they are to be resumed at `now_ms` (those that left their windows too:
+    /// the memory store sweeps them as it does its own).
     fn finish(mut self, now_ms: u64, clean: bool) -> Recovered {
         self.charge_outstanding(now_ms);
-        let counters = self
-            .counters
-            .into_iter()
-            .map(|(k, (set, _, _))| (k, set))
-            .collect();
-        let fixed = self
-            .fixed
-            .into_iter()
-            .map(|(k, (w, _, _))| (k, w))
-            .collect();
         Recovered {
-            counters,
-            fixed,
             clean,
+            counters: self.counters,
         }
     }
 }
 
 /// Reads the snapshot and the logs after it; what they hold, the log to append to and its
 /// length (0: a new one).
-fn recover(dir: &Path, now_ms: u64) -> Result<(Recovered, u64, u64), DiskError> {
+fn recover(
+    dir: &Path,
+    now_ms: u64,
+    into: &mut dyn Restore,
+) -> Result<(Recovered, u64, u64), DiskError> {
     let _ = fs::remove_file(dir.join("snapshot.tmp"));
     let mut logs: Vec<u64> = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| fail(dir, format_args!("cannot read: {e}")))? {
@@ -522,7 +580,7 @@ fn recover(dir: &Path, now_ms: u64) -> Result<(Recovered, u64, u64), DiskError> 
     }
     logs.sort_unstable();
     let snapshot = dir.join("snapshot");
-    let mut replay = Replay::default();
+    let mut replay = Replay::new(into);
     let (first_log, clean) = match fs::read(&snapshot) {
         Ok(bytes) => read_snapshot(dir, &bytes, &mut replay)?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -538,6 +596,7 @@ fn recover(dir: &Path, now_ms: u64) -> Result<(Recovered, u64, u64), DiskError> 
             Record::End {
                 next_log: 1,
                 entries: 0,
+                fixed: 0,
                 clean: true,
             }
             .encode(&mut end);
@@ -548,7 +607,14 @@ fn recover(dir: &Path, now_ms: u64) -> Result<(Recovered, u64, u64), DiskError> 
                 .and_then(|()| fs::rename(&tmp, &snapshot))
                 .and_then(|()| sync_dir(dir))
                 .map_err(|e| fail(dir, format_args!("cannot write: {e}")))?;
-            return Ok((Recovered::default_clean(), 1, 0));
+            return Ok((
+                Recovered {
+                    clean: true,
+                    counters: 0,
+                },
+                1,
+                0,
+            ));
         }
         Err(e) => return Err(fail(dir, format_args!("cannot read snapshot: {e}"))),
     };
@@ -603,20 +669,16 @@ fn recover(dir: &Path, now_ms: u64) -> Result<(Recovered, u64, u64), DiskError> 
     Ok((replay.finish(now_ms, clean), append_gen, append_bytes))
 }
 
-impl Recovered {
-    fn default_clean() -> Recovered {
-        Recovered {
-            clean: true,
-            ..Recovered::default()
-        }
-    }
-}
-
 /// What a snapshot and the logs after it hold, read as a start reads them, from bytes (the fuzz
 /// target's door: nothing a file holds may panic or hang a start).
-pub fn read_bytes(snapshot: &[u8], logs: &[&[u8]], now_ms: u64) -> Result<Recovered, DiskError> {
+pub fn read_bytes(
+    snapshot: &[u8],
+    logs: &[&[u8]],
+    now_ms: u64,
+    into: &mut dyn Restore,
+) -> Result<Recovered, DiskError> {
     let dir = Path::new("(bytes)");
-    let mut replay = Replay::default();
+    let mut replay = Replay::new(into);
     let (_, clean) = read_snapshot(dir, snapshot, &mut replay)?;
     for (i, log) in logs.iter().enumerate() {
         read_log(dir, Path::new("log"), log, i + 1 == logs.len(), &mut replay)?;
@@ -638,6 +700,19 @@ fn read_snapshot(dir: &Path, bytes: &[u8], replay: &mut Replay) -> Result<(u64, 
     let Some(mut rest) = bytes.strip_prefix(SNAPSHOT_MAGIC) else {
         return Err(damaged("not a quotagate snapshot"));
     };
+    // Room for the counters at once, from the count its last record gives (a hint, checked
+    // below; bounded by what the bytes can hold).
+    if let Some(end) = bytes.len().checked_sub(record::END_LEN)
+        && bytes[end] == record::END
+    {
+        let at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
+        let (entries, fixed) = (at(end + 9), at(end + 17));
+        let most = (bytes.len() / 24) as u64;
+        let fixed = fixed.min(entries).min(most);
+        replay
+            .into
+            .reserve((entries.min(most) - fixed) as usize, fixed as usize);
+    }
     let mut entries = 0u64;
     loop {
         match read_frame(rest) {
@@ -648,6 +723,7 @@ fn read_snapshot(dir: &Path, bytes: &[u8], replay: &mut Replay) -> Result<(u64, 
                         next_log,
                         entries: count,
                         clean,
+                        ..
                     } = r
                     {
                         if count != entries || !rest.is_empty() {
@@ -864,7 +940,7 @@ impl Writer {
         let commit_every = self.commit_every;
         let mut queued = Vec::new();
         let mut seen = 0u32;
-        let entries = source.each(self.clock.now_ms(), clean, &mut |r| {
+        let (sliding, fixed) = source.each(self.clock.now_ms(), clean, &mut |r| {
             // Requests keep waiting on commits while a large snapshot is written.
             seen += 1;
             if seen.is_multiple_of(1024) && last_commit.elapsed() >= commit_every {
@@ -898,7 +974,8 @@ impl Writer {
         }
         Record::End {
             next_log: next_gen,
-            entries,
+            entries: sliding + fixed,
+            fixed,
             clean,
         }
         .encode(&mut payload);

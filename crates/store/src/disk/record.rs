@@ -27,7 +27,10 @@ const FIXED_GRANT: u8 = 2;
 const FORGET: u8 = 3;
 const COUNTER: u8 = 4;
 const FIXED: u8 = 5;
-const END: u8 = 6;
+/// The tag of [`Record::End`], a snapshot's last record ([`END_LEN`] bytes).
+pub const END: u8 = 6;
+/// The bytes of a [`Record::End`].
+pub const END_LEN: usize = 26;
 const RESTART: u8 = 7;
 
 /// What a counter's record says about the units it may have spent (`cover.rs` keeps it true:
@@ -80,11 +83,13 @@ pub enum Record {
     },
     /// A process started from the files at `at_ms`: every claim before it is spent by then.
     Restart { at_ms: u64 },
-    /// A snapshot's last frame: the log generation that follows it, how many entries it holds,
-    /// and whether it was written at a clean stop.
+    /// A snapshot's last record: the log generation that follows it, how many entries it holds
+    /// (`fixed` of them fixed windows, written after the sliding counters), and whether it was
+    /// written at a clean stop.
     End {
         next_log: u64,
         entries: u64,
+        fixed: u64,
         clean: bool,
     },
 }
@@ -207,11 +212,13 @@ impl Record {
             Record::End {
                 next_log,
                 entries,
+                fixed,
                 clean,
             } => {
                 out.push(END);
                 put_u64(out, *next_log);
                 put_u64(out, *entries);
+                put_u64(out, *fixed);
                 out.push(u8::from(*clean));
             }
         }
@@ -303,6 +310,7 @@ impl Record {
             END => Record::End {
                 next_log: r.u64()?,
                 entries: r.u64()?,
+                fixed: r.u64()?,
                 clean: r.u8()? == 1,
             },
             RESTART => Record::Restart { at_ms: r.ms()? },
@@ -528,6 +536,7 @@ mod tests {
             Record::End {
                 next_log: 4,
                 entries: 5,
+                fixed: 3,
                 clean: true,
             },
             Record::Restart { at_ms: 8 },
