@@ -120,7 +120,10 @@ impl<B: CounterStore> Failover<B> {
                 return self.without_disk(|| self.local.hit_now(key, limits, cost, now_ms));
             }
             return match self.local.hit_now(key, limits, cost, now_ms) {
-                Ok((o, ticket)) => self.on_disk(o, ticket).await,
+                Ok((o, ticket)) if ticket.is_none() => Verdict::Decided(o),
+                // Boxed: waiting for a commit is rare, and its state would otherwise be in every
+                // request's future.
+                Ok((o, ticket)) => Box::pin(self.on_disk(o, ticket)).await,
                 Err(e) => self.unanswerable(&e),
             };
         };
@@ -172,7 +175,9 @@ impl<B: CounterStore> Failover<B> {
                 return self.without_disk(|| self.local.hit_parts_now(parts, cost, now_ms));
             }
             return match self.local.hit_parts_now(parts, cost, now_ms) {
-                Ok((o, ticket)) => self.on_disk(o, ticket).await,
+                Ok((o, ticket)) if ticket.is_none() => Verdict::Decided(o),
+                // Boxed, as in `hit`.
+                Ok((o, ticket)) => Box::pin(self.on_disk(o, ticket)).await,
                 Err(e) => self.unanswerable(&e),
             };
         };
@@ -225,9 +230,6 @@ impl<B: CounterStore> Failover<B> {
     /// wait for without a directory); when the directory cannot be written, the failure policy's
     /// answer (`local`: `o`, decided in memory).
     async fn on_disk(&self, o: Outcome, ticket: crate::Ticket) -> Verdict {
-        if ticket.is_none() {
-            return Verdict::Decided(o);
-        }
         match self.local.durable(ticket).await {
             Ok(()) => Verdict::Decided(o),
             Err(_) => match self.policy {
