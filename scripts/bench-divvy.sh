@@ -58,6 +58,9 @@ start() {
     redis-off) PORT=$SERVER_PORT REDIS_HOST=127.0.0.1 REDIS_PORT=$REDIS_PORT \
              "$BIN" divvy "$WORK/rules.ini" --set log.level=warn --set store.lease=off >/dev/null 2>&1 & ;;
     memory) PORT=$SERVER_PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn >/dev/null 2>&1 & ;;
+    # The memory store keeping its counters on disk (store.path, issue 73).
+    disk) PORT=$SERVER_PORT "$BIN" divvy "$WORK/rules.ini" --set log.level=warn \
+            --set "store.path=$WORK/divvy-counters-$RANDOM" >/dev/null 2>&1 & ;;
   esac
   SERVER_PID=$!
   wait_port "$SERVER_PORT"
@@ -65,7 +68,7 @@ start() {
 
 declare -A BASE
 ROWS=()
-for server in original redis redis-off memory; do
+for server in original redis redis-off memory disk; do
   [ "$server" = original ] && [ -z "$ORIGINAL" ] && continue
   start "$server"
   for shape in $SHAPES; do
@@ -83,9 +86,10 @@ server, shape, out, base, us, rus = sys.argv[1:7]
 v = dict(kv.split("=") for kv in out.split())
 hits, rate = int(v["hits"]), float(v["hits_per_s"])
 name = {"original": "original Divvy 1.7.1 (node), Redis", "redis": "quotagate divvy, Redis (leases auto)",
-        "redis-off": "quotagate divvy, Redis, leases off", "memory": "quotagate divvy, memory"}[server]
+        "redis-off": "quotagate divvy, Redis, leases off", "memory": "quotagate divvy, memory",
+        "disk": "quotagate divvy, memory on disk (store.path)"}[server]
 ratio = f"{rate / float(base):.2f}x" if base else ""
-redis_col = rus if server != "memory" else ""
+redis_col = rus if server not in ("memory", "disk") else ""
 print(f"| {name} | {shape} | {rate:,.0f} | {ratio} | {us} | {redis_col} | {v['p50_ms']} | {v['p99_ms']} | {int(v['allowed']) / max(hits, 1):.0%} | {v['errors']} |")
 PY
 )")
