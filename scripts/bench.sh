@@ -322,7 +322,7 @@ echo "$LATENCY_TABLE"
 
 # Resident memory per idle keep-alive connection, and after they close (memory store).
 start_gateway
-MEMORY=$(SETTLE_S=5 python3 scripts/bench-memory.py "$GW_PID" "127.0.0.1:$GW_PORT" "${BENCH_IDLE_CONNECTIONS:-5000}" 3)
+MEMORY=$(SETTLE_S=5 python3 scripts/bench-memory.py ratchet "$GW_PID" "127.0.0.1:$GW_PORT" "${BENCH_IDLE_CONNECTIONS:-5000}" 3)
 stop_gateway
 echo; echo "$MEMORY"
 if [ -z "${BENCH_NO_RECORD:-}" ]; then
