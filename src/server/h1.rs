@@ -81,7 +81,7 @@ use crate::server::framing::{BodyLength, Chunked, Next, Refusal, RequestFraming}
 use crate::server::http1::{KEPT_ROOM, has_token, plain_number};
 pub use crate::server::http1::{Line, Lines};
 use crate::server::passed::{Passed, Passes};
-use crate::server::shelf::Shelf;
+use crate::server::shelf::{Kept, Shelf};
 
 /// A field named `close`: `Connection: close` makes it hop-by-hop.
 static CLOSE: http::HeaderName = http::HeaderName::from_static("close");
@@ -357,30 +357,37 @@ where
     B::Data: Buf,
     D: Future,
 {
-    let mut lines = crate::server::http1::ThreadLines::new();
+    let mut r = Reading {
+        buf: std::mem::take(&mut buf),
+        // Taken with a first head's read: those a connection of this worker gave back, with
+        // the names its clients' fields had (a new connection makes none, ~1,500 instructions).
+        lines: None,
+    };
     let mut draining = false;
     loop {
         let head = loop {
-            if !buf.is_empty() {
-                match parse(&buf, conn.max_head, conn.max_headers, &mut lines) {
+            if !r.buf.is_empty() {
+                let lines = resume(&mut r.buf, &mut r.lines);
+                match parse(&r.buf, conn.max_head, conn.max_headers, lines) {
                     Parsed::Own(head) => break head,
                     Parsed::Hyper if draining => return End::Closed,
-                    Parsed::Hyper => return End::Hyper(buf, io),
-                    Parsed::Refused(refusal) => return cold::apart(|| refuse(io, refusal)).await,
+                    Parsed::Hyper => return End::Hyper(std::mem::take(&mut r.buf), io),
+                    Parsed::Refused(refusal) => {
+                        return cold::apart(|| refuse(&mut io, refusal)).await;
+                    }
                     Parsed::Partial => {}
                 }
             }
-            buf.reserve(READ);
             let read = if draining {
-                io.read_buf(&mut buf).await
+                r.read(&mut io, READ, Probe::Once).await
             } else {
                 tokio::select! {
                     biased;
-                    read = io.read_buf(&mut buf) => read,
+                    read = r.read(&mut io, READ, Probe::Once) => read,
                     _ = drain.as_mut() => {
                         // Idle: nothing to finish. Within a head: answer it, then close.
                         draining = true;
-                        if buf.is_empty() {
+                        if r.buf.is_empty() {
                             return End::Closed;
                         }
                         continue;
@@ -396,134 +403,331 @@ where
                 Err(_) => return End::Closed,
             }
         };
-        let head_bytes = buf.split_to(head.len).freeze();
-        let Room { mut out, map } = Room::take();
-        let mut passed = Passed::default();
-        let Some(parts) = request(
-            &head,
-            &head_bytes,
-            &mut lines,
-            map,
-            conn.passes,
-            &mut passed,
-        ) else {
-            // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
-            return again(&head_bytes, buf, io, draining);
-        };
-        let request_in_flight = conn.activity.begin();
-        // RFC 9110 §10.1.1: the client waits for this before it sends its body (unless it has
-        // started already). The body is read whole before the request is admitted, as nginx
-        // reads one before it is proxied.
-        if head.expect_continue && buf.is_empty() {
-            let sent = cold::apart(|| async {
-                io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
-                io.flush().await
-            });
-            if sent.await.is_err() {
+        // Boxed: a request's state (the handler's future, the answer being written) is
+        // kilobytes, held while the request is, not by the connection between requests.
+        let exchange =
+            Kept::new(|| exchange(&mut io, &mut r, head, &conn, drain.as_mut(), &mut draining));
+        match exchange.await {
+            Step::Next => {}
+            Step::Closed => return End::Closed,
+            Step::Hyper(again) if draining => {
+                drop(again);
                 return End::Closed;
             }
+            Step::Hyper(again) => return End::Hyper(again, io),
+            Step::Refused(refusal) => return cold::apart(|| refuse(&mut io, refusal)).await,
         }
-        let body = match head.body {
-            BodyLength::Length(n) => {
-                let body = n as usize;
-                while buf.len() < body {
-                    buf.reserve(body - buf.len());
-                    if !matches!(io.read_buf(&mut buf).await, Ok(n) if n > 0) {
-                        // Cut short: hyper's, which hands the handler a body that fails (its
-                        // answer, 400, is the handler's).
-                        drop(request_in_flight);
-                        return again(&head_bytes, buf, io, draining);
+    }
+}
+
+/// What became of a request read here.
+enum Step {
+    /// Answered: the connection reads its next request.
+    Next,
+    /// The connection is closed (or to be dropped).
+    Closed,
+    /// hyper's server serves the connection from these bytes (the request's head on).
+    Hyper(BytesMut),
+    /// Its body's framing is refused: answered, then the connection closes.
+    Refused(Refusal),
+}
+
+/// What a connection reads requests with: its read buffer and the lines of its last head (whose
+/// names the next head reuses, `http1::set_line`). While the connection waits with nothing read
+/// (idle between requests, or while a request's answer is made), it holds neither: they go back
+/// to the worker as one ([`READINGS`]) and come back when bytes do. An idle keep-alive
+/// connection held ~6 KiB of them (the buffer 4 KiB, 16 lines 1.7 KiB); nginx frees its
+/// request buffers between requests too.
+struct Reading {
+    /// Empty, with no room, while paused.
+    buf: BytesMut,
+    /// `None` while paused.
+    lines: Option<crate::server::http1::ThreadLines>,
+}
+
+/// How a paused [`Reading`] waits for bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// A one-byte read looks first; once it has waited, a read takes the buffer back and reads
+    /// what came (a wake-up for a request comes when bytes do).
+    Once,
+    /// Always a one-byte read first: the wait is polled on every wake-up of a request being
+    /// answered, most of them for the answer, not for bytes.
+    Always,
+}
+
+/// A connection's buffer and lines given back while it waits, at most (4 KiB and ~1.7 KiB, so
+/// ~370 KiB a worker): as many as its connections take at once.
+const READINGS_KEPT: usize = 64;
+
+/// A read buffer that grew past this many bytes (a large body read whole) is not kept.
+const READ_KEPT: usize = 2 * READ;
+
+thread_local! {
+    /// Buffers and lines given back by a worker's connections, the last given on top.
+    static READINGS: Shelf<(BytesMut, crate::server::http1::ThreadLines)> =
+        const { Shelf::new(READINGS_KEPT) };
+}
+
+impl Reading {
+    /// The lines, taken back first if paused (with a buffer).
+    fn resume(&mut self) -> &mut crate::server::http1::ThreadLines {
+        resume(&mut self.buf, &mut self.lines)
+    }
+
+    /// Gives the buffer and the lines back to the worker if nothing is held in the buffer.
+    #[inline]
+    fn pause(&mut self) {
+        if self.buf.is_empty() && self.lines.is_some() {
+            self.give_back();
+        }
+    }
+
+    fn give_back(&mut self) {
+        let Some(lines) = self.lines.take() else {
+            return;
+        };
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.capacity() > READ_KEPT {
+            buf = BytesMut::new();
+        }
+        Shelf::keep(&READINGS, (buf, lines));
+    }
+
+    /// Reads more into the buffer, with room for at least `room` bytes; paused again when
+    /// nothing came. `Ok(0)`: the stream ended.
+    fn read<'a, I: AsyncRead + Unpin>(
+        &'a mut self,
+        io: &'a mut I,
+        room: usize,
+        probe: Probe,
+    ) -> impl Future<Output = std::io::Result<usize>> + 'a {
+        let mut probed = false;
+        std::future::poll_fn(move |cx| {
+            if self.lines.is_none() && (probe == Probe::Always || !probed) {
+                let mut one = [0u8; 1];
+                let mut first = tokio::io::ReadBuf::new(&mut one);
+                match Pin::new(&mut *io).poll_read(cx, &mut first) {
+                    Poll::Pending => {
+                        probed = true;
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) if first.filled().is_empty() => return Poll::Ready(Ok(0)),
+                    Poll::Ready(Ok(())) => {
+                        self.resume();
+                        self.buf.extend_from_slice(first.filled());
+                        return Poll::Ready(Ok(1));
                     }
                 }
-                buf.split_to(body).freeze()
             }
-            BodyLength::Chunked => match cold::apart(|| read_chunked(&mut io, &mut buf)).await {
-                Ok(Some(body)) => body,
-                // Longer than is read whole, with trailers, or cut short: hyper's, from the
-                // head's first byte (nothing of `buf` was taken).
-                Ok(None) => {
+            self.resume();
+            self.buf.reserve(room);
+            let read = tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, &mut self.buf);
+            if read.is_pending() {
+                self.pause();
+            }
+            read
+        })
+    }
+}
+
+/// [`Reading::resume`] of a reading's parts, so that the buffer can be read while the lines are
+/// borrowed.
+#[inline]
+fn resume<'a>(
+    buf: &mut BytesMut,
+    lines: &'a mut Option<crate::server::http1::ThreadLines>,
+) -> &'a mut crate::server::http1::ThreadLines {
+    if lines.is_none() {
+        take_back(buf, lines);
+    }
+    lines.get_or_insert_with(crate::server::http1::ThreadLines::resume)
+}
+
+/// [`resume`]'s taking back, out of line.
+fn take_back(buf: &mut BytesMut, lines: &mut Option<crate::server::http1::ThreadLines>) {
+    {
+        let (kept, kept_lines) = Shelf::take(&READINGS)
+            .unwrap_or_else(|| (BytesMut::new(), crate::server::http1::ThreadLines::resume()));
+        if buf.capacity() == 0 {
+            *buf = match kept.capacity() {
+                0 => BytesMut::with_capacity(READ),
+                _ => kept,
+            };
+        }
+        *lines = Some(kept_lines);
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.pause();
+    }
+}
+
+/// A request's head, copied into the block of heads the worker is filling ([`HEADS`]): a request
+/// holds its head once, and not the connection's read buffer, which goes back to the worker
+/// while the request waits ([`Reading`]). Copied whole, a head was an allocation of its own and
+/// another for the count of its slices.
+fn keep_head(head: &[u8]) -> Bytes {
+    HEADS
+        .try_with(|heads| {
+            let mut heads = heads.borrow_mut();
+            if heads.capacity() < head.len() {
+                heads.reserve(HEADS_BLOCK.max(head.len()));
+            }
+            heads.extend_from_slice(head);
+            heads.split().freeze()
+        })
+        .unwrap_or_else(|_| Bytes::copy_from_slice(head))
+}
+
+/// The size of a block of heads, in bytes: ~40 heads of an API request. A block is freed when
+/// the last request whose head it holds ends; until then one request that waits long holds it
+/// all.
+const HEADS_BLOCK: usize = 4096;
+
+thread_local! {
+    /// The room left in the block heads are copied into.
+    static HEADS: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+
+/// Serves the request whose head (`head`, parsed from the start of `buf`) was read: its body,
+/// the handler's answer, the answer written.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the connection's parts, lent to one request"
+)]
+async fn exchange<I, H, F, A, B, D>(
+    io: &mut I,
+    r: &mut Reading,
+    head: Head,
+    conn: &Conn<'_, H>,
+    mut drain: Pin<&mut D>,
+    draining: &mut bool,
+) -> Step
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send,
+    H: Fn(SocketAddr, Request<RequestBody>) -> F,
+    F: Future<Output = A>,
+    A: super::Answer<Body = B>,
+    B: Body,
+    B::Data: Buf,
+    D: Future,
+{
+    let head_bytes = keep_head(&r.buf[..head.len]);
+    r.buf.advance(head.len);
+    let map = Room::map();
+    let mut passed = Passed::default();
+    let lines = resume(&mut r.buf, &mut r.lines);
+    let Some(parts) = request(&head, &head_bytes, lines, map, conn.passes, &mut passed) else {
+        // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
+        return again(&head_bytes, &r.buf);
+    };
+    let request_in_flight = conn.activity.begin();
+    // RFC 9110 §10.1.1: the client waits for this before it sends its body (unless it has
+    // started already). The body is read whole before the request is admitted, as nginx
+    // reads one before it is proxied.
+    if head.expect_continue && r.buf.is_empty() {
+        let sent = cold::apart(|| async {
+            io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+            io.flush().await
+        });
+        if sent.await.is_err() {
+            return Step::Closed;
+        }
+    }
+    let body = match head.body {
+        BodyLength::Length(n) => {
+            let body = n as usize;
+            while r.buf.len() < body {
+                r.buf.reserve(body - r.buf.len());
+                if !matches!(io.read_buf(&mut r.buf).await, Ok(n) if n > 0) {
+                    // Cut short: hyper's, which hands the handler a body that fails (its
+                    // answer, 400, is the handler's).
                     drop(request_in_flight);
-                    return again(&head_bytes, buf, io, draining);
+                    return again(&head_bytes, &r.buf);
                 }
-                Err(refusal) => return cold::apart(|| refuse(io, refusal)).await,
+            }
+            match body {
+                // Split off, an empty body would make the buffer shared (an allocation).
+                0 => Bytes::new(),
+                _ => r.buf.split_to(body).freeze(),
+            }
+        }
+        BodyLength::Chunked => match cold::apart(|| read_chunked(io, &mut r.buf)).await {
+            Ok(Some(body)) => body,
+            // Longer than is read whole, with trailers, or cut short: hyper's, from the
+            // head's first byte (nothing of `buf` was taken).
+            Ok(None) => {
+                drop(request_in_flight);
+                return again(&head_bytes, &r.buf);
+            }
+            Err(refusal) => return Step::Refused(refusal),
+        },
+    };
+    // The request holds what it needs: the rest waits in the worker while nothing more is read.
+    r.pause();
+    let mut req = Request::new(RequestBody::read(body, passed));
+    *req.method_mut() = parts.0;
+    *req.uri_mut() = parts.1;
+    *req.headers_mut() = parts.2;
+    let head_request = req.method() == Method::HEAD;
+    let mut answer = pin!((conn.handler)(conn.peer, req));
+    // While the answer is made, a client that closes is gone: its request is dropped.
+    conn.activity.watch_for_departure(true);
+    let resp = loop {
+        if r.buf.len() >= conn.max_head {
+            break answer.as_mut().await;
+        }
+        // This read is there to see a client go (or its next request come early). While it
+        // waits with nothing read, the buffer and the lines are the worker's ([`Reading`]).
+        tokio::select! {
+            biased;
+            resp = answer.as_mut() => break resp,
+            read = r.read(io, 1, Probe::Always) => if !matches!(read, Ok(n) if n > 0) {
+                return Step::Closed;
             },
-        };
-        let mut req = Request::new(RequestBody::read(body, passed));
-        *req.method_mut() = parts.0;
-        *req.uri_mut() = parts.1;
-        *req.headers_mut() = parts.2;
-        let head_request = req.method() == Method::HEAD;
-        let mut answer = pin!((conn.handler)(conn.peer, req));
-        // While the answer is made, a client that closes is gone: its request is dropped.
-        conn.activity.watch_for_departure(true);
-        let resp = loop {
-            if buf.len() >= conn.max_head {
-                break answer.as_mut().await;
-            }
-            // This read is there to see a client go (or its next request come early): the room
-            // the head left does. The head's bytes, in the request, still share the buffer, so
-            // a whole read's room here was a new buffer every request (with its copy and the
-            // old one's free); once the answer is sent, the buffer is taken back in place.
-            if buf.len() == buf.capacity() {
-                buf.reserve(READ);
-            }
-            tokio::select! {
-                biased;
-                resp = answer.as_mut() => break resp,
-                read = io.read_buf(&mut buf) => if !matches!(read, Ok(n) if n > 0) {
-                    return End::Closed;
-                },
-            }
-        };
-        conn.activity.watch_for_departure(false);
-        let (resp, written) = resp.split();
-        let resp = request_in_flight.respond(resp);
-        if !draining && futures_util::poll!(drain.as_mut()).is_ready() {
-            draining = true;
         }
-        let keep = !head.close && !draining;
-        let (parts, body) = resp.into_parts();
-        let sent = respond(
-            &mut io,
-            &mut out,
-            &parts,
-            &written,
-            body,
-            head_request,
-            keep,
-        )
-        .await;
-        // The answer's map, emptied, holds a next request's fields (hyper reuses a connection's).
-        Room {
-            out,
-            map: parts.headers,
+    };
+    conn.activity.watch_for_departure(false);
+    let (resp, written) = resp.split();
+    let resp = request_in_flight.respond(resp);
+    if !*draining && futures_util::poll!(drain.as_mut()).is_ready() {
+        *draining = true;
+    }
+    let keep = !head.close && !*draining;
+    let (parts, body) = resp.into_parts();
+    let mut out = Room::out();
+    let sent = respond(io, &mut out, &parts, &written, body, head_request, keep).await;
+    Room::give_out(out);
+    // The answer's map, emptied, holds a next request's fields (hyper reuses a connection's).
+    Room::give_map(parts.headers);
+    match sent {
+        Ok(true) => Step::Next,
+        // Asked to close, and nothing came after: the client sends no more (RFC 9112 §9.6),
+        // so the socket is not looked at for more (`server::Lingering`).
+        Ok(false) if head.close && r.buf.is_empty() => {
+            conn.activity.close_quietly();
+            let _ = io.shutdown().await;
+            Step::Closed
         }
-        .give();
-        match sent {
-            Ok(true) => {}
-            // Asked to close, and nothing came after: the client sends no more (RFC 9112 §9.6),
-            // so the socket is not looked at for more (`server::Lingering`).
-            Ok(false) if head.close && buf.is_empty() => {
-                conn.activity.close_quietly();
-                let _ = io.shutdown().await;
-                return End::Closed;
-            }
-            _ => {
-                let _ = io.shutdown().await;
-                return End::Closed;
-            }
+        _ => {
+            let _ = io.shutdown().await;
+            Step::Closed
         }
     }
 }
 
 /// Answers a request whose framing is refused, then closes: what follows it on the connection
 /// cannot be told from a next request's head.
-async fn refuse<I: AsyncWrite + Unpin + Send>(mut io: I, refusal: Refusal) -> End<I> {
+async fn refuse<I: AsyncWrite + Unpin + Send, J>(io: &mut I, refusal: Refusal) -> End<J> {
     let (parts, body) =
         super::problem::problem(refusal.status, None, refusal.why, None).into_parts();
     let mut out = Vec::new();
     let written = super::Written::default();
-    let _ = respond(&mut io, &mut out, &parts, &written, body, false, false).await;
+    let _ = respond(io, &mut out, &parts, &written, body, false, false).await;
     let _ = io.shutdown().await;
     End::Closed
 }
@@ -581,15 +785,12 @@ async fn read_chunked<I: AsyncRead + Unpin + Send>(
 }
 
 /// The connection for hyper's server from the request whose head is `head` (`rest` read after
-/// it), as if nothing had been read; closed instead if it is draining.
-fn again<I>(head: &[u8], rest: BytesMut, io: I, draining: bool) -> End<I> {
-    if draining {
-        return End::Closed;
-    }
+/// it), as if nothing had been read (closed instead if it is draining).
+fn again(head: &[u8], rest: &BytesMut) -> Step {
     let mut again = BytesMut::with_capacity(head.len() + rest.len());
     again.extend_from_slice(head);
-    again.extend_from_slice(&rest);
-    End::Hyper(again, io)
+    again.extend_from_slice(rest);
+    Step::Hyper(again)
 }
 
 /// An answer's bytes are gathered in the connection's buffer (its head with a small body goes
@@ -605,44 +806,55 @@ const OUT_KEPT: usize = 4096;
 /// answer, is not kept.
 const MAP_KEPT: usize = 4 * KEPT_ROOM;
 
-/// What a request is read into and its answer written with: its header map (then the answer's,
-/// emptied) and the answer's write buffer. Kept by the worker between answers, not by each
-/// connection: an idle keep-alive connection holds neither (~5 KiB less each), a new connection
-/// allocates neither (four allocations and frees, ~450 instructions, callgrind), and the one
-/// taken is the one the last answer on this thread used, still in cache, where a connection's
-/// own had gone cold while it waited (and a new one's came cold from the allocator).
-struct Room {
-    out: Vec<u8>,
-    map: HeaderMap,
-}
+/// What a request is read into and its answer written with, kept by the worker between
+/// answers, not by each connection: a request's header map (then the answer's, emptied), taken
+/// as its head is read, and an answer's write buffer, taken only while the answer is written
+/// (a request that waits for room or for its upstream holds none: 4 KiB each). An idle
+/// keep-alive connection holds neither (~5 KiB less each), a new connection allocates neither
+/// (four allocations and frees, ~450 instructions, callgrind), and the one taken is the one the
+/// last answer on this thread used, still in cache, where a connection's own had gone cold while
+/// it waited (and a new one's came cold from the allocator).
+struct Room;
 
-/// Rooms a worker keeps at most: as many as its connections have answers in flight at once (a
-/// room is ~5.5 KiB, so ~350 KiB a worker).
+/// Maps and write buffers a worker keeps at most, each: as many as its connections have
+/// requests or answers in flight at once (a map is ~1.5 KiB, a buffer 4 KiB, so ~350 KiB a
+/// worker).
 const ROOMS_KEPT: usize = 64;
 
 thread_local! {
-    /// The worker's rooms, the last given on top.
-    static ROOMS: Shelf<Room> = const { Shelf::new(ROOMS_KEPT) };
+    /// The worker's header maps, the last given on top.
+    static MAPS: Shelf<HeaderMap> = const { Shelf::new(ROOMS_KEPT) };
+    /// The worker's write buffers, the last given on top.
+    static OUTS: Shelf<Vec<u8>> = const { Shelf::new(ROOMS_KEPT) };
 }
 
 impl Room {
-    /// The last room given back on this thread, or a new one with what a usual request's fields
-    /// and answer need (grown from nothing, the map was allocated three times, the buffer five).
-    fn take() -> Room {
-        Shelf::take(&ROOMS).unwrap_or_else(|| Room {
-            out: Vec::with_capacity(OUT_KEPT),
-            map: HeaderMap::with_capacity(KEPT_ROOM),
-        })
+    /// The last map given back on this thread, or a new one with room for a usual request's
+    /// fields (grown from nothing, it was allocated three times).
+    fn map() -> HeaderMap {
+        Shelf::take(&MAPS).unwrap_or_else(|| HeaderMap::with_capacity(KEPT_ROOM))
     }
 
-    /// Keeps the room for a next request on this thread; not one a large answer grew (nor more
+    /// The last write buffer given back on this thread, or a new one an API answer's head and
+    /// body fit (grown from nothing, it was allocated five times).
+    fn out() -> Vec<u8> {
+        Shelf::take(&OUTS).unwrap_or_else(|| Vec::with_capacity(OUT_KEPT))
+    }
+
+    /// Keeps `map` for a next request on this thread; not one a large answer grew (nor more
     /// than [`ROOMS_KEPT`], nor while the thread exits).
-    fn give(mut self) {
-        if self.out.capacity() > OUT_KEPT || self.map.capacity() > MAP_KEPT {
-            return;
+    fn give_map(mut map: HeaderMap) {
+        if map.capacity() <= MAP_KEPT {
+            map.clear();
+            Shelf::keep(&MAPS, map);
         }
-        self.map.clear();
-        Shelf::keep(&ROOMS, self);
+    }
+
+    /// Keeps `out` for a next answer on this thread, as [`Room::give_map`].
+    fn give_out(out: Vec<u8>) {
+        if out.capacity() <= OUT_KEPT {
+            Shelf::keep(&OUTS, out);
+        }
     }
 }
 
@@ -1423,6 +1635,73 @@ mod tests {
                 false
             )
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_that_waits_with_nothing_read_holds_no_buffer_nor_lines() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        let mut r = Reading {
+            buf: BytesMut::from(&b"GET"[..]),
+            lines: None,
+        };
+        r.resume();
+        assert!(r.lines.is_some());
+        // Bytes held: nothing goes back.
+        r.pause();
+        assert!(r.lines.is_some() && r.buf.capacity() > 0);
+        r.buf.clear();
+        // Nothing came: paused, with neither.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        for probe in [Probe::Once, Probe::Always] {
+            let read = pin!(r.read(&mut server, READ, probe)).poll(&mut cx);
+            assert!(read.is_pending());
+            assert!(r.lines.is_none() && r.buf.capacity() == 0);
+        }
+        // Once a one-byte look has waited, a read takes them back and reads what came; with
+        // `Always`, the look reads one byte and keeps it.
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let look = pin!(r.read(&mut server, READ, Probe::Once)).poll(&mut cx);
+        assert!(
+            matches!(look, Poll::Ready(Ok(1))),
+            "the look reads the first byte"
+        );
+        assert_eq!(&r.buf[..], b"G");
+        let more = r.read(&mut server, READ, Probe::Once).await.unwrap();
+        assert_eq!(more, 15);
+        assert_eq!(&r.buf[..], b"GET / HTTP/1.1\r\n");
+        r.buf.clear();
+        r.pause();
+        assert!(r.lines.is_none());
+        client.write_all(b"x").await.unwrap();
+        assert_eq!(r.read(&mut server, READ, Probe::Always).await.unwrap(), 1);
+        assert_eq!(&r.buf[..], b"x");
+        // The client goes: the end of the stream, with nothing taken.
+        r.buf.clear();
+        r.pause();
+        drop(client);
+        assert_eq!(r.read(&mut server, READ, Probe::Once).await.unwrap(), 0);
+        assert!(r.lines.is_none());
+    }
+
+    #[test]
+    fn heads_are_copied_whole_into_a_shared_block() {
+        std::thread::spawn(|| {
+            let a = keep_head(b"GET /a HTTP/1.1\r\n\r\n");
+            let b = keep_head(b"GET /b HTTP/1.1\r\n\r\n");
+            assert_eq!(&a[..], b"GET /a HTTP/1.1\r\n\r\n");
+            assert_eq!(&b[..], b"GET /b HTTP/1.1\r\n\r\n");
+            // One block: the second right after the first.
+            assert_eq!(a.as_ptr() as usize + a.len(), b.as_ptr() as usize);
+            // A head larger than a block gets a block of its own.
+            let big = vec![b'a'; HEADS_BLOCK * 2];
+            assert_eq!(&keep_head(&big)[..], &big[..]);
+            drop(b);
+            assert_eq!(&a[..], b"GET /a HTTP/1.1\r\n\r\n");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

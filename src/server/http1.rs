@@ -142,34 +142,17 @@ const KEPT_LINES: usize = 32;
 const KEPT_SETS: usize = 64;
 
 thread_local! {
-    /// Kept sets: never emptied once it holds one, which is copied when it is the last (the
-    /// next connection still finds names).
+    /// Kept sets, the last kept on top.
     static KEPT: Shelf<Lines> = const { Shelf::new(KEPT_SETS) };
 }
 
 impl ThreadLines {
-    pub fn new() -> ThreadLines {
-        let kept = Shelf::take_with(&KEPT, |kept| match kept.len() {
-            0 => None,
-            1 => Some(copy(&kept[0])),
-            _ => kept.pop(),
-        });
-        // Room for a usual request's lines from the start (grown one by one, they moved
-        // four times).
-        ThreadLines(kept.unwrap_or_else(|| Vec::with_capacity(16)))
-    }
-}
-
-/// A copy of `lines` with room for a usual request's.
-fn copy(lines: &Lines) -> Lines {
-    let mut copy = Vec::with_capacity(lines.len().max(16));
-    copy.extend_from_slice(lines);
-    copy
-}
-
-impl Default for ThreadLines {
-    fn default() -> Self {
-        Self::new()
+    /// The set kept last on this thread, moved (most likely the lines of a connection of the
+    /// same clients), or a new one with room for a usual request's lines (grown one by one,
+    /// they moved four times). `h1::serve` keeps a connection's lines with its read buffer
+    /// while it waits; a set comes here when more wait than that keeps.
+    pub fn resume() -> ThreadLines {
+        ThreadLines(Shelf::take(&KEPT).unwrap_or_else(|| Vec::with_capacity(16)))
     }
 }
 
@@ -344,14 +327,14 @@ mod tests {
     fn a_connection_starts_from_the_names_the_last_one_of_its_thread_read() {
         std::thread::spawn(|| {
             let raw: [&[u8]; 2] = [b"Host", b"X-Api-Key"];
-            let mut first = ThreadLines::new();
+            let mut first = ThreadLines::resume();
             assert!(first.is_empty());
             for (i, r) in raw.iter().enumerate() {
                 set_line(&mut first, i, r, 0, 0..1);
             }
             let kept = first[1].name.clone();
             drop(first);
-            let mut next = ThreadLines::new();
+            let mut next = ThreadLines::resume();
             assert_eq!(next.len(), 2);
             let name = &set_line(&mut next, 1, b"X-Api-Key", 1, 2..3).unwrap().name;
             // The same name, not one made again (a custom name's bytes are shared).
@@ -360,7 +343,7 @@ mod tests {
             let line = next[0].clone();
             next.extend(std::iter::repeat_n(line, 40));
             drop(next);
-            assert_eq!(ThreadLines::new().len(), KEPT_LINES);
+            assert_eq!(ThreadLines::resume().len(), KEPT_LINES);
         })
         .join()
         .unwrap();
@@ -369,22 +352,22 @@ mod tests {
     #[test]
     fn connections_open_at_once_each_start_from_a_kept_set_and_a_thread_keeps_a_bounded_few() {
         std::thread::spawn(|| {
-            let mut a = ThreadLines::new();
+            let mut a = ThreadLines::resume();
             set_line(&mut a, 0, b"X-Api-Key", 0, 0..1);
-            let mut b = ThreadLines::new();
+            let mut b = ThreadLines::resume();
             set_line(&mut b, 0, b"X-Api-Key", 0, 0..1);
             let b_at = b.as_ptr();
             drop(a);
             drop(b);
             // The set of the connection that ended last is moved to the next one, not copied.
-            let c = ThreadLines::new();
+            let c = ThreadLines::resume();
             assert_eq!((c.as_ptr(), c.len()), (b_at, 1));
-            // The last kept set is copied: every connection opened after it starts from names.
-            let d = ThreadLines::new();
-            let e = ThreadLines::new();
-            assert_eq!((d.len(), e.len()), (1, 1));
-            assert!(d.as_ptr() != e.as_ptr() && d.as_ptr() != c.as_ptr());
-            let many: Vec<ThreadLines> = (0..KEPT_SETS + 5).map(|_| ThreadLines::new()).collect();
+            let d = ThreadLines::resume();
+            assert_eq!(d.len(), 1);
+            let e = ThreadLines::resume();
+            assert!(e.is_empty(), "none kept: a new set");
+            let many: Vec<ThreadLines> =
+                (0..KEPT_SETS + 5).map(|_| ThreadLines::resume()).collect();
             drop((many, c, d, e));
             assert_eq!(Shelf::len(&KEPT), KEPT_SETS);
         })
