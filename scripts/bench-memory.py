@@ -393,7 +393,7 @@ def main():
         for proto in a.rows.split(","):
             for what in ("idle", "waiting", "flight"):
                 for wanted in helds:
-                    n = wanted if what == "idle" else min(wanted, cap)
+                    n = min(wanted, cap) if what == "flight" else wanted
                     figures = []
                     for server in ("nginx", "quotagate"):
                         if server == "nginx":

@@ -116,18 +116,59 @@ impl RawConn {
                 Ok(None) => {}
                 Err(bad) => return Err(Failure::Failed(bad.0.to_owned())),
             }
-            c.buf.reserve(READ_BUF);
-            match c.io.read_buf(&mut c.buf).await {
+            let read = match c.buf.is_empty() {
+                true => read_first(c).await,
+                false => {
+                    c.buf.reserve(READ_BUF);
+                    c.io.read_buf(&mut c.buf).await
+                }
+            };
+            match read {
                 Ok(0) => {
                     return Err(Failure::Failed(
                         "connection closed before a whole response head".to_owned(),
                     ));
                 }
                 Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(Failure::Failed(e.to_string())),
             }
         }
     }
+}
+
+/// Reads the first bytes of a response into `c.buf` (empty). While the target has sent nothing,
+/// the buffer (8 KiB) goes back to the worker ([`WAITING`]), so a request whose upstream has
+/// not answered holds none (nginx allocates its `proxy_buffer_size` when the answer comes too);
+/// it is taken back when the socket is readable. `WouldBlock`: a wake-up without bytes.
+fn read_first(c: &mut Open) -> impl std::future::Future<Output = std::io::Result<usize>> + '_ {
+    std::future::poll_fn(move |cx| {
+        match c.io.poll_read_ready(cx) {
+            Poll::Pending => {
+                if c.buf.capacity() > 0 && c.buf.capacity() <= 2 * READ_BUF {
+                    crate::server::shelf::Shelf::keep(&WAITING, std::mem::take(&mut c.buf));
+                }
+                return Poll::Pending;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => {}
+        }
+        if c.buf.capacity() == 0 {
+            c.buf = crate::server::shelf::Shelf::take(&WAITING)
+                .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF));
+        }
+        c.buf.reserve(READ_BUF);
+        Poll::Ready(c.io.try_read_buf(&mut c.buf))
+    })
+}
+
+/// Read buffers a worker keeps of the upstream connections that wait for an answer, at most
+/// (8 KiB each, so 512 KiB a worker).
+const WAITING_KEPT: usize = 64;
+
+thread_local! {
+    static WAITING: crate::server::shelf::Shelf<BytesMut> =
+        const { crate::server::shelf::Shelf::new(WAITING_KEPT) };
 }
 
 /// Writes `a` then `b`, together where the socket takes both (one system call for a head and a
