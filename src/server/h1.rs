@@ -410,10 +410,7 @@ where
         match exchange.await {
             Step::Next => {}
             Step::Closed => return End::Closed,
-            Step::Hyper(again) if draining => {
-                drop(again);
-                return End::Closed;
-            }
+            Step::Hyper(_) if draining => return End::Closed,
             Step::Hyper(again) => return End::Hyper(again, io),
             Step::Refused(refusal) => return cold::apart(|| refuse(&mut io, refusal)).await,
         }
@@ -547,17 +544,15 @@ fn resume<'a>(
 
 /// [`resume`]'s taking back, out of line.
 fn take_back(buf: &mut BytesMut, lines: &mut Option<crate::server::http1::ThreadLines>) {
-    {
-        let (kept, kept_lines) = Shelf::take(&READINGS)
-            .unwrap_or_else(|| (BytesMut::new(), crate::server::http1::ThreadLines::resume()));
-        if buf.capacity() == 0 {
-            *buf = match kept.capacity() {
-                0 => BytesMut::with_capacity(READ),
-                _ => kept,
-            };
-        }
-        *lines = Some(kept_lines);
+    let (kept, kept_lines) = Shelf::take(&READINGS)
+        .unwrap_or_else(|| (BytesMut::new(), crate::server::http1::ThreadLines::resume()));
+    if buf.capacity() == 0 {
+        *buf = match kept.capacity() {
+            0 => BytesMut::with_capacity(READ),
+            _ => kept,
+        };
     }
+    *lines = Some(kept_lines);
 }
 
 impl Drop for Reading {
@@ -595,10 +590,6 @@ thread_local! {
 
 /// Serves the request whose head (`head`, parsed from the start of `buf`) was read: its body,
 /// the handler's answer, the answer written.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the connection's parts, lent to one request"
-)]
 async fn exchange<I, H, F, A, B, D>(
     io: &mut I,
     r: &mut Reading,
