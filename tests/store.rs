@@ -159,6 +159,28 @@ fn on_disk_in(dir: &std::path::Path) -> MemoryStore {
     MemoryStore::open_with(dir, Arc::new(SystemClock::new()), Duration::ZERO).unwrap()
 }
 
+/// [`on_disk_in`] for a directory whose store was just closed in this process. Its lock is an
+/// `flock` on an open file, and a child forked meanwhile by another test of this binary (a
+/// `redis-server` started) holds a copy of the descriptor until it execs, so for that moment
+/// the lock is still held: the open is tried again until a deadline, while the refusal is the
+/// one naming this process (seen in CI: "in use by another quotagate (pid <this test's>)").
+fn reopen_on_disk(dir: &std::path::Path) -> MemoryStore {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match MemoryStore::open_with(dir, Arc::new(SystemClock::new()), Duration::ZERO) {
+            Ok(store) => return store,
+            Err(e)
+                if e.to_string()
+                    .contains(&format!("(pid {})", std::process::id()))
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 fn disk() -> Subject {
     let dir = tempfile::tempdir().unwrap();
     Subject {
@@ -2444,7 +2466,7 @@ async fn a_clean_stop_and_start_on_disk_loses_nothing() {
             let local = durable.local();
             tokio::task::block_in_place(|| local.close());
             drop(durable);
-            durable = Store::embedded(on_disk_in(dir.path()), FailurePolicy::Closed);
+            durable = Store::embedded(reopen_on_disk(dir.path()), FailurePolicy::Closed);
             stops += 1;
         }
     }
@@ -2535,9 +2557,7 @@ async fn a_directory_serves_one_store_at_a_time() {
     assert!(e.contains(&dir.path().display().to_string()), "{e}");
     assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
     first.close();
-    MemoryStore::open_with(dir.path(), Arc::new(SystemClock::new()), Duration::ZERO)
-        .unwrap()
-        .close();
+    reopen_on_disk(dir.path()).close();
 }
 
 /// Files damaged after a stop: the start resumes from the last whole commit (a commit cut
