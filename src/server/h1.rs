@@ -357,21 +357,18 @@ where
     B::Data: Buf,
     D: Future,
 {
-    let mut r = Reading {
-        buf: std::mem::take(&mut buf),
-        // Taken with a first head's read: those a connection of this worker gave back, with
-        // the names its clients' fields had (a new connection makes none, ~1,500 instructions).
-        lines: None,
-    };
+    // The lines come with a first head's read: those a connection of this worker gave back,
+    // with the names its clients' fields had (a new connection makes none, ~1,500 instructions).
+    let mut r = Reading::new(std::mem::take(&mut buf));
     let mut draining = false;
     loop {
         let head = loop {
-            if !r.buf.is_empty() {
-                let lines = resume(&mut r.buf, &mut r.lines);
-                match parse(&r.buf, conn.max_head, conn.max_headers, lines) {
+            if !r.buf().is_empty() {
+                let p = r.parts();
+                match parse(&p.buf, conn.max_head, conn.max_headers, &mut p.lines) {
                     Parsed::Own(head) => break head,
                     Parsed::Hyper if draining => return End::Closed,
-                    Parsed::Hyper => return End::Hyper(std::mem::take(&mut r.buf), io),
+                    Parsed::Hyper => return End::Hyper(r.take_buf(), io),
                     Parsed::Refused(refusal) => {
                         return cold::apart(|| refuse(&mut io, refusal)).await;
                     }
@@ -387,7 +384,7 @@ where
                     _ = drain.as_mut() => {
                         // Idle: nothing to finish. Within a head: answer it, then close.
                         draining = true;
-                        if r.buf.is_empty() {
+                        if r.buf().is_empty() {
                             return End::Closed;
                         }
                         continue;
@@ -436,10 +433,16 @@ enum Step {
 /// connection held ~6 KiB of them (the buffer 4 KiB, 16 lines 1.7 KiB); nginx frees its
 /// request buffers between requests too.
 struct Reading {
-    /// Empty, with no room, while paused.
+    /// `None` while paused. Boxed: a pause or a resume moves a pointer to and from the worker's
+    /// shelf (moved whole, the parts were copied three times each way, ~110 instructions a
+    /// request more, callgrind), and a connection holds 8 bytes of it.
+    parts: Option<Box<Parts>>,
+}
+
+/// A [`Reading`]'s buffer and lines.
+struct Parts {
     buf: BytesMut,
-    /// `None` while paused.
-    lines: Option<crate::server::http1::ThreadLines>,
+    lines: crate::server::http1::ThreadLines,
 }
 
 /// How a paused [`Reading`] waits for bytes.
@@ -462,33 +465,53 @@ const READ_KEPT: usize = 2 * READ;
 
 thread_local! {
     /// Buffers and lines given back by a worker's connections, the last given on top.
-    static READINGS: Shelf<(BytesMut, crate::server::http1::ThreadLines)> =
-        const { Shelf::new(READINGS_KEPT) };
+    static READINGS: Shelf<Box<Parts>> = const { Shelf::new(READINGS_KEPT) };
 }
 
 impl Reading {
-    /// The lines, taken back first if paused (with a buffer).
-    fn resume(&mut self) -> &mut crate::server::http1::ThreadLines {
-        resume(&mut self.buf, &mut self.lines)
+    /// A connection's reading, with `buf`'s bytes read already (paused if there are none).
+    fn new(buf: BytesMut) -> Reading {
+        let mut r = Reading { parts: None };
+        if !buf.is_empty() {
+            r.parts().buf = buf;
+        }
+        r
+    }
+
+    /// The buffer and the lines, taken back first if paused.
+    #[inline]
+    fn parts(&mut self) -> &mut Parts {
+        self.parts.get_or_insert_with(take_back)
+    }
+
+    /// The bytes read and not used (none while paused).
+    fn buf(&self) -> &[u8] {
+        self.parts.as_ref().map_or(&[], |p| &p.buf[..])
+    }
+
+    /// The bytes read and not used, taken (for hyper's server).
+    fn take_buf(&mut self) -> BytesMut {
+        self.parts
+            .as_mut()
+            .map_or_else(BytesMut::new, |p| std::mem::take(&mut p.buf))
     }
 
     /// Gives the buffer and the lines back to the worker if nothing is held in the buffer.
     #[inline]
     fn pause(&mut self) {
-        if self.buf.is_empty() && self.lines.is_some() {
+        if self.parts.as_ref().is_some_and(|p| p.buf.is_empty()) {
             self.give_back();
         }
     }
 
     fn give_back(&mut self) {
-        let Some(lines) = self.lines.take() else {
+        let Some(mut parts) = self.parts.take() else {
             return;
         };
-        let mut buf = std::mem::take(&mut self.buf);
-        if buf.capacity() > READ_KEPT {
-            buf = BytesMut::new();
+        if parts.buf.capacity() > READ_KEPT {
+            parts.buf = BytesMut::new();
         }
-        Shelf::keep(&READINGS, (buf, lines));
+        Shelf::keep(&READINGS, parts);
     }
 
     /// Reads more into the buffer, with room for at least `room` bytes; paused again when
@@ -501,7 +524,7 @@ impl Reading {
     ) -> impl Future<Output = std::io::Result<usize>> + 'a {
         let mut probed = false;
         std::future::poll_fn(move |cx| {
-            if self.lines.is_none() && (probe == Probe::Always || !probed) {
+            if self.parts.is_none() && (probe == Probe::Always || !probed) {
                 let mut one = [0u8; 1];
                 let mut first = tokio::io::ReadBuf::new(&mut one);
                 match Pin::new(&mut *io).poll_read(cx, &mut first) {
@@ -512,15 +535,14 @@ impl Reading {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Ready(Ok(())) if first.filled().is_empty() => return Poll::Ready(Ok(0)),
                     Poll::Ready(Ok(())) => {
-                        self.resume();
-                        self.buf.extend_from_slice(first.filled());
+                        self.parts().buf.extend_from_slice(first.filled());
                         return Poll::Ready(Ok(1));
                     }
                 }
             }
-            self.resume();
-            self.buf.reserve(room);
-            let read = tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, &mut self.buf);
+            let buf = &mut self.parts().buf;
+            buf.reserve(room);
+            let read = tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf);
             if read.is_pending() {
                 self.pause();
             }
@@ -529,30 +551,20 @@ impl Reading {
     }
 }
 
-/// [`Reading::resume`] of a reading's parts, so that the buffer can be read while the lines are
-/// borrowed.
-#[inline]
-fn resume<'a>(
-    buf: &mut BytesMut,
-    lines: &'a mut Option<crate::server::http1::ThreadLines>,
-) -> &'a mut crate::server::http1::ThreadLines {
-    if lines.is_none() {
-        take_back(buf, lines);
+/// [`Reading::parts`] of a paused reading: the last parts given back on this thread, or new.
+fn take_back() -> Box<Parts> {
+    match Shelf::take(&READINGS) {
+        Some(mut parts) => {
+            if parts.buf.capacity() == 0 {
+                parts.buf = BytesMut::with_capacity(READ);
+            }
+            parts
+        }
+        None => Box::new(Parts {
+            buf: BytesMut::with_capacity(READ),
+            lines: crate::server::http1::ThreadLines::resume(),
+        }),
     }
-    lines.get_or_insert_with(crate::server::http1::ThreadLines::resume)
-}
-
-/// [`resume`]'s taking back, out of line.
-fn take_back(buf: &mut BytesMut, lines: &mut Option<crate::server::http1::ThreadLines>) {
-    let (kept, kept_lines) = Shelf::take(&READINGS)
-        .unwrap_or_else(|| (BytesMut::new(), crate::server::http1::ThreadLines::resume()));
-    if buf.capacity() == 0 {
-        *buf = match kept.capacity() {
-            0 => BytesMut::with_capacity(READ),
-            _ => kept,
-        };
-    }
-    *lines = Some(kept_lines);
 }
 
 impl Drop for Reading {
@@ -607,20 +619,27 @@ where
     B::Data: Buf,
     D: Future,
 {
-    let head_bytes = keep_head(&r.buf[..head.len]);
-    r.buf.advance(head.len);
+    let p = r.parts();
+    let head_bytes = keep_head(&p.buf[..head.len]);
+    p.buf.advance(head.len);
     let map = Room::map();
     let mut passed = Passed::default();
-    let lines = resume(&mut r.buf, &mut r.lines);
-    let Some(parts) = request(&head, &head_bytes, lines, map, conn.passes, &mut passed) else {
+    let Some(parts) = request(
+        &head,
+        &head_bytes,
+        &mut p.lines,
+        map,
+        conn.passes,
+        &mut passed,
+    ) else {
         // Not what it seemed (a target `Uri` refuses): hyper's, from its first byte.
-        return again(&head_bytes, &r.buf);
+        return again(&head_bytes, &p.buf);
     };
     let request_in_flight = conn.activity.begin();
     // RFC 9110 §10.1.1: the client waits for this before it sends its body (unless it has
     // started already). The body is read whole before the request is admitted, as nginx
     // reads one before it is proxied.
-    if head.expect_continue && r.buf.is_empty() {
+    if head.expect_continue && p.buf.is_empty() {
         let sent = cold::apart(|| async {
             io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
             io.flush().await
@@ -632,28 +651,28 @@ where
     let body = match head.body {
         BodyLength::Length(n) => {
             let body = n as usize;
-            while r.buf.len() < body {
-                r.buf.reserve(body - r.buf.len());
-                if !matches!(io.read_buf(&mut r.buf).await, Ok(n) if n > 0) {
+            while p.buf.len() < body {
+                p.buf.reserve(body - p.buf.len());
+                if !matches!(io.read_buf(&mut p.buf).await, Ok(n) if n > 0) {
                     // Cut short: hyper's, which hands the handler a body that fails (its
                     // answer, 400, is the handler's).
                     drop(request_in_flight);
-                    return again(&head_bytes, &r.buf);
+                    return again(&head_bytes, &p.buf);
                 }
             }
             match body {
                 // Split off, an empty body would make the buffer shared (an allocation).
                 0 => Bytes::new(),
-                _ => r.buf.split_to(body).freeze(),
+                _ => p.buf.split_to(body).freeze(),
             }
         }
-        BodyLength::Chunked => match cold::apart(|| read_chunked(io, &mut r.buf)).await {
+        BodyLength::Chunked => match cold::apart(|| read_chunked(io, &mut p.buf)).await {
             Ok(Some(body)) => body,
             // Longer than is read whole, with trailers, or cut short: hyper's, from the
             // head's first byte (nothing of `buf` was taken).
             Ok(None) => {
                 drop(request_in_flight);
-                return again(&head_bytes, &r.buf);
+                return again(&head_bytes, &p.buf);
             }
             Err(refusal) => return Step::Refused(refusal),
         },
@@ -669,7 +688,7 @@ where
     // While the answer is made, a client that closes is gone: its request is dropped.
     conn.activity.watch_for_departure(true);
     let resp = loop {
-        if r.buf.len() >= conn.max_head {
+        if r.buf().len() >= conn.max_head {
             break answer.as_mut().await;
         }
         // This read is there to see a client go (or its next request come early). While it
@@ -692,14 +711,13 @@ where
     let (parts, body) = resp.into_parts();
     let mut out = Room::out();
     let sent = respond(io, &mut out, &parts, &written, body, head_request, keep).await;
-    Room::give_out(out);
     // The answer's map, emptied, holds a next request's fields (hyper reuses a connection's).
-    Room::give_map(parts.headers);
+    Room::give(parts.headers, out);
     match sent {
         Ok(true) => Step::Next,
         // Asked to close, and nothing came after: the client sends no more (RFC 9112 §9.6),
         // so the socket is not looked at for more (`server::Lingering`).
-        Ok(false) if head.close && r.buf.is_empty() => {
+        Ok(false) if head.close && r.buf().is_empty() => {
             conn.activity.close_quietly();
             let _ = io.shutdown().await;
             Step::Closed
@@ -812,40 +830,53 @@ struct Room;
 /// worker).
 const ROOMS_KEPT: usize = 64;
 
+/// A worker's rooms: its header maps and its write buffers, the last given on top of each.
+struct Rooms {
+    maps: Shelf<HeaderMap>,
+    outs: Shelf<Vec<u8>>,
+}
+
 thread_local! {
-    /// The worker's header maps, the last given on top.
-    static MAPS: Shelf<HeaderMap> = const { Shelf::new(ROOMS_KEPT) };
-    /// The worker's write buffers, the last given on top.
-    static OUTS: Shelf<Vec<u8>> = const { Shelf::new(ROOMS_KEPT) };
+    /// One thread local for both: an answer gives its map and its buffer back together.
+    static ROOMS: Rooms = const {
+        Rooms {
+            maps: Shelf::new(ROOMS_KEPT),
+            outs: Shelf::new(ROOMS_KEPT),
+        }
+    };
 }
 
 impl Room {
     /// The last map given back on this thread, or a new one with room for a usual request's
     /// fields (grown from nothing, it was allocated three times).
     fn map() -> HeaderMap {
-        Shelf::take(&MAPS).unwrap_or_else(|| HeaderMap::with_capacity(KEPT_ROOM))
+        match ROOMS.try_with(|r| r.maps.pop()) {
+            Ok(Some(map)) => map,
+            _ => HeaderMap::with_capacity(KEPT_ROOM),
+        }
     }
 
     /// The last write buffer given back on this thread, or a new one an API answer's head and
     /// body fit (grown from nothing, it was allocated five times).
     fn out() -> Vec<u8> {
-        Shelf::take(&OUTS).unwrap_or_else(|| Vec::with_capacity(OUT_KEPT))
-    }
-
-    /// Keeps `map` for a next request on this thread; not one a large answer grew (nor more
-    /// than [`ROOMS_KEPT`], nor while the thread exits).
-    fn give_map(mut map: HeaderMap) {
-        if map.capacity() <= MAP_KEPT {
-            map.clear();
-            Shelf::keep(&MAPS, map);
+        match ROOMS.try_with(|r| r.outs.pop()) {
+            Ok(Some(out)) => out,
+            _ => Vec::with_capacity(OUT_KEPT),
         }
     }
 
-    /// Keeps `out` for a next answer on this thread, as [`Room::give_map`].
-    fn give_out(out: Vec<u8>) {
-        if out.capacity() <= OUT_KEPT {
-            Shelf::keep(&OUTS, out);
-        }
+    /// Keeps `map` for a next request on this thread and `out` for a next answer; not one a
+    /// large answer grew (nor more than [`ROOMS_KEPT`] of each, nor while the thread exits).
+    fn give(mut map: HeaderMap, out: Vec<u8>) {
+        let _ = ROOMS.try_with(move |r| {
+            if out.capacity() <= OUT_KEPT {
+                r.outs.put(out);
+            }
+            if map.capacity() <= MAP_KEPT {
+                map.clear();
+                r.maps.put(map);
+            }
+        });
     }
 }
 
@@ -1632,23 +1663,19 @@ mod tests {
     async fn a_connection_that_waits_with_nothing_read_holds_no_buffer_nor_lines() {
         use tokio::io::AsyncWriteExt;
         let (mut client, mut server) = tokio::io::duplex(1024);
-        let mut r = Reading {
-            buf: BytesMut::from(&b"GET"[..]),
-            lines: None,
-        };
-        r.resume();
-        assert!(r.lines.is_some());
+        let mut r = Reading::new(BytesMut::from(&b"GET"[..]));
+        assert!(r.parts.is_some());
         // Bytes held: nothing goes back.
         r.pause();
-        assert!(r.lines.is_some() && r.buf.capacity() > 0);
-        r.buf.clear();
+        assert!(r.parts.is_some());
+        r.parts().buf.clear();
         // Nothing came: paused, with neither.
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
         for probe in [Probe::Once, Probe::Always] {
             let read = pin!(r.read(&mut server, READ, probe)).poll(&mut cx);
             assert!(read.is_pending());
-            assert!(r.lines.is_none() && r.buf.capacity() == 0);
+            assert!(r.parts.is_none());
         }
         // Once a one-byte look has waited, a read takes them back and reads what came; with
         // `Always`, the look reads one byte and keeps it.
@@ -1658,22 +1685,26 @@ mod tests {
             matches!(look, Poll::Ready(Ok(1))),
             "the look reads the first byte"
         );
-        assert_eq!(&r.buf[..], b"G");
+        assert_eq!(r.buf(), b"G");
         let more = r.read(&mut server, READ, Probe::Once).await.unwrap();
         assert_eq!(more, 15);
-        assert_eq!(&r.buf[..], b"GET / HTTP/1.1\r\n");
-        r.buf.clear();
+        assert_eq!(r.buf(), b"GET / HTTP/1.1\r\n");
+        r.parts().buf.clear();
         r.pause();
-        assert!(r.lines.is_none());
+        assert!(r.parts.is_none());
         client.write_all(b"x").await.unwrap();
         assert_eq!(r.read(&mut server, READ, Probe::Always).await.unwrap(), 1);
-        assert_eq!(&r.buf[..], b"x");
+        assert_eq!(r.buf(), b"x");
         // The client goes: the end of the stream, with nothing taken.
-        r.buf.clear();
+        r.parts().buf.clear();
         r.pause();
         drop(client);
         assert_eq!(r.read(&mut server, READ, Probe::Once).await.unwrap(), 0);
-        assert!(r.lines.is_none());
+        assert!(r.parts.is_none());
+        // A buffer that grew past what is kept goes back without it.
+        r.parts().buf.reserve(4 * READ_KEPT);
+        r.pause();
+        assert_eq!(r.parts().buf.capacity(), READ);
     }
 
     #[test]

@@ -26,6 +26,24 @@ impl<T> Shelf<T> {
         }
     }
 
+    /// The last thing kept (on a shelf that is one of several in a thread local, which one
+    /// access reaches).
+    pub fn pop(&self) -> Option<T> {
+        self.items.borrow_mut().pop()
+    }
+
+    /// Keeps `item` unless the shelf holds its most already: then `item` is dropped (after the
+    /// shelf is let go: its drop may keep something on another shelf).
+    pub fn put(&self, item: T) {
+        let mut items = self.items.borrow_mut();
+        if items.len() < self.max {
+            items.push(item);
+        } else {
+            drop(items);
+            drop(item);
+        }
+    }
+
     /// What `pick` takes from `shelf`'s things on this thread (`pop` for the last kept). `None`
     /// while the thread exits (its storage may be gone).
     pub fn take_with(
@@ -46,12 +64,7 @@ impl<T> Shelf<T> {
     /// Keeps `item` on `shelf` unless it holds its most already (or the thread exits): then
     /// `item` is dropped.
     pub fn keep(shelf: &'static LocalKey<Shelf<T>>, item: T) {
-        let _ = shelf.try_with(|s| {
-            let mut items = s.items.borrow_mut();
-            if items.len() < s.max {
-                items.push(item);
-            }
-        });
+        let _ = shelf.try_with(|s| s.put(item));
     }
 
     /// How many things `shelf` holds on this thread.

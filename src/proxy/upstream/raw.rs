@@ -130,7 +130,6 @@ impl RawConn {
                     ));
                 }
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(Failure::Failed(e.to_string())),
             }
         }
@@ -140,25 +139,22 @@ impl RawConn {
 /// Reads the first bytes of a response into `c.buf` (empty). While the target has sent nothing,
 /// the buffer (8 KiB) goes back to the worker ([`WAITING`]), so a request whose upstream has
 /// not answered holds none (nginx allocates its `proxy_buffer_size` when the answer comes too);
-/// it is taken back when the socket is readable. `WouldBlock`: a wake-up without bytes.
+/// it is taken back when the task is woken (for the socket's readiness, but for a drain or a
+/// time-out) and read into at once. A read that fills less than the room clears the socket's
+/// readiness (tokio), so the pool's `is_closed` makes no system call when the connection is
+/// next taken (a `try_read` left it set: one `recv` a request more).
 fn read_first(c: &mut Open) -> impl std::future::Future<Output = std::io::Result<usize>> + '_ {
     std::future::poll_fn(move |cx| {
-        match c.io.poll_read_ready(cx) {
-            Poll::Pending => {
-                if c.buf.capacity() > 0 && c.buf.capacity() <= 2 * READ_BUF {
-                    crate::server::shelf::Shelf::keep(&WAITING, std::mem::take(&mut c.buf));
-                }
-                return Poll::Pending;
-            }
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Ready(Ok(())) => {}
-        }
         if c.buf.capacity() == 0 {
             c.buf = crate::server::shelf::Shelf::take(&WAITING)
                 .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF));
         }
         c.buf.reserve(READ_BUF);
-        Poll::Ready(c.io.try_read_buf(&mut c.buf))
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut c.io), cx, &mut c.buf);
+        if read.is_pending() && c.buf.capacity() <= 2 * READ_BUF {
+            crate::server::shelf::Shelf::keep(&WAITING, std::mem::take(&mut c.buf));
+        }
+        read
     })
 }
 
