@@ -54,6 +54,54 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("MERGE_DOMAIN_CONFIG", "a domain defined twice is refused"),
 ];
 
+/// The variables that ask for what this service cannot do, and why: set (to anything but
+/// `false` for a flag), they stop the start, naming the variable. A setting that asks for
+/// security is honoured or refused, never quietly dropped: the gRPC port served cleartext while
+/// `GRPC_SERVER_USE_TLS=true` asked for TLS.
+pub const REFUSED: &[(&str, &str)] = &[
+    (
+        "GRPC_SERVER_USE_TLS",
+        "the gRPC port does not speak TLS yet; put it behind a TLS proxy or a mesh, or leave it unset",
+    ),
+    (
+        "GRPC_SERVER_TLS_CERT",
+        "the gRPC port does not speak TLS yet (GRPC_SERVER_USE_TLS)",
+    ),
+    (
+        "GRPC_SERVER_TLS_KEY",
+        "the gRPC port does not speak TLS yet (GRPC_SERVER_USE_TLS)",
+    ),
+    (
+        "GRPC_CLIENT_TLS_CACERT",
+        "client certificates are not verified on the gRPC port (it does not speak TLS yet)",
+    ),
+    (
+        "GRPC_CLIENT_TLS_SAN",
+        "client certificates are not verified on the gRPC port (it does not speak TLS yet)",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "Redis servers' certificates are checked whole or not at all (QUOTAGATE_STORE_TLS_INSECURE_SKIP_VERIFY); the name alone cannot be skipped",
+    ),
+];
+
+/// The first refused variable set, as an error naming it.
+fn refused(env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    for (var, why) in REFUSED {
+        let set = match env(var) {
+            None => false,
+            Some(_) if var.ends_with("_USE_TLS") || var.ends_with("_VERIFICATION") => {
+                flag(var, env)?
+            }
+            Some(_) => true,
+        };
+        if set {
+            return Err(ConfigError::option(*var, *why));
+        }
+    }
+    Ok(())
+}
+
 fn port(var: &str, raw: &str) -> Result<u16, ConfigError> {
     raw.parse()
         .map_err(|_| ConfigError::option(var, format!("{raw:?} is not a port number")))
@@ -128,6 +176,7 @@ pub fn configure(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(Config, AdminSettings), ConfigError> {
     let env = |k: &str| env(k).filter(|v| !v.is_empty());
+    refused(&env)?;
     let rules = [
         env("RUNTIME_ROOT").unwrap_or_else(|| RUNTIME_ROOT.into()),
         env("RUNTIME_SUBDIRECTORY").unwrap_or_default(),
@@ -153,6 +202,17 @@ pub fn configure(
                 }
             };
             let tls = flag("REDIS_TLS", &env)?;
+            // Read whatever REDIS_TLS says, as ratelimit does with REDIS_TLS=true: they matter
+            // for a `rediss://` URL alone.
+            for (var, file) in [
+                ("REDIS_TLS_CLIENT_CERT", &mut config.store.tls_cert_file),
+                ("REDIS_TLS_CLIENT_KEY", &mut config.store.tls_key_file),
+                ("REDIS_TLS_CACERT", &mut config.store.tls_ca_file),
+            ] {
+                if let Some(path) = env(var) {
+                    *file = path;
+                }
+            }
             let auth = env("REDIS_AUTH");
             let raw =
                 env("REDIS_URL").unwrap_or_else(|| "/var/run/nutcracker/ratelimit.sock".into());
@@ -333,5 +393,62 @@ mod tests {
         }
         let set = |k: &str| (k == "USE_STATSD").then(|| "true".to_string());
         assert_eq!(ignored(set).len(), 1);
+    }
+
+    #[test]
+    fn what_asks_for_tls_on_the_grpc_port_is_refused_not_served_in_the_clear() {
+        for (var, value) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/etc/certs/ratelimit.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/etc/certs/ratelimit.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/etc/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ("GRPC_SERVER_USE_TLS", "maybe"),
+        ] {
+            let e = configure(Config::default(), |k: &str| {
+                (k == var).then(|| value.to_string())
+            })
+            .unwrap_err();
+            assert_eq!(e.option_name(), Some(var), "{e}");
+        }
+        for (var, value) in [
+            ("GRPC_SERVER_USE_TLS", "false"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false"),
+            ("GRPC_SERVER_TLS_CERT", ""),
+        ] {
+            configure(Config::default(), |k: &str| {
+                (k == var).then(|| value.to_string())
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn redis_tls_files_are_the_stores_and_checked_at_start() {
+        let vars = [
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.internal:6380"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CLIENT_CERT", "/certs/client.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/certs/client.key"),
+            ("REDIS_TLS_CACERT", "/certs/ca.crt"),
+        ];
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let (config, _) = configure(Config::default(), env).unwrap();
+        assert_eq!(config.store.redis_url, "rediss://redis.internal:6380");
+        assert_eq!(config.store.tls_cert_file, "/certs/client.crt");
+        assert_eq!(config.store.tls_key_file, "/certs/client.key");
+        assert_eq!(config.store.tls_ca_file, "/certs/ca.crt");
+        // Files that cannot be read stop the start.
+        let e = dropin(&vars).unwrap_err();
+        assert!(
+            e.option_name().is_some_and(|o| o.starts_with("store.tls_")),
+            "{e}"
+        );
     }
 }

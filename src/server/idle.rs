@@ -232,7 +232,6 @@ impl<S> Timed<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
-    #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
