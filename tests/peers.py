@@ -4,6 +4,9 @@
     peers.py certs DIR                 CA-signed certificates (see certs())
     peers.py grpc-server PORT_FILE     a gRPC server (grpcio) on a free port, written to PORT_FILE
     peers.py grpc-client ADDR KEY N    N unary calls, then one server-streaming call, through ADDR
+    peers.py grpc-call ADDR METHOD HEX CA [CERT KEY]
+                                       one unary call of raw request bytes (hex) over TLS trusting
+                                       CA (`plain`: cleartext), with a client certificate if given
     peers.py ws-server PORT_FILE       a WebSocket echo server (websockets)
     peers.py ws-client URL KEY         one WebSocket exchange through URL
 
@@ -124,6 +127,24 @@ def grpc_client(addr, key, n):
     print(json.dumps(out))
 
 
+def grpc_call(addr, method, request, ca, cert=None, key=None):
+    import grpc
+
+    read = lambda path: open(path, "rb").read()
+    if ca == "plain":
+        channel = grpc.insecure_channel(addr)
+    else:
+        creds = grpc.ssl_channel_credentials(
+            read(ca), read(key) if key else None, read(cert) if cert else None)
+        channel = grpc.secure_channel(addr, creds)
+    with channel:
+        try:
+            reply = channel.unary_unary(method)(bytes.fromhex(request), timeout=10)
+            print(json.dumps({"code": "OK", "reply": reply.hex()}))
+        except grpc.RpcError as e:
+            print(json.dumps({"code": e.code().name, "message": e.details()}))
+
+
 def ws_server(port_file):
     import websockets.asyncio.server as ws
 
@@ -165,5 +186,5 @@ def ws_client(url, key):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"certs": certs, "grpc-server": grpc_server, "grpc-client": grpc_client,
+    {"certs": certs, "grpc-server": grpc_server, "grpc-client": grpc_client, "grpc-call": grpc_call,
      "ws-server": ws_server, "ws-client": ws_client}[cmd](*args)

@@ -937,3 +937,102 @@ async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     );
     drop(child);
 }
+
+/// peers.py's `grpc-call` (grpcio): one ShouldRateLimit over TLS trusting `ca` (`plain`:
+/// cleartext), with `client` (certificate, key) if given; the JSON line it prints.
+fn grpc_call(addr: SocketAddr, ca: &str, client: Option<(&str, &str)>) -> serde_json::Value {
+    use prost::Message;
+    let request = request("edge", vec![descriptor(&[("client", "t")])]).encode_to_vec();
+    let hex: String = request.iter().map(|b| format!("{b:02x}")).collect();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers.py"))
+        .args(["grpc-call", &addr.to_string()])
+        .arg("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        .args([hex.as_str(), ca]);
+    if let Some((cert, key)) = client {
+        cmd.args([cert, key]);
+    }
+    let out = cmd
+        .output()
+        .expect("python3 must be installed (with grpcio: .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "peers.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The remaining count of a `grpc_call` answered OK.
+fn remaining(answer: &serde_json::Value) -> u32 {
+    use prost::Message;
+    assert_eq!(answer["code"], "OK", "{answer}");
+    let hex = answer["reply"].as_str().unwrap();
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    RateLimitResponse::decode(&bytes[..]).unwrap().statuses[0].limit_remaining
+}
+
+#[tokio::test]
+async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certificate() {
+    // A Redis that speaks TLS only and requires a client certificate signed by the CA.
+    let redis = support::TlsRedis::start(true, &[], &[]);
+    let path = |name: &str| redis.certs.path(name);
+    let root = tempfile::tempdir().unwrap();
+    let rules = root.path().join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
+    let (grpc, http) = (support::free_port(), support::free_port());
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
+            .arg("ratelimit")
+            .env("RUNTIME_ROOT", root.path())
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+            .env("REDIS_TLS", "true")
+            .env("REDIS_TLS_CLIENT_CERT", path("client.pem"))
+            .env("REDIS_TLS_CLIENT_KEY", path("client.key"))
+            .env("REDIS_TLS_CACERT", path("ca.pem"))
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", path("server.pem"))
+            .env("GRPC_SERVER_TLS_KEY", path("server.key"))
+            .env("GRPC_CLIENT_TLS_CACERT", path("ca.pem"))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let grpc_addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
+    support::wait_until(Duration::from_secs(30), || {
+        std::net::TcpStream::connect(grpc_addr).is_ok()
+    });
+    let (ca, client) = (path("ca.pem"), (path("client.pem"), path("client.key")));
+    let client = Some((client.0.as_str(), client.1.as_str()));
+    for left in [2, 1, 0] {
+        assert_eq!(remaining(&grpc_call(grpc_addr, &ca, client)), left);
+    }
+    assert_ne!(
+        redis.cli(&["DBSIZE"]).as_deref(),
+        Some("0"),
+        "counted in Redis, reached with the client certificate"
+    );
+    // No client certificate, or none the port trusts, or no TLS: no answer.
+    for (ca, client) in [
+        (ca.as_str(), None),
+        ("plain", None),
+        (
+            ca.as_str(),
+            Some((path("other-ca.pem"), path("other-ca.key"))),
+        ),
+    ] {
+        let client = client.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
+        let answer = grpc_call(grpc_addr, ca, client);
+        assert_eq!(answer["code"], "UNAVAILABLE", "{answer}");
+    }
+    drop(child);
+}

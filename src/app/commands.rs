@@ -184,6 +184,7 @@ pub async fn ratelimit(settings: &Settings, token: Token) -> Result<(), StartErr
     let shown = |a: Option<SocketAddr>| a.map(tracing::field::display);
     tracing::info!(
         grpc = shown(listeners.rls()),
+        tls = settings.rls.as_ref().is_some_and(|r| r.tls.is_some()),
         http = shown(listeners.admin()),
         store = app.store.kind(),
         "rate-limit service listening"

@@ -44,6 +44,8 @@ pub struct App {
     pub rls: Option<Arc<Rls>>,
     /// Its rule files, as they were when loaded (the watcher starts from there).
     rls_files: Option<(std::path::PathBuf, crate::rls::load::Fingerprint)>,
+    /// TLS on its gRPC port (`rls.tls_*`).
+    rls_tls: Option<Arc<crate::server::tls::Tls>>,
     divvy_limits: ConnectionLimits,
     workers: Arc<Workers>,
     addrs: Addrs,
@@ -150,8 +152,16 @@ impl App {
             None => None,
         };
         let mut rls_files = None;
+        let mut rls_tls = None;
         let rls = match &settings.rls {
             Some(r) => {
+                if let Some(t) = &r.tls {
+                    // Its certificates' expiry is not exported: the metric's names are the
+                    // gateway listener's.
+                    let tls = crate::server::tls::Tls::new(t, rt.clock.clone())
+                        .map_err(|e| ConfigError::option("rls.tls_cert_file", e.to_string()))?;
+                    rls_tls = Some(Arc::new(tls));
+                }
                 let rls_metrics = crate::rls::metrics::RlsMetrics::default();
                 metrics.register(|reg| rls_metrics.register(reg));
                 // Listed before reading: a change in between is seen by the watcher.
@@ -203,6 +213,7 @@ impl App {
             admin,
             rls,
             rls_files,
+            rls_tls,
             divvy_limits,
             workers: rt.workers,
             addrs: Addrs {
@@ -264,8 +275,11 @@ impl App {
                 let (rls, token) = (rls.clone(), token.clone());
                 let executor = Executor {
                     workers: Some(self.workers.clone()),
+                    tls: self.rls_tls.as_ref().map(|t| t.acceptor.clone()),
                     ..Default::default()
                 };
+                // Certificate files that change (or a SIGHUP) are served from then on.
+                let reload = self.rls_tls.clone().map(|tls| tokio::spawn(tls.watch()));
                 Some(tokio::spawn(async move {
                     let drained = crate::rls::server::serve(
                         l,
@@ -275,8 +289,8 @@ impl App {
                         token.cancelled_owned(),
                     )
                     .await;
-                    if let Some(w) = watcher {
-                        w.abort();
+                    for task in [watcher, reload].into_iter().flatten() {
+                        task.abort();
                     }
                     drained
                 }))

@@ -139,6 +139,13 @@ pub struct RlsConfig {
     /// the clock, as envoyproxy/ratelimit counts (the catalog domain stays sliding). Default:
     /// `sliding`.
     pub window: WindowKind,
+    /// PEM certificate chain(s) of the gRPC port, comma-separated; with them it speaks TLS only
+    /// (HTTP/2 by ALPN). Default: empty (cleartext).
+    pub tls_cert_file: String,
+    /// PEM private key(s), one per certificate file, in the same order. Default: empty.
+    pub tls_key_file: String,
+    /// PEM CA certificate(s): require client certificates signed by them (mTLS). Default: empty.
+    pub tls_client_ca_file: String,
 }
 
 impl Default for RlsConfig {
@@ -150,6 +157,9 @@ impl Default for RlsConfig {
             response_headers: false,
             shadow_mode: false,
             window: Default::default(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_client_ca_file: String::new(),
         }
     }
 }

@@ -56,28 +56,11 @@ pub const IGNORED: &[(&str, &str)] = &[
 
 /// The variables that ask for what this service cannot do, and why: set (to anything but
 /// `false` for a flag), they stop the start, naming the variable. A setting that asks for
-/// security is honoured or refused, never quietly dropped: the gRPC port served cleartext while
-/// `GRPC_SERVER_USE_TLS=true` asked for TLS.
+/// security is honoured or refused, never quietly dropped.
 pub const REFUSED: &[(&str, &str)] = &[
     (
-        "GRPC_SERVER_USE_TLS",
-        "the gRPC port does not speak TLS yet; put it behind a TLS proxy or a mesh, or leave it unset",
-    ),
-    (
-        "GRPC_SERVER_TLS_CERT",
-        "the gRPC port does not speak TLS yet (GRPC_SERVER_USE_TLS)",
-    ),
-    (
-        "GRPC_SERVER_TLS_KEY",
-        "the gRPC port does not speak TLS yet (GRPC_SERVER_USE_TLS)",
-    ),
-    (
-        "GRPC_CLIENT_TLS_CACERT",
-        "client certificates are not verified on the gRPC port (it does not speak TLS yet)",
-    ),
-    (
         "GRPC_CLIENT_TLS_SAN",
-        "client certificates are not verified on the gRPC port (it does not speak TLS yet)",
+        "a client certificate's subjectAltName is not matched here: any certificate GRPC_CLIENT_TLS_CACERT signed is accepted",
     ),
     (
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -90,15 +73,41 @@ fn refused(env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
     for (var, why) in REFUSED {
         let set = match env(var) {
             None => false,
-            Some(_) if var.ends_with("_USE_TLS") || var.ends_with("_VERIFICATION") => {
-                flag(var, env)?
-            }
+            Some(_) if var.ends_with("_VERIFICATION") => flag(var, env)?,
             Some(_) => true,
         };
         if set {
             return Err(ConfigError::option(*var, *why));
         }
     }
+    Ok(())
+}
+
+/// `GRPC_SERVER_USE_TLS` and its files: TLS on the gRPC port (`rls.tls_*`), with client
+/// certificates required when `GRPC_CLIENT_TLS_CACERT` names their CA. The files without the
+/// flag are refused: envoyproxy/ratelimit then serves cleartext, which a certificate set for
+/// the port does not ask for.
+fn grpc_tls(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    let files = [
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+    ];
+    if !flag("GRPC_SERVER_USE_TLS", env)? {
+        return match files.iter().find(|v| env(v).is_some()) {
+            Some(var) => Err(ConfigError::option(
+                *var,
+                "set GRPC_SERVER_USE_TLS=true for TLS on the gRPC port (without it the port would answer in cleartext)",
+            )),
+            None => Ok(()),
+        };
+    }
+    let need = |var: &str| {
+        env(var).ok_or_else(|| ConfigError::option(var, "GRPC_SERVER_USE_TLS=true needs it"))
+    };
+    config.rls.tls_cert_file = need("GRPC_SERVER_TLS_CERT")?;
+    config.rls.tls_key_file = need("GRPC_SERVER_TLS_KEY")?;
+    config.rls.tls_client_ca_file = env("GRPC_CLIENT_TLS_CACERT").unwrap_or_default();
     Ok(())
 }
 
@@ -187,6 +196,7 @@ pub fn configure(
     .collect::<std::path::PathBuf>();
     config.rls.config = rules.to_string_lossy().into_owned();
     config.rls.listen = addr("GRPC_HOST", "GRPC_PORT", &env, 8081)?.to_string();
+    grpc_tls(&mut config, &env)?;
     config.rls.response_headers = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &env)?;
     config.rls.shadow_mode = flag("SHADOW_MODE", &env)?;
     match env("BACKEND_TYPE").as_deref().unwrap_or("redis") {
@@ -396,31 +406,68 @@ mod tests {
     }
 
     #[test]
-    fn what_asks_for_tls_on_the_grpc_port_is_refused_not_served_in_the_clear() {
-        for (var, value) in [
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", "/etc/certs/ratelimit.crt"),
-            ("GRPC_SERVER_TLS_KEY", "/etc/certs/ratelimit.key"),
-            ("GRPC_CLIENT_TLS_CACERT", "/etc/certs/ca.crt"),
-            ("GRPC_CLIENT_TLS_SAN", "envoy"),
-            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
-            ("GRPC_SERVER_USE_TLS", "maybe"),
-        ] {
-            let e = configure(Config::default(), |k: &str| {
-                (k == var).then(|| value.to_string())
-            })
-            .unwrap_err();
-            assert_eq!(e.option_name(), Some(var), "{e}");
-        }
-        for (var, value) in [
-            ("GRPC_SERVER_USE_TLS", "false"),
-            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false"),
-            ("GRPC_SERVER_TLS_CERT", ""),
-        ] {
+    fn tls_on_the_grpc_port_is_asked_with_its_files_or_refused() {
+        let conf = |vars: &[(&str, &str)]| {
             configure(Config::default(), |k: &str| {
-                (k == var).then(|| value.to_string())
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
             })
-            .unwrap();
+        };
+        let c = conf(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/rls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/rls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ])
+        .unwrap()
+        .0;
+        assert_eq!(
+            (
+                c.rls.tls_cert_file.as_str(),
+                c.rls.tls_key_file.as_str(),
+                c.rls.tls_client_ca_file.as_str()
+            ),
+            ("/certs/rls.crt", "/certs/rls.key", "/certs/ca.crt")
+        );
+        for (vars, named) in [
+            (
+                &[("GRPC_SERVER_USE_TLS", "true")][..],
+                "GRPC_SERVER_TLS_CERT",
+            ),
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/certs/rls.crt"),
+                ],
+                "GRPC_SERVER_TLS_KEY",
+            ),
+            // The files alone would be cleartext at envoyproxy/ratelimit.
+            (
+                &[("GRPC_SERVER_TLS_CERT", "/certs/rls.crt")],
+                "GRPC_SERVER_TLS_CERT",
+            ),
+            (
+                &[("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt")],
+                "GRPC_CLIENT_TLS_CACERT",
+            ),
+            (&[("GRPC_SERVER_USE_TLS", "maybe")], "GRPC_SERVER_USE_TLS"),
+            (&[("GRPC_CLIENT_TLS_SAN", "envoy")], "GRPC_CLIENT_TLS_SAN"),
+            (
+                &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            ),
+        ] {
+            let e = conf(vars).unwrap_err();
+            assert_eq!(e.option_name(), Some(named), "{e}");
+        }
+        for vars in [
+            &[("GRPC_SERVER_USE_TLS", "false")][..],
+            &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")],
+            &[("GRPC_SERVER_TLS_CERT", "")],
+        ] {
+            let c = conf(vars).unwrap().0;
+            assert!(c.rls.tls_cert_file.is_empty());
         }
     }
 

@@ -35,6 +35,8 @@ pub struct RlsSettings {
     /// `rls.config`: a rule file or a directory of them.
     pub rules: PathBuf,
     pub policy: RlsPolicy,
+    /// `rls.tls_*`: TLS on the gRPC port. `None`: cleartext.
+    pub tls: Option<crate::server::tls::TlsSettings>,
 }
 
 impl TryFrom<&RlsConfig> for RlsSettings {
@@ -56,6 +58,12 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 shadow_mode: c.shadow_mode,
                 window: c.window,
             },
+            tls: crate::server::listener_tls(
+                "rls",
+                &c.tls_cert_file,
+                &c.tls_key_file,
+                &c.tls_client_ca_file,
+            )?,
         })
     }
 }

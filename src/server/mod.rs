@@ -37,5 +37,5 @@ mod written;
 
 pub use body::RequestBody;
 pub use serve::serve;
-pub use settings::{Executor, HttpSettings};
+pub use settings::{Executor, HttpSettings, listener_tls};
 pub use written::{Answer, Written};

@@ -104,8 +104,24 @@ impl TryFrom<&ServerConfig> for HttpSettings {
     }
 }
 
-/// `server.tls_*`: comma-separated lists of equal length, or all empty.
+/// `server.tls_*`.
 fn tls_settings(c: &ServerConfig) -> Result<Option<crate::server::tls::TlsSettings>, ConfigError> {
+    listener_tls(
+        "server",
+        &c.tls_cert_file,
+        &c.tls_key_file,
+        &c.tls_client_ca_file,
+    )
+}
+
+/// A listener's `<section>.tls_cert_file`, `tls_key_file` and `tls_client_ca_file`:
+/// comma-separated lists of equal length, or all empty (cleartext).
+pub fn listener_tls(
+    section: &str,
+    cert_files: &str,
+    key_files: &str,
+    client_ca_file: &str,
+) -> Result<Option<crate::server::tls::TlsSettings>, ConfigError> {
     let list = |s: &str| -> Vec<std::path::PathBuf> {
         s.split(',')
             .map(str::trim)
@@ -113,23 +129,23 @@ fn tls_settings(c: &ServerConfig) -> Result<Option<crate::server::tls::TlsSettin
             .map(Into::into)
             .collect()
     };
-    let (certs, keys) = (list(&c.tls_cert_file), list(&c.tls_key_file));
-    let client_ca = (!c.tls_client_ca_file.trim().is_empty())
-        .then(|| std::path::PathBuf::from(c.tls_client_ca_file.trim()));
+    let (certs, keys) = (list(cert_files), list(key_files));
+    let client_ca = (!client_ca_file.trim().is_empty())
+        .then(|| std::path::PathBuf::from(client_ca_file.trim()));
     if certs.is_empty() && keys.is_empty() {
         return match client_ca {
             None => Ok(None),
             Some(_) => Err(ConfigError::option(
-                "server.tls_client_ca_file",
-                "needs server.tls_cert_file and server.tls_key_file",
+                format!("{section}.tls_client_ca_file"),
+                format!("needs {section}.tls_cert_file and {section}.tls_key_file"),
             )),
         };
     }
     if certs.len() != keys.len() {
         return Err(ConfigError::option(
-            "server.tls_key_file",
+            format!("{section}.tls_key_file"),
             format!(
-                "lists {} keys for {} certificate files (server.tls_cert_file); give one key per certificate, in the same order",
+                "lists {} keys for {} certificate files ({section}.tls_cert_file); give one key per certificate, in the same order",
                 keys.len(),
                 certs.len()
             ),

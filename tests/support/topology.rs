@@ -463,6 +463,11 @@ impl TlsRedis {
     pub fn url(&self) -> String {
         format!("rediss://127.0.0.1:{}", self.port)
     }
+
+    /// Runs a command on it (with the client certificate).
+    pub fn cli(&self, args: &[&str]) -> Option<String> {
+        cli(self.port, &strs(&cli_tls_of(Some(&self.certs))), args)
+    }
 }
 
 /// A path for a file in `dir`, as a string.
