@@ -573,6 +573,61 @@ async fn fixed_windows_on_redis() {
     fixed_windows(&rig).await;
 }
 
+/// Two descriptors a request, the second (2 a second) going over first: with
+/// `rls.stop_counting_when_over_limit` (envoyproxy/ratelimit's
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) the refused request's other descriptor is not
+/// counted; without it, it is.
+async fn stop_counting_when_over_limit(rig: &Rig, stop: bool) {
+    let mut c = client(rig.gw.rls.unwrap());
+    let both = || {
+        request(
+            "edge",
+            vec![
+                descriptor(&[("client", "st")]),
+                descriptor(&[("path", "/api/st")]),
+            ],
+        )
+    };
+    assert_eq!(
+        summary(&ask(&mut c, both()).await),
+        [(Code::Ok, 2, 60), (Code::Ok, 1, 1)]
+    );
+    assert_eq!(
+        summary(&ask(&mut c, both()).await),
+        [(Code::Ok, 1, 60), (Code::Ok, 0, 1)]
+    );
+    let refused = ask(&mut c, both()).await;
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    let client_left = if stop { 1 } else { 0 };
+    assert_eq!(
+        summary(&refused),
+        [(Code::Ok, client_left, 60), (Code::OverLimit, 0, 1)]
+    );
+    // What the client's counter holds: one more hit fits only if the refused one was not counted.
+    let alone = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "st")])]),
+    )
+    .await;
+    let want = if stop {
+        (Code::Ok, 0, 60)
+    } else {
+        (Code::OverLimit, 0, 60)
+    };
+    assert_eq!(summary(&alone), [want]);
+}
+
+#[tokio::test]
+async fn stop_counting_when_over_limit_on_every_store() {
+    let redis = RedisServer::start();
+    for stop in [true, false] {
+        let set = |c: &mut Config| c.rls.stop_counting_when_over_limit = stop;
+        stop_counting_when_over_limit(&start_with(None, set).await, stop).await;
+        stop_counting_when_over_limit(&start_with(Some(&redis), set).await, stop).await;
+        redis.cli(&["FLUSHALL"]);
+    }
+}
+
 /// Redis gone: the failure policy answers (`closed`: OVER_LIMIT, `open`: OK, `local`: this
 /// instance's memory), and the service goes on serving.
 #[tokio::test]

@@ -139,6 +139,10 @@ pub struct RlsConfig {
     /// the clock, as envoyproxy/ratelimit counts (the catalog domain stays sliding). Default:
     /// `sliding`.
     pub window: WindowKind,
+    /// A request with a descriptor over its limit is not counted in its other descriptors (their
+    /// hits are given back), as envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    /// Sliding windows only. Default: `false`.
+    pub stop_counting_when_over_limit: bool,
     /// PEM certificate chain(s) of the gRPC port, comma-separated; with them it speaks TLS only
     /// (HTTP/2 by ALPN). Default: empty (cleartext).
     pub tls_cert_file: String,
@@ -157,6 +161,7 @@ impl Default for RlsConfig {
             response_headers: false,
             shadow_mode: false,
             window: Default::default(),
+            stop_counting_when_over_limit: false,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),

@@ -47,10 +47,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "CACHE_KEY_PREFIX",
         "keys have quotagate's layout; set QUOTAGATE_STORE_KEY_PREFIX",
     ),
-    (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "refused hits are never counted",
-    ),
     ("MERGE_DOMAIN_CONFIG", "a domain defined twice is refused"),
 ];
 
@@ -199,6 +195,8 @@ pub fn configure(
     grpc_tls(&mut config, &env)?;
     config.rls.response_headers = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &env)?;
     config.rls.shadow_mode = flag("SHADOW_MODE", &env)?;
+    config.rls.stop_counting_when_over_limit =
+        flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &env)?;
     match env("BACKEND_TYPE").as_deref().unwrap_or("redis") {
         "redis" => {
             let unix = match env("REDIS_SOCKET_TYPE").as_deref().unwrap_or("unix") {
@@ -352,9 +350,11 @@ mod tests {
             ("LOG_LEVEL", "WARNING"),
             ("LOG_FORMAT", "json"),
             ("SHADOW_MODE", "true"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
         ])
         .unwrap();
         let rls = s.rls.as_ref().unwrap();
+        assert!(rls.policy.stop_counting_when_over_limit);
         assert_eq!(rls.rules, std::path::Path::new("/data/ratelimit/config"));
         assert_eq!(rls.listen.to_string(), "0.0.0.0:9081");
         assert!(rls.policy.shadow_mode);
@@ -469,6 +469,16 @@ mod tests {
             let c = conf(vars).unwrap().0;
             assert!(c.rls.tls_cert_file.is_empty());
         }
+    }
+
+    #[test]
+    fn stop_counting_needs_sliding_windows() {
+        let env = |k: &str| (k == "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT").then(|| "1".into());
+        let (mut config, _) = configure(Config::default(), env).unwrap();
+        assert!(config.rls.stop_counting_when_over_limit);
+        config.rls.window = crate::config::WindowKind::Fixed;
+        let e = crate::rls::RlsSettings::try_from(&config.rls).unwrap_err();
+        assert_eq!(e.option_name(), Some("rls.stop_counting_when_over_limit"));
     }
 
     #[test]

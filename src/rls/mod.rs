@@ -49,6 +49,12 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 "must not be empty",
             ));
         }
+        if c.stop_counting_when_over_limit && c.window == WindowKind::Fixed {
+            return Err(ConfigError::option(
+                "rls.stop_counting_when_over_limit",
+                "needs rls.window = \"sliding\": hits in a fixed window cannot be given back",
+            ));
+        }
         Ok(RlsSettings {
             listen: address("rls.listen", &c.listen, "127.0.0.1:8082")?,
             rules: PathBuf::from(&c.config),
@@ -57,6 +63,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 response_headers: c.response_headers,
                 shadow_mode: c.shadow_mode,
                 window: c.window,
+                stop_counting_when_over_limit: c.stop_counting_when_over_limit,
             },
             tls: crate::server::listener_tls(
                 "rls",

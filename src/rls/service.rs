@@ -7,7 +7,8 @@
 //! domain, a descriptor with `api_key`, `method` and `path` entries is decided by the gateway's
 //! catalog on the gateway's own counter for that key and endpoint. Each descriptor is decided on
 //! its own counter (several counters are not one atomic step): a descriptor with room is counted
-//! even when another one of the same request is over its limit.
+//! even when another one of the same request is over its limit, unless
+//! `rls.stop_counting_when_over_limit` gives its hits back then.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -40,6 +41,10 @@ pub struct RlsPolicy {
     pub shadow_mode: bool,
     /// `rls.window`: rules' limits as sliding windows, or fixed windows aligned to the clock.
     pub window: WindowKind,
+    /// `rls.stop_counting_when_over_limit`: a request with a descriptor over its limit is not
+    /// counted in its other descriptors (envoyproxy/ratelimit's
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). Sliding windows only.
+    pub stop_counting_when_over_limit: bool,
 }
 
 /// What the catalog domain decides by: the gateway's live catalog and its admission policy.
@@ -156,7 +161,7 @@ impl Rls {
         let mut plans: Vec<Plan> = asks.iter().map(|a| self.plan(&loaded, domain, a)).collect();
         replace(&mut plans);
         let now_ms = self.clock.now_ms();
-        let decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
+        let mut decided = join_all(plans.iter().zip(&asks).map(|(plan, ask)| async move {
             match plan {
                 Plan::Count {
                     counter,
@@ -172,7 +177,62 @@ impl Rls {
             }
         }))
         .await;
+        if self.policy.stop_counting_when_over_limit {
+            self.give_back_when_over(&plans, &asks, &mut decided, now_ms)
+                .await;
+        }
         Ok(self.respond(&plans, &asks, decided, now_ms))
+    }
+
+    /// `rls.stop_counting_when_over_limit`: when a descriptor of the request is over its limit
+    /// (or a shadow limit of its rule would refuse it), the hits the others were counted are
+    /// given back, and their statuses say what remains without them. Counted and given back
+    /// (the descriptors are counted at once, on counters apart), so another call in between
+    /// may see them; envoyproxy/ratelimit reads the counters first, with the same window.
+    async fn give_back_when_over(
+        &self,
+        plans: &[Plan],
+        asks: &[Ask<'_>],
+        decided: &mut [Option<Verdict>],
+        now_ms: u64,
+    ) {
+        let over = |v: &Option<Verdict>| match v {
+            Some(Verdict::Decided(o) | Verdict::Local(o)) => !o.allowed || o.shadow_limited,
+            Some(Verdict::Closed) => true,
+            _ => false,
+        };
+        if !decided.iter().any(over) {
+            return;
+        }
+        for ((plan, ask), verdict) in plans.iter().zip(asks).zip(decided.iter_mut()) {
+            let (
+                Plan::Count {
+                    counter,
+                    limits,
+                    pools,
+                    ..
+                },
+                Some(Verdict::Decided(o) | Verdict::Local(o)),
+            ) = (plan, verdict.as_mut())
+            else {
+                continue;
+            };
+            if !o.allowed || o.shadow_limited || ask.cost == 0 {
+                continue;
+            }
+            let parts = quotagate_store::Part::split(counter, limits, pools);
+            let cost = i64::try_from(ask.cost).unwrap_or(i64::MAX);
+            self.store.adjust(&parts, -cost, now_ms, now_ms).await;
+            let quotas: Vec<Quota> = o
+                .quotas()
+                .iter()
+                .map(|q| Quota {
+                    remaining: (q.remaining + ask.cost).min(q.limit),
+                    ..*q
+                })
+                .collect();
+            *o = Outcome::new(true, false, &quotas);
+        }
     }
 
     /// Which limit one descriptor is held to.
