@@ -167,7 +167,7 @@ impl App {
                 // Listed before reading: a change in between is seen by the watcher.
                 let seen = crate::rls::load::list(&r.rules).unwrap_or_default();
                 rls_files = Some((r.rules.clone(), seen));
-                let rules = crate::rls::load::load(&r.rules)
+                let rules = crate::rls::load::load(&r.rules, r.policy.merge_domains)
                     .map_err(|problems| ConfigError::option("rls.config", problems.to_string()))?;
                 let catalog = gateway
                     .as_ref()

@@ -143,6 +143,10 @@ pub struct RlsConfig {
     /// hits are given back), as envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
     /// Sliding windows only. Default: `false`.
     pub stop_counting_when_over_limit: bool,
+    /// A domain's descriptors may be spread over several rule files, read as one tree (a
+    /// descriptor defined twice is still refused), as envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`. Default: `false` (a domain defined in two files is refused).
+    pub merge_domains: bool,
     /// PEM certificate chain(s) of the gRPC port, comma-separated; with them it speaks TLS only
     /// (HTTP/2 by ALPN). Default: empty (cleartext).
     pub tls_cert_file: String,
@@ -162,6 +166,7 @@ impl Default for RlsConfig {
             shadow_mode: false,
             window: Default::default(),
             stop_counting_when_over_limit: false,
+            merge_domains: false,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),

@@ -47,7 +47,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "CACHE_KEY_PREFIX",
         "keys have quotagate's layout; set QUOTAGATE_STORE_KEY_PREFIX",
     ),
-    ("MERGE_DOMAIN_CONFIG", "a domain defined twice is refused"),
 ];
 
 /// The variables that ask for what this service cannot do, and why: set (to anything but
@@ -197,6 +196,7 @@ pub fn configure(
     config.rls.shadow_mode = flag("SHADOW_MODE", &env)?;
     config.rls.stop_counting_when_over_limit =
         flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &env)?;
+    config.rls.merge_domains = flag("MERGE_DOMAIN_CONFIG", &env)?;
     match env("BACKEND_TYPE").as_deref().unwrap_or("redis") {
         "redis" => {
             let unix = match env("REDIS_SOCKET_TYPE").as_deref().unwrap_or("unix") {
@@ -351,10 +351,11 @@ mod tests {
             ("LOG_FORMAT", "json"),
             ("SHADOW_MODE", "true"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
         ])
         .unwrap();
         let rls = s.rls.as_ref().unwrap();
-        assert!(rls.policy.stop_counting_when_over_limit);
+        assert!(rls.policy.stop_counting_when_over_limit && rls.policy.merge_domains);
         assert_eq!(rls.rules, std::path::Path::new("/data/ratelimit/config"));
         assert_eq!(rls.listen.to_string(), "0.0.0.0:9081");
         assert!(rls.policy.shadow_mode);

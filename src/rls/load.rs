@@ -76,7 +76,7 @@ pub fn list(path: &Path) -> Result<Fingerprint, ListError> {
 }
 
 /// Reads and checks every rule file `path` names.
-pub fn load(path: &Path) -> Result<RuleSet, Problems> {
+pub fn load(path: &Path, merge: bool) -> Result<RuleSet, Problems> {
     let files = list(path).map_err(|e| Problems(vec![e.to_string()]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut problems = Vec::new();
@@ -94,7 +94,7 @@ pub fn load(path: &Path) -> Result<RuleSet, Problems> {
     if !problems.is_empty() {
         return Err(Problems(problems));
     }
-    RuleSet::parse(&texts)
+    RuleSet::parse(&texts, merge)
 }
 
 /// Applies changes to the rule files until the task is dropped: a set that loads replaces the
@@ -114,7 +114,8 @@ pub async fn watch(rls: Arc<Rls>, path: PathBuf, mut seen: Fingerprint) {
         }
         seen = now;
         let p = path.clone();
-        match tokio::task::spawn_blocking(move || load(&p)).await {
+        let merge = rls.merges_domains();
+        match tokio::task::spawn_blocking(move || load(&p, merge)).await {
             Ok(Ok(rules)) => {
                 tracing::info!(domains = rules.domain_count(), path = %path.display(), "rate-limit rules reloaded");
                 rls.apply(rules);

@@ -64,6 +64,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 shadow_mode: c.shadow_mode,
                 window: c.window,
                 stop_counting_when_over_limit: c.stop_counting_when_over_limit,
+                merge_domains: c.merge_domains,
             },
             tls: crate::server::listener_tls(
                 "rls",

@@ -227,8 +227,10 @@ impl RuleSet {
     }
 
     /// Reads rule files (`(name, text)`, names used in problems). Every problem of every file is
-    /// listed; one is enough to refuse the whole set.
-    pub fn parse(files: &[(String, String)]) -> Result<RuleSet, Problems> {
+    /// listed; one is enough to refuse the whole set. A domain defined in two files is refused,
+    /// unless `merge` (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`): then its descriptors are
+    /// one tree, where a descriptor defined twice is refused as within one file.
+    pub fn parse(files: &[(String, String)], merge: bool) -> Result<RuleSet, Problems> {
         let mut set = RuleSet::default();
         let mut problems = Problems::default();
         let mut seen: HashMap<String, &str> = HashMap::new();
@@ -238,9 +240,19 @@ impl RuleSet {
                 list: &mut problems.0,
             };
             let before = p.list.len();
-            let Some((name, domain)) = parse_file(text, &mut p) else {
+            let earlier = |name: &str| match merge {
+                true => set.domains.remove(name),
+                false => None,
+            };
+            let Some((name, domain)) = parse_file(text, &mut p, earlier) else {
                 continue;
             };
+            if merge {
+                if p.list.len() == before {
+                    set.domains.insert(name, domain);
+                }
+                continue;
+            }
             if let Some(first) = seen.get(name.as_str()) {
                 p.push(
                     "domain",
@@ -283,8 +295,13 @@ impl FileProblems<'_> {
 }
 
 /// Parses one file: its domain name and tree (meaningful only if no problem was pushed), or
-/// `None` when it is not a mapping at all.
-fn parse_file(text: &str, p: &mut FileProblems<'_>) -> Option<(String, Domain)> {
+/// `None` when it is not a mapping at all. `earlier`: the tree its domain's descriptors are
+/// added to, given its name (`None`: a new one).
+fn parse_file(
+    text: &str,
+    p: &mut FileProblems<'_>,
+    earlier: impl FnOnce(&str) -> Option<Domain>,
+) -> Option<(String, Domain)> {
     let doc: Value = match serde_saphyr::from_str(text) {
         Ok(v) => v,
         Err(e) => {
@@ -309,8 +326,8 @@ fn parse_file(text: &str, p: &mut FileProblems<'_>) -> Option<(String, Domain)> 
             String::new()
         }
     };
-    let mut domain = Domain::default();
-    let mut top = Node::default();
+    let mut domain = earlier(&name).unwrap_or_default();
+    let mut top = std::mem::take(&mut domain.top);
     if let Some(list) = root.get("descriptors") {
         descriptors(list, "descriptors", &name, 1, &mut domain, &mut top, p);
     }
@@ -557,13 +574,42 @@ mod tests {
             .enumerate()
             .map(|(i, t)| (format!("f{i}.yaml"), t.to_string()))
             .collect();
-        RuleSet::parse(&files)
+        RuleSet::parse(&files, false)
     }
 
     fn find<'a>(s: &'a RuleSet, domain: &str, entries: &[(&str, &str)]) -> Option<&'a str> {
         s.domain(domain)?
             .find(entries)
             .map(|f| f.rule.path.as_str())
+    }
+
+    #[test]
+    fn merged_domains_are_one_tree_where_a_descriptor_is_still_defined_once() {
+        let files = |texts: &[&str]| -> Vec<(String, String)> {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("f{i}.yaml"), t.to_string()))
+                .collect()
+        };
+        let a = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+        let b = "domain: d\ndescriptors:\n  - key: b\n    descriptors:\n      - key: c\n        rate_limit: {unit: hour, requests_per_unit: 2}\n";
+        let other = "domain: e\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n";
+        let s = RuleSet::parse(&files(&[a, other, b]), true).unwrap();
+        assert_eq!(s.domain_count(), 2);
+        assert_eq!(find(&s, "d", &[("a", "x")]), Some("d.a"));
+        assert_eq!(find(&s, "d", &[("b", ""), ("c", "y")]), Some("d.b.c"));
+        assert_eq!(find(&s, "e", &[("a", "x")]), Some("e.a"));
+        let err = RuleSet::parse(&files(&[a, a]), true).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["f1.yaml: descriptors[0]: duplicate descriptor 'd.a'"]
+        );
+        let err = RuleSet::parse(&files(&[a, b]), false).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["f1.yaml: domain: domain 'd' is also defined in f0.yaml"]
+        );
     }
 
     /// envoyproxy/ratelimit's README example, abridged: the exact value first, then wildcards,

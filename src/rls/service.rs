@@ -45,6 +45,9 @@ pub struct RlsPolicy {
     /// counted in its other descriptors (envoyproxy/ratelimit's
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). Sliding windows only.
     pub stop_counting_when_over_limit: bool,
+    /// `rls.merge_domains`: a domain's descriptors may be spread over several files
+    /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
 }
 
 /// What the catalog domain decides by: the gateway's live catalog and its admission policy.
@@ -143,6 +146,11 @@ impl Rls {
             catalog,
             policy,
         }
+    }
+
+    /// Whether a domain's rules may be spread over several files (`rls.merge_domains`).
+    pub fn merges_domains(&self) -> bool {
+        self.policy.merge_domains
     }
 
     /// Puts `rules` in service.
