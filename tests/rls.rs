@@ -36,6 +36,7 @@ domain: edge
 descriptors:
   - key: client
     rate_limit: {unit: minute, requests_per_unit: 3, name: per-client}
+    metadata: {owner: {team: edge}}
   - key: path
     value: /api/*
     rate_limit: {unit: second, requests_per_unit: 2}
@@ -626,6 +627,54 @@ async fn stop_counting_when_over_limit_on_every_store() {
         stop_counting_when_over_limit(&start_with(Some(&redis), set).await, stop).await;
         redis.cli(&["FLUSHALL"]);
     }
+}
+
+/// `rls.response_dynamic_metadata` (envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`): the
+/// request and the metadata of its rules not over their limit, for Envoy's next filters.
+#[tokio::test]
+async fn dynamic_metadata_names_the_request_and_its_passed_rules_metadata() {
+    use quotagate::rls::proto::{Kind, Struct, Value};
+    let rig = start_with(None, |c| c.rls.response_dynamic_metadata = true).await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let json = |v: serde_json::Value| Struct::from_json(v.as_object().unwrap());
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("client", "m")])]),
+        )
+        .await;
+        assert_eq!(
+            r.dynamic_metadata,
+            Some(json(serde_json::json!({
+                "domain": "edge",
+                "descriptors": [{"entries": ["client=m"]}],
+                "metadata": {"owner": {"team": "edge"}},
+            })))
+        );
+    }
+    let over = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "m")])]),
+    )
+    .await;
+    assert_eq!(over.overall_code, Code::OverLimit as i32);
+    let sent = over.dynamic_metadata.unwrap();
+    assert!(!sent.fields.contains_key("metadata"), "{sent:?}");
+    assert_eq!(
+        sent.fields["domain"],
+        Value {
+            kind: Some(Kind::String("edge".into()))
+        }
+    );
+    // Not asked for: not sent.
+    let rig = start(None, false).await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("client", "m")])]),
+    )
+    .await;
+    assert_eq!(r.dynamic_metadata, None);
 }
 
 /// Redis gone: the failure policy answers (`closed`: OVER_LIMIT, `open`: OK, `local`: this

@@ -147,6 +147,10 @@ pub struct RlsConfig {
     /// descriptor defined twice is still refused), as envoyproxy/ratelimit's
     /// `MERGE_DOMAIN_CONFIG`. Default: `false` (a domain defined in two files is refused).
     pub merge_domains: bool,
+    /// Answers carry `dynamic_metadata` for Envoy's next filters: the request's domain and
+    /// descriptors, and the `metadata` of the rules of the descriptors not over their limit, as
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`. Default: `false`.
+    pub response_dynamic_metadata: bool,
     /// PEM certificate chain(s) of the gRPC port, comma-separated; with them it speaks TLS only
     /// (HTTP/2 by ALPN). Default: empty (cleartext).
     pub tls_cert_file: String,
@@ -167,6 +171,7 @@ impl Default for RlsConfig {
             window: Default::default(),
             stop_counting_when_over_limit: false,
             merge_domains: false,
+            response_dynamic_metadata: false,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),

@@ -192,11 +192,24 @@ pub fn configure(
     config.rls.config = rules.to_string_lossy().into_owned();
     config.rls.listen = addr("GRPC_HOST", "GRPC_PORT", &env, 8081)?.to_string();
     grpc_tls(&mut config, &env)?;
+    // Rules from an xDS server would be replaced, quietly, by whatever RUNTIME_ROOT holds.
+    match env("CONFIG_TYPE").as_deref() {
+        None | Some("FILE") => {}
+        Some(other) => {
+            return Err(ConfigError::option(
+                "CONFIG_TYPE",
+                format!(
+                    "{other:?} is not supported: rules come from files (FILE, under RUNTIME_ROOT)"
+                ),
+            ));
+        }
+    }
     config.rls.response_headers = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &env)?;
     config.rls.shadow_mode = flag("SHADOW_MODE", &env)?;
     config.rls.stop_counting_when_over_limit =
         flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &env)?;
     config.rls.merge_domains = flag("MERGE_DOMAIN_CONFIG", &env)?;
+    config.rls.response_dynamic_metadata = flag("RESPONSE_DYNAMIC_METADATA", &env)?;
     match env("BACKEND_TYPE").as_deref().unwrap_or("redis") {
         "redis" => {
             let unix = match env("REDIS_SOCKET_TYPE").as_deref().unwrap_or("unix") {
@@ -352,10 +365,12 @@ mod tests {
             ("SHADOW_MODE", "true"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
             ("MERGE_DOMAIN_CONFIG", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
         ])
         .unwrap();
         let rls = s.rls.as_ref().unwrap();
         assert!(rls.policy.stop_counting_when_over_limit && rls.policy.merge_domains);
+        assert!(rls.policy.response_dynamic_metadata);
         assert_eq!(rls.rules, std::path::Path::new("/data/ratelimit/config"));
         assert_eq!(rls.listen.to_string(), "0.0.0.0:9081");
         assert!(rls.policy.shadow_mode);
@@ -398,6 +413,7 @@ mod tests {
             ("GRPC_PORT", "x"),
             ("SHADOW_MODE", "maybe"),
             ("LOG_FORMAT", "xml"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ] {
             let e = dropin(&[(var, value)]).unwrap_err();
             assert_eq!(e.option_name(), Some(var), "{e}");

@@ -65,6 +65,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 window: c.window,
                 stop_counting_when_over_limit: c.stop_counting_when_over_limit,
                 merge_domains: c.merge_domains,
+                response_dynamic_metadata: c.response_dynamic_metadata,
             },
             tls: crate::server::listener_tls(
                 "rls",

@@ -69,6 +69,79 @@ pub struct RateLimitResponse {
     pub statuses: Vec<DescriptorStatus>,
     #[prost(message, repeated, tag = "3")]
     pub response_headers_to_add: Vec<HeaderValue>,
+    /// For the filters after Envoy's rate-limit filter (`rls.response_dynamic_metadata`).
+    #[prost(message, optional, tag = "6")]
+    pub dynamic_metadata: Option<Struct>,
+}
+
+/// `google.protobuf.Struct`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Struct {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: std::collections::BTreeMap<String, Value>,
+}
+
+/// `google.protobuf.Value`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6")]
+    pub kind: Option<Kind>,
+}
+
+/// `google.protobuf.Value.kind`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Kind {
+    /// `google.protobuf.NullValue` (its one value is 0).
+    #[prost(int32, tag = "1")]
+    Null(i32),
+    #[prost(double, tag = "2")]
+    Number(f64),
+    #[prost(string, tag = "3")]
+    String(String),
+    #[prost(bool, tag = "4")]
+    Bool(bool),
+    #[prost(message, tag = "5")]
+    Struct(Struct),
+    #[prost(message, tag = "6")]
+    List(ListValue),
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
+}
+
+impl Value {
+    pub fn of(kind: Kind) -> Value {
+        Value { kind: Some(kind) }
+    }
+
+    /// A JSON value (a rule's `metadata`, as read from YAML) as a protobuf one.
+    pub fn from_json(v: &serde_json::Value) -> Value {
+        Value::of(match v {
+            serde_json::Value::Null => Kind::Null(0),
+            serde_json::Value::Bool(b) => Kind::Bool(*b),
+            serde_json::Value::Number(n) => Kind::Number(n.as_f64().unwrap_or(0.0)),
+            serde_json::Value::String(s) => Kind::String(s.clone()),
+            serde_json::Value::Array(a) => Kind::List(ListValue {
+                values: a.iter().map(Value::from_json).collect(),
+            }),
+            serde_json::Value::Object(o) => Kind::Struct(Struct::from_json(o)),
+        })
+    }
+}
+
+impl Struct {
+    pub fn from_json(o: &serde_json::Map<String, serde_json::Value>) -> Struct {
+        Struct {
+            fields: o
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from_json(v)))
+                .collect(),
+        }
+    }
 }
 
 /// `RateLimitResponse.Code`.
@@ -193,6 +266,9 @@ mod tests {
                 key: "a".into(),
                 value: "b".into(),
             }],
+            dynamic_metadata: Some(Struct {
+                fields: [("k".to_owned(), Value::of(Kind::String("v".into())))].into(),
+            }),
         };
         let wire = [
             0x08, 0x02, // overall_code OVER_LIMIT
@@ -201,6 +277,9 @@ mod tests {
             0x12, 0x07, 0x08, 0x0a, 0x10, 0x07, 0x1a, 0x01, b'n', // current_limit, name last
             0x22, 0x02, 0x08, 0x07, // duration_until_reset { seconds 7 }
             0x1a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, b'b', // response_headers_to_add
+            0x32, 0x0a, // dynamic_metadata, 10 bytes: fields {
+            0x0a, 0x08, 0x0a, 0x01, b'k', // an entry, its key
+            0x12, 0x03, 0x1a, 0x01, b'v', // its value { string_value }
         ];
         assert_eq!(r.encode_to_vec(), wire);
     }

@@ -10,7 +10,7 @@
 //!
 //! Differences from envoyproxy/ratelimit, on purpose: (key, value) pairs are compared as pairs,
 //! not joined with `_` (so key `a_b` with no value and key `a` value `b` are two rules, not a
-//! duplicate); `quota_mode` is refused (not implemented); `metadata` is read and ignored.
+//! duplicate); `quota_mode` is refused (not implemented).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -107,6 +107,9 @@ pub struct Rule {
     pub value_to_metric: bool,
     /// `<domain>.<key>[_<value>]...` as written in the file: the rule's metric name.
     pub path: String,
+    /// The descriptor's `metadata`: sent to Envoy's next filters when the rule passes a
+    /// request (`rls.response_dynamic_metadata`).
+    pub metadata: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
 }
 
 /// One level of a domain's tree.
@@ -419,6 +422,15 @@ fn descriptors(
                 format_args!("share_threshold needs a wildcard value, '{path}' has none"),
             );
         }
+        let metadata = match d.get("metadata") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(m)) if m.is_empty() => None,
+            Some(Value::Object(m)) => Some(std::sync::Arc::new(m.clone())),
+            Some(_) => {
+                p.push(&format!("{at}.metadata"), "must be a mapping");
+                None
+            }
+        };
         let rule = d.get("rate_limit").and_then(|r| {
             rate_limit(r, &format!("{at}.rate_limit"), p).map(|(name, limit, replaces)| Rule {
                 name,
@@ -428,6 +440,7 @@ fn descriptors(
                 detailed_metric,
                 value_to_metric,
                 path: path.clone(),
+                metadata: metadata.clone(),
             })
         });
         let index = domain.levels.len();

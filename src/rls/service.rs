@@ -48,6 +48,9 @@ pub struct RlsPolicy {
     /// `rls.merge_domains`: a domain's descriptors may be spread over several files
     /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`).
     pub merge_domains: bool,
+    /// `rls.response_dynamic_metadata`: answers carry `dynamic_metadata`
+    /// ([`dynamic_metadata`]).
+    pub response_dynamic_metadata: bool,
 }
 
 /// What the catalog domain decides by: the gateway's live catalog and its admission policy.
@@ -118,6 +121,8 @@ enum Plan {
         rule_name: Option<String>,
         replaces: Vec<String>,
         stats: RuleCounters,
+        /// The rule's `metadata` (`rls.response_dynamic_metadata`).
+        metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     },
 }
 
@@ -189,7 +194,11 @@ impl Rls {
             self.give_back_when_over(&plans, &asks, &mut decided, now_ms)
                 .await;
         }
-        Ok(self.respond(&plans, &asks, decided, now_ms))
+        let mut response = self.respond(&plans, &asks, decided, now_ms);
+        if self.policy.response_dynamic_metadata {
+            response.dynamic_metadata = Some(dynamic_metadata(req, &plans, &response.statuses));
+        }
+        Ok(response)
     }
 
     /// `rls.stop_counting_when_over_limit`: when a descriptor of the request is over its limit
@@ -265,6 +274,7 @@ impl Rls {
                 shown: (n, unit.proto()),
                 rule_name: None,
                 replaces: Vec::new(),
+                metadata: None,
                 stats: loaded
                     .overrides
                     .get(domain)
@@ -320,6 +330,10 @@ impl Rls {
             rule_name: (!rule.name.is_empty()).then(|| rule.name.clone()),
             replaces: rule.replaces.clone(),
             stats,
+            metadata: rule
+                .metadata
+                .clone()
+                .filter(|_| self.policy.response_dynamic_metadata),
         }
     }
 
@@ -365,6 +379,7 @@ impl Rls {
             ),
             rule_name: None,
             replaces: Vec::new(),
+            metadata: None,
             stats: self.metrics.rule(
                 &self.policy.catalog_domain,
                 &format!("{}.{}", self.policy.catalog_domain, endpoint.name),
@@ -420,6 +435,7 @@ impl Rls {
             _ => Vec::new(),
         };
         RateLimitResponse {
+            dynamic_metadata: None,
             overall_code: if statuses.iter().any(over) && !self.policy.shadow_mode {
                 Code::OverLimit
             } else {
@@ -579,6 +595,110 @@ fn replace(plans: &mut [Plan]) {
     }
 }
 
+/// `dynamic_metadata`, as envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` writes it: the
+/// request's `domain`, its `descriptors` (each its `entries` as `key=value`, its `limit`
+/// override and its `hitsAddend` when given), the request's `hitsAddend` when not 0, and
+/// `metadata`: the rule metadata of every descriptor not over its limit, merged in order (the
+/// first value of a name wins; mappings under one name are merged alike).
+fn dynamic_metadata(
+    req: &RateLimitRequest,
+    plans: &[Plan],
+    statuses: &[DescriptorStatus],
+) -> proto::Struct {
+    use proto::{Kind, ListValue, Struct, Value};
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert(
+        "domain".to_owned(),
+        Value::of(Kind::String(text(&req.domain))),
+    );
+    let descriptors = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut f = std::collections::BTreeMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| Value::of(Kind::String(format!("{}={}", text(&e.key), text(&e.value)))))
+                .collect();
+            f.insert(
+                "entries".to_owned(),
+                Value::of(Kind::List(ListValue { values: entries })),
+            );
+            if let Some(l) = &d.limit {
+                // `envoy.type.v3.RateLimitUnit`'s names, as Go's protobuf prints them.
+                let unit = [
+                    "UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR",
+                ]
+                .get(usize::try_from(l.unit).unwrap_or(usize::MAX))
+                .map_or_else(|| l.unit.to_string(), |u| (*u).to_owned());
+                f.insert(
+                    "limit".to_owned(),
+                    Value::of(Kind::String(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    ))),
+                );
+            }
+            if let Some(h) = d.hits_addend {
+                f.insert(
+                    "hitsAddend".to_owned(),
+                    Value::of(Kind::Number(h.value as f64)),
+                );
+            }
+            Value::of(Kind::Struct(Struct { fields: f }))
+        })
+        .collect();
+    fields.insert(
+        "descriptors".to_owned(),
+        Value::of(Kind::List(ListValue {
+            values: descriptors,
+        })),
+    );
+    if req.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            Value::of(Kind::Number(f64::from(req.hits_addend))),
+        );
+    }
+    let mut passed = Struct::default();
+    for (plan, status) in plans.iter().zip(statuses) {
+        if let Plan::Count {
+            metadata: Some(m), ..
+        } = plan
+            && status.code != Code::OverLimit as i32
+        {
+            merge(&mut passed, Struct::from_json(m));
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert("metadata".to_owned(), Value::of(Kind::Struct(passed)));
+    }
+    Struct { fields }
+}
+
+/// Adds `from`'s fields to `into`: a name `into` has keeps its value, but two mappings under
+/// one name are merged the same way (envoyproxy/ratelimit's `mergeMetadata`).
+fn merge(into: &mut proto::Struct, from: proto::Struct) {
+    use proto::Kind;
+    for (k, v) in from.fields {
+        match into.fields.get_mut(&k) {
+            None => {
+                into.fields.insert(k, v);
+            }
+            Some(proto::Value {
+                kind: Some(Kind::Struct(inner)),
+            }) => {
+                if let Some(Kind::Struct(more)) = v.kind {
+                    merge(inner, more);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 /// The unit Envoy is shown for a catalog window of `w` seconds (the nearest that fits).
 /// The unit `current_limit` shows for `l`: its calendar period's, or the longest unit its window
 /// spans.
@@ -684,6 +804,72 @@ mod tests {
     use super::*;
     use quotagate_engine::limiter::{Period, ZoneId};
 
+    #[test]
+    fn dynamic_metadata_is_envoyproxy_ratelimits_with_the_passed_rules_metadata_merged() {
+        use proto::{Entry, Kind, RateLimitDescriptor, RateLimitOverride, UInt64Value, Value};
+        let plan = |metadata: serde_json::Value| Plan::Count {
+            counter: CounterKey::descriptor("d", [("k", "v")].into_iter()),
+            pools: Vec::new(),
+            limits: Vec::new(),
+            name: String::new(),
+            shown: (1, proto::Unit::Minute),
+            rule_name: None,
+            replaces: Vec::new(),
+            stats: RuleCounters::default(),
+            metadata: metadata.as_object().cloned().map(Arc::new),
+        };
+        let status = |code: Code| DescriptorStatus {
+            code: code as i32,
+            ..Default::default()
+        };
+        let descriptor = |k: &str, v: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: k.into(),
+                value: v.into(),
+            }],
+            ..Default::default()
+        };
+        let mut with_override = descriptor("b", "2");
+        with_override.limit = Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit: 1,
+        });
+        with_override.hits_addend = Some(UInt64Value { value: 3 });
+        let req = RateLimitRequest {
+            domain: b"d".to_vec(),
+            descriptors: vec![descriptor("a", "1"), with_override, descriptor("c", "")],
+            hits_addend: 2,
+        };
+        let plans = [
+            plan(serde_json::json!({"name": "one", "nested": {"a": 1}})),
+            plan(serde_json::json!({"name": "two", "other": true, "nested": {"b": [2]}})),
+            plan(serde_json::json!({"over": "not sent"})),
+        ];
+        let statuses = [status(Code::Ok), status(Code::Ok), status(Code::OverLimit)];
+        let got = dynamic_metadata(&req, &plans, &statuses);
+        let want = serde_json::json!({
+            "domain": "d",
+            "descriptors": [
+                {"entries": ["a=1"]},
+                {"entries": ["b=2"], "limit": "requests_per_unit:10 unit:SECOND", "hitsAddend": 3.0},
+                {"entries": ["c="]},
+            ],
+            "hitsAddend": 2.0,
+            "metadata": {"name": "one", "other": true, "nested": {"a": 1.0, "b": [2.0]}},
+        });
+        let want = proto::Struct::from_json(want.as_object().unwrap());
+        assert_eq!(got, want);
+        // Nothing passed: no `metadata`.
+        let got = dynamic_metadata(&req, &plans[2..], &statuses[2..]);
+        assert!(!got.fields.contains_key("metadata"));
+        assert_eq!(
+            got.fields["domain"],
+            Value {
+                kind: Some(Kind::String("d".into()))
+            }
+        );
+    }
+
     /// The policy field `header_fields` writes for a descriptor held to `limit`, at `now_ms`.
     fn policy_at(limit: Limit, now_ms: u64) -> String {
         let plan = Plan::Count {
@@ -695,6 +881,7 @@ mod tests {
             rule_name: None,
             replaces: Vec::new(),
             stats: RuleCounters::default(),
+            metadata: None,
         };
         let status = DescriptorStatus {
             code: Code::Ok as i32,
