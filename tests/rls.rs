@@ -1088,6 +1088,25 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     let rules = root.path().join("config");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
+    // Without its client certificate, this Redis refuses the drop-in: it stops at start, in one
+    // line naming REDIS_URL, rather than answer from its own memory.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
+        .arg("ratelimit")
+        .env("RUNTIME_ROOT", root.path())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", support::free_port().to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", support::free_port().to_string())
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+        .env("REDIS_TLS", "true")
+        .env("REDIS_TLS_CACERT", path("ca.pem"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    let last = said.lines().last().unwrap_or_default();
+    assert!(last.contains("REDIS_URL"), "{said}");
     let (grpc, http) = (support::free_port(), support::free_port());
     let child = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))

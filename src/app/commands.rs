@@ -180,6 +180,9 @@ pub async fn ratelimit(settings: &Settings, token: Token) -> Result<(), StartErr
         tracing::warn!(variable = var, "ignored: {why}");
     }
     let app = App::build(settings, Arc::new(SystemClock::new()), None)?;
+    if let Some(redis) = app.store.shared() {
+        reach_at_start(redis.as_ref()).await?;
+    }
     let listeners = app.bind().await?;
     let shown = |a: Option<SocketAddr>| a.map(tracing::field::display);
     tracing::info!(
@@ -191,6 +194,32 @@ pub async fn ratelimit(settings: &Settings, token: Token) -> Result<(), StartErr
     );
     app.run(listeners, token).await;
     Ok(())
+}
+
+/// How long the drop-in tries its Redis at start before it stops.
+const REACH_AT_START: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The drop-in's Redis answers, or the start stops naming `REDIS_URL`, as envoyproxy/ratelimit
+/// stops when it cannot connect: variables that name a Redis this process cannot use (its
+/// address, TLS files, password) must not leave it answering from its own memory
+/// (`store.failure_policy`) while nothing is shared. Tried for [`REACH_AT_START`]; once
+/// started, the failure policy applies as in the gateway.
+async fn reach_at_start(redis: &quotagate_store::RedisStore) -> Result<(), StartError> {
+    use quotagate_store::CounterStore;
+    let deadline = tokio::time::Instant::now() + REACH_AT_START;
+    loop {
+        match redis.check_reachable().await {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(ConfigError::option(
+                    "REDIS_URL",
+                    format!("Redis did not answer within {REACH_AT_START:?}: {e}"),
+                )
+                .into());
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// `quotagate divvy-load`: prints one line of `key=value` results.
