@@ -1159,3 +1159,245 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     }
     drop(child);
 }
+
+// ---- envoyproxy/ratelimit's config tests (test/config/config_test.go at f2fb157), ported ----
+//
+// Its fixtures are in tests/ratelimit/config (Apache-2.0, tests/ratelimit/README.md); each case
+// asks the service over gRPC which limit a descriptor gets (checked without counting:
+// `hits_addend` 0 on the descriptor). Not ported: the stats counters' names (Go internals;
+// quotagate's metrics are Prometheus, docs/ratelimit.md), `Dump()`, the exact panic texts (the
+// refusal is asserted, with the file and the problem named in quotagate's words), the empty
+// descriptor cases (refused here: docs/ratelimit.md, differences), and the tests of
+// value_to_metric, share_threshold's and wildcards' stats names (metrics again).
+
+/// What one descriptor gets from the rules, as the service answers it.
+#[derive(Debug, PartialEq)]
+enum Gets {
+    Nothing,
+    Unlimited,
+    Limit(u32, Unit, &'static str),
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ratelimit/config")
+        .join(name)
+}
+
+/// A directory holding copies of the named fixtures.
+fn fixtures(names: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for n in names {
+        std::fs::copy(fixture(n), dir.path().join(n)).unwrap();
+    }
+    dir
+}
+
+async fn gets(
+    c: &mut Client,
+    domain: &str,
+    entries: &[(&str, &str)],
+    over: Option<(u32, i32)>,
+) -> Gets {
+    let mut d = descriptor(entries);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    d.limit = over.map(|(requests_per_unit, unit)| RateLimitOverride {
+        requests_per_unit,
+        unit,
+    });
+    let r = ask(c, request(domain, vec![d])).await;
+    let s = &r.statuses[0];
+    match &s.current_limit {
+        Some(l) => Gets::Limit(
+            l.requests_per_unit,
+            Unit::try_from(l.unit).unwrap(),
+            Box::leak(l.name.clone().into_boxed_str()),
+        ),
+        None if s.limit_remaining == u32::MAX => Gets::Unlimited,
+        None => Gets::Nothing,
+    }
+}
+
+/// TestBasicConfig and TestConfigLimitOverride (basic_config.yaml).
+#[tokio::test]
+async fn ratelimits_basic_config_gives_each_descriptor_its_limit() {
+    let rig = start_with(None, |c| {
+        c.rls.config = fixture("basic_config.yaml").display().to_string();
+    })
+    .await;
+    let mut c = client(rig.gw.rls.unwrap());
+    use Gets::*;
+    let cases: &[(&[(&str, &str)], Gets)] = &[
+        (&[("key1", "something")], Nothing),
+        (&[("key1", "value1")], Nothing),
+        (&[("key2", "value2"), ("subkey", "subvalue")], Nothing),
+        (&[("key5", "value5"), ("subkey5", "subvalue")], Nothing),
+        (
+            &[("key1", "value1"), ("subkey1", "something")],
+            Limit(5, Unit::Second, ""),
+        ),
+        (
+            &[("key1", "value1"), ("subkey1", "subvalue1")],
+            Limit(10, Unit::Second, ""),
+        ),
+        (&[("key2", "something")], Limit(20, Unit::Minute, "")),
+        (&[("key2", "value2")], Limit(30, Unit::Minute, "")),
+        (&[("key2", "value3")], Nothing),
+        (&[("key3", "foo")], Limit(1, Unit::Hour, "")),
+        (&[("key4", "foo")], Limit(1, Unit::Day, "key4_rate_limit")),
+        (&[("key6", "foo")], Unlimited),
+        (
+            &[("key7", "unspecified_value")],
+            Limit(70, Unit::Minute, ""),
+        ),
+        (&[("key7", "another_value")], Limit(70, Unit::Minute, "")),
+    ];
+    for (entries, want) in cases {
+        assert_eq!(
+            &gets(&mut c, "test-domain", entries, None).await,
+            want,
+            "{entries:?}"
+        );
+    }
+    assert_eq!(
+        gets(&mut c, "foo_domain", &[("key1", "value1")], None).await,
+        Nothing
+    );
+    // Overrides: the descriptor's own limit, whatever the rules say (RateLimitUnit DAY 4, HOUR 3).
+    let sub = [("key1", "value1"), ("subkey1", "something")];
+    assert_eq!(
+        gets(&mut c, "test-domain", &sub, Some((10, 4))).await,
+        Limit(10, Unit::Day, "")
+    );
+    assert_eq!(
+        gets(&mut c, "test-domain", &sub, Some((42, 3))).await,
+        Limit(42, Unit::Hour, "")
+    );
+}
+
+/// TestDomainMerge (MERGE_DOMAIN_CONFIG).
+#[tokio::test]
+async fn ratelimits_domain_merge_reads_one_domain_from_two_files() {
+    let dir = fixtures(&["merge_domain_key1.yaml", "merge_domain_key2.yaml"]);
+    let rig = start_with(None, |c| {
+        c.rls.config = dir.path().display().to_string();
+        c.rls.merge_domains = true;
+    })
+    .await;
+    let mut c = client(rig.gw.rls.unwrap());
+    for (entries, n) in [([("key1", "value1")], 10), ([("key2", "value2")], 20)] {
+        assert_eq!(
+            gets(&mut c, "test-domain", &entries, None).await,
+            Gets::Limit(n, Unit::Minute, "")
+        );
+    }
+}
+
+/// The files config_test.go expects refused (expectConfigPanic), each refused here, naming the
+/// file and the problem.
+#[test]
+fn ratelimits_bad_configs_are_refused_naming_the_file_and_the_problem() {
+    let cases: &[(&[&str], bool, &str, &str)] = &[
+        (
+            &["empty_domain.yaml"],
+            false,
+            "empty_domain.yaml",
+            "domain: missing or empty",
+        ),
+        (
+            &["basic_config.yaml", "duplicate_domain.yaml"],
+            false,
+            "duplicate_domain.yaml",
+            "domain 'test-domain' is also defined in",
+        ),
+        (
+            &["empty_key.yaml"],
+            false,
+            "empty_key.yaml",
+            "descriptor has an empty or missing key",
+        ),
+        (
+            &["duplicate_key.yaml"],
+            false,
+            "duplicate_key.yaml",
+            "duplicate descriptor 'test-domain.key1_value1'",
+        ),
+        (
+            &["bad_limit_unit.yaml"],
+            false,
+            "bad_limit_unit.yaml",
+            "invalid rate limit unit 'foo'",
+        ),
+        (
+            &["replaces_self.yaml"],
+            false,
+            "replaces_self.yaml",
+            "replaces should not contain the name of the same descriptor",
+        ),
+        (
+            &["replaces_empty.yaml"],
+            false,
+            "replaces_empty.yaml",
+            "replaces[0]: must be a mapping with a 'name'",
+        ),
+        (&["bad_yaml.yaml"], false, "bad_yaml.yaml", "not YAML"),
+        (
+            &["misspelled_key.yaml"],
+            false,
+            "misspelled_key.yaml",
+            "unknown key 'ratelimit'",
+        ),
+        (
+            &["misspelled_key2.yaml"],
+            false,
+            "misspelled_key2.yaml",
+            "unknown key 'requestsperunit'",
+        ),
+        (
+            &["non_string_key.yaml"],
+            false,
+            "non_string_key.yaml",
+            "unknown key '0.25'",
+        ),
+        (
+            &["non_map_list.yaml"],
+            false,
+            "non_map_list.yaml",
+            "must be a mapping",
+        ),
+        (
+            &["unlimited_with_unit.yaml"],
+            false,
+            "unlimited_with_unit.yaml",
+            "should not be given with unlimited",
+        ),
+    ];
+    for (files, merge, file, problem) in cases {
+        let dir = fixtures(files);
+        let refused = quotagate::rls::load::load(dir.path(), *merge)
+            .expect_err(&format!("{files:?} should be refused"));
+        assert!(
+            refused
+                .0
+                .iter()
+                .any(|p| p.contains(file) && p.contains(problem)),
+            "{files:?}: {refused}"
+        );
+    }
+    // TestDuplicateKeyDomainMerge: the same file twice, merged (two names for one text here:
+    // a directory holds one file of a name).
+    let dir = fixtures(&["merge_domain_key1.yaml"]);
+    std::fs::copy(
+        fixture("merge_domain_key1.yaml"),
+        dir.path().join("again.yaml"),
+    )
+    .unwrap();
+    let refused = quotagate::rls::load::load(dir.path(), true).unwrap_err();
+    assert!(
+        refused
+            .0
+            .iter()
+            .any(|p| p.contains("duplicate descriptor 'test-domain.key1_value1'")),
+        "{refused}"
+    );
+}
