@@ -1168,7 +1168,8 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
 // quotagate's metrics are Prometheus, docs/ratelimit.md), `Dump()`, the exact panic texts (the
 // refusal is asserted, with the file and the problem named in quotagate's words), the empty
 // descriptor cases (refused here: docs/ratelimit.md, differences), and the tests of
-// value_to_metric, share_threshold's and wildcards' stats names (metrics again).
+// detailed_metric, value_to_metric, share_threshold's and wildcards' stats names, and metadata's
+// Go structures (metrics and internals again; dynamic metadata is tested above over gRPC).
 
 /// What one descriptor gets from the rules, as the service answers it.
 #[derive(Debug, PartialEq)]
@@ -1273,6 +1274,79 @@ async fn ratelimits_basic_config_gives_each_descriptor_its_limit() {
         gets(&mut c, "test-domain", &sub, Some((42, 3))).await,
         Limit(42, Unit::Hour, "")
     );
+}
+
+/// TestWildcardConfig (wildcard.yaml): `*` anywhere in a value, any number of them, matching
+/// any run of characters (an empty one too); values without one match only themselves.
+#[tokio::test]
+async fn ratelimits_wildcards_match_as_its_tests_say() {
+    let rig = start_with(None, |c| {
+        c.rls.config = fixture("wildcard.yaml").display().to_string();
+    })
+    .await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let twenty = Gets::Limit(20, Unit::Minute, "");
+    let ten = Gets::Limit(10, Unit::Minute, "");
+    let cases: &[(&[(&str, &str)], &Gets)] = &[
+        (&[("noVal", "foo1")], &twenty),
+        (&[("noVal", "foo2")], &twenty),
+        (&[("wild", "foo1")], &twenty),
+        (&[("wild", "foo2")], &twenty),
+        (&[("nestedWild", "val1"), ("wild", "goo2")], &twenty),
+        (&[("wild", "bar")], &Gets::Nothing),
+        (&[("noWild", "foo1")], &Gets::Nothing),
+        (&[("midWild", "barab")], &twenty),
+        (&[("midWild", "bar123b")], &twenty),
+        (&[("midWild", "barb")], &twenty),
+        (&[("midWild", "bara")], &Gets::Nothing),
+        (&[("midWild", "xbarb")], &Gets::Nothing),
+        (&[("multiWild", "foo123bar456baz")], &ten),
+        (&[("multiWild", "foobarbaz")], &ten),
+        (&[("multiWild", "foo123baz")], &Gets::Nothing),
+        (&[("multiWild", "bar456baz")], &Gets::Nothing),
+    ];
+    for (entries, want) in cases {
+        assert_eq!(
+            &&gets(&mut c, "test-domain", entries, None).await,
+            want,
+            "{entries:?}"
+        );
+    }
+}
+
+/// TestShadowModeConfig (shadowmode_config.yaml): a rule with `shadow_mode` answers OK past its
+/// limit, the others OVER_LIMIT (each asked once for one more hit than its limit).
+#[tokio::test]
+async fn ratelimits_shadow_mode_rules_answer_ok_past_their_limit() {
+    let rig = start_with(None, |c| {
+        c.rls.config = fixture("shadowmode_config.yaml").display().to_string();
+    })
+    .await;
+    let mut c = client(rig.gw.rls.unwrap());
+    let cases: &[(&[(&str, &str)], u64, Code)] = &[
+        (
+            &[("key1", "value1"), ("subkey1", "something")],
+            6,
+            Code::OverLimit,
+        ),
+        (
+            &[("key1", "value1"), ("subkey1", "subvalue1")],
+            11,
+            Code::Ok,
+        ),
+        (&[("key2", "something")], 21, Code::Ok),
+        (&[("key2", "value2")], 31, Code::OverLimit),
+    ];
+    for (entries, hits, want) in cases {
+        let mut d = descriptor(entries);
+        d.hits_addend = Some(UInt64Value { value: *hits });
+        let r = ask(&mut c, request("test-domain", vec![d])).await;
+        assert_eq!(
+            Code::try_from(r.statuses[0].code).unwrap(),
+            *want,
+            "{entries:?}"
+        );
+    }
 }
 
 /// TestDomainMerge (MERGE_DOMAIN_CONFIG).
