@@ -1179,6 +1179,9 @@ enum Gets {
     Limit(u32, Unit, &'static str),
 }
 
+/// A descriptor's entries, in the case tables below.
+type Entries<'a> = &'a [(&'a str, &'a str)];
+
 fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/ratelimit/config")
@@ -1228,7 +1231,7 @@ async fn ratelimits_basic_config_gives_each_descriptor_its_limit() {
     .await;
     let mut c = client(rig.gw.rls.unwrap());
     use Gets::*;
-    let cases: &[(&[(&str, &str)], Gets)] = &[
+    let cases: &[(Entries, Gets)] = &[
         (&[("key1", "something")], Nothing),
         (&[("key1", "value1")], Nothing),
         (&[("key2", "value2"), ("subkey", "subvalue")], Nothing),
@@ -1287,7 +1290,7 @@ async fn ratelimits_wildcards_match_as_its_tests_say() {
     let mut c = client(rig.gw.rls.unwrap());
     let twenty = Gets::Limit(20, Unit::Minute, "");
     let ten = Gets::Limit(10, Unit::Minute, "");
-    let cases: &[(&[(&str, &str)], &Gets)] = &[
+    let cases: &[(Entries, &Gets)] = &[
         (&[("noVal", "foo1")], &twenty),
         (&[("noVal", "foo2")], &twenty),
         (&[("wild", "foo1")], &twenty),
@@ -1323,7 +1326,7 @@ async fn ratelimits_shadow_mode_rules_answer_ok_past_their_limit() {
     })
     .await;
     let mut c = client(rig.gw.rls.unwrap());
-    let cases: &[(&[(&str, &str)], u64, Code)] = &[
+    let cases: &[(Entries, u64, Code)] = &[
         (
             &[("key1", "value1"), ("subkey1", "something")],
             6,
