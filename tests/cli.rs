@@ -516,14 +516,14 @@ async fn startup_logs_one_short_line_and_status_shows_the_configuration_redacted
     q.signal("-TERM");
 }
 
-/// The admin dashboard in a real headless browser (Debian's chromium; `.ci/run` installs it): it
+/// The admin dashboard in a real headless browser (Debian's chromium; scripts/test-deps.sh installs it): it
 /// loads with no console message at all and shows the numbers of real traffic.
 #[tokio::test]
 async fn the_dashboard_shows_real_traffic_in_a_real_browser() {
     let chromium = ["chromium", "/usr/bin/chromium", "chromium-browser"]
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok())
-        .expect("this test needs chromium (Debian: apt-get install chromium)");
+        .unwrap_or_else(|| support::missing("chromium"));
     let (gw, up) = (free_port(), free_port());
     let q = quickstart(gw, up, &[]);
     let admin = q.wait_for("quotagate listening")["admin"]

@@ -60,7 +60,7 @@ fn cert(dir: &Path, cn: &str, file: &str, names: &[&str]) -> (PathBuf, PathBuf) 
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .expect("openssl must be installed")
+        .unwrap_or_else(|_| support::missing("openssl"))
         .success();
     assert!(ok, "openssl req for {cn}");
     std::fs::rename(&tmp_key, &key).unwrap();
@@ -117,7 +117,7 @@ fn curl(port: u16, name: &str, ca: &Path, extra: &[&str]) -> (String, String) {
         .args(extra)
         .arg(format!("https://{name}:{port}/users/42"))
         .output()
-        .expect("curl must be installed");
+        .unwrap_or_else(|_| support::missing("curl"));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (code, version) = text.split_once(' ').unwrap_or((&text, ""));
     (code.to_owned(), version.to_owned())
@@ -557,6 +557,7 @@ impl Drop for Peer {
 }
 
 fn peers_py() -> Command {
+    support::need_python();
     let mut cmd = Command::new("python3");
     cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers.py"));
     cmd
@@ -570,7 +571,7 @@ async fn peer_server(kind: &str, dir: &Path) -> (Peer, u16) {
         .arg(&port_file)
         .stdout(Stdio::null())
         .spawn()
-        .expect("python3 must be installed (with grpcio and websockets: .ci/run installs them)");
+        .unwrap_or_else(|_| support::missing("python3"));
     let peer = Peer(child);
     eventually(Duration::from_secs(20), || {
         let f = port_file.clone();

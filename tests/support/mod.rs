@@ -10,6 +10,55 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Stops this test binary when `program` (a name on the `PATH`, or a path) is missing: the lines
+/// of `scripts/test-deps.sh --check` (one per missing program, and where it comes from), then
+/// exit status 1, not a panic trace in every test that needed it.
+pub fn need(program: &str) {
+    let found = if program.contains('/') {
+        Path::new(program).is_file()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+    };
+    if !found {
+        missing(program);
+    }
+}
+
+/// [`need`] for Python 3 and the modules of tests/peers.py.
+pub fn need_python() {
+    need("python3");
+    let ok = Command::new("python3")
+        .args(["-c", "import grpc, websockets, cryptography"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        missing("Python's grpcio, websockets or cryptography");
+    }
+}
+
+/// Says what is missing (all of it, by `scripts/test-deps.sh --check`) once, and exits.
+pub fn missing(what: &str) -> ! {
+    static SAYING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SAYING.lock();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-deps.sh");
+    let listed = Command::new("bash")
+        .args([script, "--check"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let said = match listed.trim().is_empty() {
+        true => format!("missing: {what}\n"),
+        false => listed,
+    };
+    // Written to the descriptor, not with `eprint!`: the test harness keeps what those print,
+    // and an exit loses it.
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(said.as_bytes());
+    std::process::exit(1);
+}
+
 /// A redis-server of this test's own, listening only on a unix socket in a temporary directory
 /// (`--port 0`: no TCP port that other tests could disturb). Killed on drop.
 pub struct RedisServer {
@@ -82,7 +131,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (.ci/run installs it)");
+            .unwrap_or_else(|_| missing("redis-server"));
         self.child = Some(child);
         let sock = self.socket();
         wait_until(Duration::from_secs(10), || {

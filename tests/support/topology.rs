@@ -102,7 +102,7 @@ impl Node {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("redis-server must be installed (.ci/run installs it)");
+                .unwrap_or_else(|_| super::missing("redis-server or redis-sentinel"));
             let ours = format!("process_id:{}", child.id());
             let start = std::time::Instant::now();
             let up = loop {
@@ -358,7 +358,7 @@ impl Certs {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .expect("openssl must be installed")
+                .unwrap_or_else(|_| super::missing("openssl"))
                 .success();
             assert!(ok, "openssl {args:?}");
         };
