@@ -112,6 +112,11 @@ async fn ask(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
     c.should_rate_limit(r).await.unwrap().into_inner()
 }
 
+/// [`ask`] with one descriptor of domain `edge`.
+async fn ask_edge(c: &mut Client, entries: &[(&str, &str)]) -> RateLimitResponse {
+    ask(c, request("edge", vec![descriptor(entries)])).await
+}
+
 /// (code, remaining, seconds until reset) of each status.
 fn summary(r: &RateLimitResponse) -> Vec<(Code, u32, i64)> {
     r.statuses
@@ -605,11 +610,7 @@ async fn stop_counting_when_over_limit(rig: &Rig, stop: bool) {
         [(Code::Ok, client_left, 60), (Code::OverLimit, 0, 1)]
     );
     // What the client's counter holds: one more hit fits only if the refused one was not counted.
-    let alone = ask(
-        &mut c,
-        request("edge", vec![descriptor(&[("client", "st")])]),
-    )
-    .await;
+    let alone = ask_edge(&mut c, &[("client", "st")]).await;
     let want = if stop {
         (Code::Ok, 0, 60)
     } else {
@@ -638,11 +639,7 @@ async fn dynamic_metadata_names_the_request_and_its_passed_rules_metadata() {
     let mut c = client(rig.gw.rls.unwrap());
     let json = |v: serde_json::Value| Struct::from_json(v.as_object().unwrap());
     for _ in 0..3 {
-        let r = ask(
-            &mut c,
-            request("edge", vec![descriptor(&[("client", "m")])]),
-        )
-        .await;
+        let r = ask_edge(&mut c, &[("client", "m")]).await;
         assert_eq!(
             r.dynamic_metadata,
             Some(json(serde_json::json!({
@@ -652,11 +649,7 @@ async fn dynamic_metadata_names_the_request_and_its_passed_rules_metadata() {
             })))
         );
     }
-    let over = ask(
-        &mut c,
-        request("edge", vec![descriptor(&[("client", "m")])]),
-    )
-    .await;
+    let over = ask_edge(&mut c, &[("client", "m")]).await;
     assert_eq!(over.overall_code, Code::OverLimit as i32);
     let sent = over.dynamic_metadata.unwrap();
     assert!(!sent.fields.contains_key("metadata"), "{sent:?}");
@@ -669,11 +662,7 @@ async fn dynamic_metadata_names_the_request_and_its_passed_rules_metadata() {
     // Not asked for: not sent.
     let rig = start(None, false).await;
     let mut c = client(rig.gw.rls.unwrap());
-    let r = ask(
-        &mut c,
-        request("edge", vec![descriptor(&[("client", "m")])]),
-    )
-    .await;
+    let r = ask_edge(&mut c, &[("client", "m")]).await;
     assert_eq!(r.dynamic_metadata, None);
 }
 
@@ -980,6 +969,29 @@ impl Drop for Child {
     }
 }
 
+/// `quotagate ratelimit` with its rules under `root`, and its two ports (gRPC, HTTP) on
+/// loopback: fresh ones.
+fn dropin(root: &std::path::Path) -> (std::process::Command, SocketAddr, u16) {
+    let (grpc, http) = (support::free_port(), support::free_port());
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"));
+    cmd.arg("ratelimit")
+        .env("RUNTIME_ROOT", root)
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string());
+    (cmd, format!("127.0.0.1:{grpc}").parse().unwrap(), http)
+}
+
+/// Starts `cmd` ([`dropin`]) and waits for its gRPC port at `grpc`.
+fn started(cmd: &mut std::process::Command, grpc: SocketAddr) -> Child {
+    let child = Child(cmd.stdout(std::process::Stdio::null()).spawn().unwrap());
+    support::wait_until(Duration::from_secs(30), || {
+        std::net::TcpStream::connect(grpc).is_ok()
+    });
+    child
+}
+
 #[tokio::test]
 async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     let redis = RedisServer::start();
@@ -987,28 +999,13 @@ async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     let rules = root.path().join("ratelimit").join("config");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
-    let (grpc, http) = (support::free_port(), support::free_port());
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
-            .arg("ratelimit")
-            .env("RUNTIME_ROOT", root.path())
-            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", http.to_string())
-            // envoyproxy/ratelimit's default socket type: unix, REDIS_URL a path.
-            .env("REDIS_URL", redis.socket())
-            .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
-            .env("USE_STATSD", "false")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let grpc_addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
-    support::wait_until(Duration::from_secs(30), || {
-        std::net::TcpStream::connect(grpc_addr).is_ok()
-    });
+    let (mut cmd, grpc_addr, http) = dropin(root.path());
+    cmd.env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        // envoyproxy/ratelimit's default socket type: unix, REDIS_URL a path.
+        .env("REDIS_URL", redis.socket())
+        .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+        .env("USE_STATSD", "false");
+    let child = started(&mut cmd, grpc_addr);
     let mut c = client(grpc_addr);
     for left in [2, 1, 0] {
         let r = ask(
@@ -1085,13 +1082,8 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
     // Without its client certificate, this Redis refuses the drop-in: it stops at start, in one
     // line naming REDIS_URL, rather than answer from its own memory.
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
-        .arg("ratelimit")
-        .env("RUNTIME_ROOT", root.path())
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", support::free_port().to_string())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", support::free_port().to_string())
+    let refused = dropin(root.path())
+        .0
         .env("REDIS_SOCKET_TYPE", "tcp")
         .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
         .env("REDIS_TLS", "true")
@@ -1102,33 +1094,18 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     assert!(!refused.status.success(), "{said}");
     let last = said.lines().last().unwrap_or_default();
     assert!(last.contains("REDIS_URL"), "{said}");
-    let (grpc, http) = (support::free_port(), support::free_port());
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_quotagate"))
-            .arg("ratelimit")
-            .env("RUNTIME_ROOT", root.path())
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", http.to_string())
-            .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
-            .env("REDIS_TLS", "true")
-            .env("REDIS_TLS_CLIENT_CERT", path("client.pem"))
-            .env("REDIS_TLS_CLIENT_KEY", path("client.key"))
-            .env("REDIS_TLS_CACERT", path("ca.pem"))
-            .env("GRPC_SERVER_USE_TLS", "true")
-            .env("GRPC_SERVER_TLS_CERT", path("server.pem"))
-            .env("GRPC_SERVER_TLS_KEY", path("server.key"))
-            .env("GRPC_CLIENT_TLS_CACERT", path("ca.pem"))
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let grpc_addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
-    support::wait_until(Duration::from_secs(30), || {
-        std::net::TcpStream::connect(grpc_addr).is_ok()
-    });
+    let (mut cmd, grpc_addr, _) = dropin(root.path());
+    cmd.env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+        .env("REDIS_TLS", "true")
+        .env("REDIS_TLS_CLIENT_CERT", path("client.pem"))
+        .env("REDIS_TLS_CLIENT_KEY", path("client.key"))
+        .env("REDIS_TLS_CACERT", path("ca.pem"))
+        .env("GRPC_SERVER_USE_TLS", "true")
+        .env("GRPC_SERVER_TLS_CERT", path("server.pem"))
+        .env("GRPC_SERVER_TLS_KEY", path("server.key"))
+        .env("GRPC_CLIENT_TLS_CACERT", path("ca.pem"));
+    let child = started(&mut cmd, grpc_addr);
     let (ca, client) = (path("ca.pem"), (path("client.pem"), path("client.key")));
     let client = Some((client.0.as_str(), client.1.as_str()));
     for left in [2, 1, 0] {
