@@ -1450,3 +1450,96 @@ fn ratelimits_bad_configs_are_refused_naming_the_file_and_the_problem() {
         "{refused}"
     );
 }
+
+// ---- envoyproxy/ratelimit's integration test testBasicBaseConfig (test/integration), ported ----
+//
+// Its runtime rules (tests/ratelimit/integration: basic.yaml, another.yaml) on the in-process
+// service with the fake clock, on the memory store and on a redis-server, with and without
+// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. Not ported: the stats and local-cache counters (Go
+// internals), memcache (refused), and the 2 s sleep (the fake clock moves instead). The store
+// setups of the other integration tests (password, TLS, cluster, sentinel, reload) are the
+// drop-in's and the stores' own tests here.
+async fn ratelimits_basic_base_config(rig: &Rig, stop: bool) {
+    let mut c = client(rig.gw.rls.unwrap());
+    // (code, remaining) of each status: the durations are not asserted there either.
+    let left = |r: &RateLimitResponse| -> Vec<(Code, u32)> {
+        summary(r).into_iter().map(|(c, n, _)| (c, n)).collect()
+    };
+    let one = |domain: &str, entries: &[&[(&str, &str)]]| {
+        request(domain, entries.iter().map(|e| descriptor(e)).collect())
+    };
+    // An unknown domain: OK, no limit.
+    let r = ask(&mut c, one("foo", &[&[("hello", "world")]])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(left(&r), [(Code::Ok, 0)]);
+    assert_eq!(r.statuses[0].current_limit, None);
+    let r = ask(&mut c, one("basic", &[&[("key1", "foo")]])).await;
+    assert_eq!(left(&r), [(Code::Ok, 49)]);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (50, Unit::Second as i32)
+    );
+    // Over a minute's limit with one key.
+    for i in 0..25u32 {
+        let r = ask(&mut c, one("another", &[&[("key2", "1234")]])).await;
+        let (code, n) = if i >= 20 {
+            (Code::OverLimit, 0)
+        } else {
+            (Code::Ok, 20 - (i + 1))
+        };
+        assert_eq!(r.overall_code, code as i32, "{i}");
+        assert_eq!(left(&r), [(code, n)], "{i}");
+    }
+    // Two keys of one domain: the second (10 an hour) goes over first.
+    for i in 0..15u32 {
+        let r = ask(
+            &mut c,
+            one("another", &[&[("key2", "5678")], &[("key3", "5678")]]),
+        )
+        .await;
+        let (code, mut left1, left2) = if i >= 10 {
+            (Code::OverLimit, 20 - (i + 1), 0)
+        } else {
+            (Code::Ok, 20 - (i + 1), 10 - (i + 1))
+        };
+        if stop && i >= 10 {
+            // Not counted in key2 once key3 refuses the request.
+            left1 = 10;
+        }
+        assert_eq!(r.overall_code, code as i32, "{i}");
+        assert_eq!(left(&r), [(Code::Ok, left1), (code, left2)], "{i}");
+    }
+    // The time until reset goes down with the clock.
+    let first = ask(&mut c, one("another", &[&[("key4", "durTest")]])).await;
+    rig.gw.clock.advance(2);
+    let second = ask(&mut c, one("another", &[&[("key4", "durTest")]])).await;
+    let reset = |r: &RateLimitResponse| r.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!(reset(&second) < reset(&first), "{first:?} {second:?}");
+}
+
+#[tokio::test]
+async fn ratelimits_basic_base_config_on_every_store() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["basic.yaml", "another.yaml"] {
+        std::fs::copy(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/ratelimit/integration")
+                .join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    for stop in [false, true] {
+        for store in [None, Some(&redis)] {
+            let rig = start_with(store, |c| {
+                c.rls.config = dir.path().display().to_string();
+                c.rls.stop_counting_when_over_limit = stop;
+            })
+            .await;
+            ratelimits_basic_base_config(&rig, stop).await;
+            redis.cli(&["FLUSHALL"]);
+        }
+    }
+}
