@@ -1456,9 +1456,9 @@ fn ratelimits_bad_configs_are_refused_naming_the_file_and_the_problem() {
 // Its runtime rules (tests/ratelimit/integration: basic.yaml, another.yaml) on the in-process
 // service with the fake clock, on the memory store and on a redis-server, with and without
 // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. Not ported: the stats and local-cache counters (Go
-// internals), memcache (refused), and the 2 s sleep (the fake clock moves instead). The store
-// setups of the other integration tests (password, TLS, cluster, sentinel, reload) are the
-// drop-in's and the stores' own tests here.
+// internals), memcache (refused), and the 2 s sleep (the fake clock moves instead). It runs on
+// the other integration tests' stores too (TLS with a client certificate and a password, a
+// cluster, sentinels: below); their reload, share_threshold and mTLS-reload tests are not ported.
 async fn ratelimits_basic_base_config(rig: &Rig, stop: bool) {
     let mut c = client(rig.gw.rls.unwrap());
     // (code, remaining) of each status: the durations are not asserted there either.
@@ -1518,19 +1518,21 @@ async fn ratelimits_basic_base_config(rig: &Rig, stop: bool) {
     assert!(reset(&second) < reset(&first), "{first:?} {second:?}");
 }
 
+/// A directory holding integration_test.go's runtime rules (basic.yaml, another.yaml).
+fn integration_rules() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["basic.yaml", "another.yaml"] {
+        let from =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ratelimit/integration");
+        std::fs::copy(from.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
 #[tokio::test]
 async fn ratelimits_basic_base_config_on_every_store() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["basic.yaml", "another.yaml"] {
-        std::fs::copy(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/ratelimit/integration")
-                .join(f),
-            dir.path().join(f),
-        )
-        .unwrap();
-    }
+    let dir = integration_rules();
     for stop in [false, true] {
         for store in [None, Some(&redis)] {
             let rig = start_with(store, |c| {
@@ -1542,4 +1544,54 @@ async fn ratelimits_basic_base_config_on_every_store() {
             redis.cli(&["FLUSHALL"]);
         }
     }
+}
+
+/// The same test on integration_test.go's other stores: a Redis that speaks only TLS and wants a
+/// client certificate and a password (TestBasicTLSConfig, TestBasicAuthConfig), a 3-master Redis
+/// Cluster and a sentinel-managed master (...WithRedisCluster, ...WithRedisSentinel).
+#[tokio::test]
+async fn ratelimits_basic_base_config_on_tls_auth_cluster_and_sentinel() {
+    use quotagate_store::RedisMode;
+    let dir = integration_rules();
+    let tls = support::TlsRedis::start(true, &["--requirepass", "s3cret"], &["-a", "s3cret"]);
+    let cluster = support::RedisCluster::start(3, 0);
+    let sentinels = support::SentinelSet::start();
+    let setups: [(String, RedisMode, &str); 3] = [
+        (
+            format!("rediss://:s3cret@127.0.0.1:{}", tls.port),
+            RedisMode::Single,
+            "",
+        ),
+        (cluster.url(), RedisMode::Cluster, ""),
+        (
+            sentinels.url(),
+            RedisMode::Sentinel,
+            support::SENTINEL_MASTER,
+        ),
+    ];
+    for (url, mode, master) in setups {
+        let rig = start_with(None, |c| {
+            c.rls.config = dir.path().display().to_string();
+            c.store.kind = StoreKind::Redis;
+            c.store.redis_url = url.clone();
+            c.store.redis_mode = mode;
+            c.store.sentinel_master = master.into();
+            c.store.failure_policy = FailurePolicy::Closed;
+            c.store.time_source = TimeSource::Local;
+            if mode == RedisMode::Single {
+                c.store.tls_ca_file = tls.certs.path("ca.pem");
+                c.store.tls_cert_file = tls.certs.path("client.pem");
+                c.store.tls_key_file = tls.certs.path("client.key");
+            }
+        })
+        .await;
+        ratelimits_basic_base_config(&rig, false).await;
+    }
+    let keys = tls.cli(&["-a", "s3cret", "--no-auth-warning", "DBSIZE"]);
+    assert!(
+        keys.as_deref()
+            .and_then(|k| k.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0),
+        "counted in the TLS Redis: {keys:?}"
+    );
 }
