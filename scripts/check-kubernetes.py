@@ -187,6 +187,8 @@ def cross_check(overlay, objects):
                             f"({pause} s) and server.drain_timeout_ms ({drain_ms} ms)")
             if serves and not set(ports.values()) <= exposed:
                 problem(f"{where}: ports {sorted(ports.values())}, the Dockerfile EXPOSEs {sorted(exposed)}")
+            if not c.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                problem(f"{where}: container {c['name']} does not set readOnlyRootFilesystem")
             if is_quotagate and "args" not in c:
                 problem(f"{where}: a quotagate container without args runs the gateway's defaults")
 
@@ -484,6 +486,7 @@ def main():
     parser.add_argument("--binary", default=os.path.join(ROOT, "target", "debug", "quotagate"))
     parser.add_argument("--static", action="store_true", help="render, validate and cross-check only")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     opts = parser.parse_args()
 
     missing = [p for p in ["kubectl"] + ([] if opts.static else ["redis-server", "envoy", "unshare"]) if not shutil.which(p)]
@@ -502,7 +505,11 @@ def main():
             sys.exit("check-kubernetes: running the overlays needs root (a network namespace); --static skips it")
         # Again, in a network and mount namespace of its own: the containers' ports and the
         # Services' names are then this run's alone.
-        os.execvp("unshare", ["unshare", "--net", "--mount", sys.executable] + sys.argv + ["--inside"])
+        scratch = tempfile.mkdtemp(prefix="k8s-check-")
+        argv = ["unshare", "--net", "--mount", sys.executable] + sys.argv + ["--inside", "--scratch", scratch]
+        code = subprocess.run(argv).returncode
+        os.rmdir(scratch)
+        sys.exit(code)
     if opts.inside:
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 
@@ -514,6 +521,11 @@ def main():
     if not problems and opts.inside:
         if not os.path.exists(opts.binary):
             sys.exit(f"check-kubernetes: no binary at {opts.binary} (cargo build)")
+        # Every container has readOnlyRootFilesystem: here too, the root is read-only (in this
+        # mount namespace only) and only the scratch space, which holds the volumes, is written.
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", opts.scratch], check=True)
+        tempfile.tempdir = opts.scratch
+        subprocess.run(["mount", "-o", "remount,bind,ro", "/"], check=True)
         for overlay, objects in rendered.items():
             hosts = os.path.join(tempfile.mkdtemp(), "hosts")
             with open(hosts, "w") as f:
