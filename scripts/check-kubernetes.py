@@ -304,6 +304,11 @@ class Run:
         elif image == "redis":
             argv = [shutil.which("redis-server")] + args[1:]
         elif image == "envoyproxy/envoy":
+            here_version = re.search(r"/(\d+\.\d+)\.", subprocess.run(
+                ["envoy", "--version"], capture_output=True, text=True).stdout)
+            tag = container["image"].split(":")[1]
+            if here_version and not tag.startswith(f"v{here_version.group(1)}"):
+                print(f"note: {self.overlay}: the manifests name {container['image']}, this run has Envoy {here_version.group(1)}")
             # A second Envoy in this namespace would share the first's hot-restart memory.
             argv = [shutil.which("envoy")] + args + ["--disable-hot-restart"]
         else:
