@@ -239,6 +239,19 @@ async fn client_certificates_are_required_when_a_client_ca_is_set() {
         "000",
         "no client certificate: no answer"
     );
+    // `server.tls_client_san`: the certificate must also be valid for that name (this one has
+    // subjectAltName DNS:client.test).
+    for (san, answer) in [("client.test", "200"), ("other.test", "000")] {
+        let (gw, _up) = gateway(|c| {
+            c.server.tls_cert_file = certs.path("server.pem");
+            c.server.tls_key_file = certs.path("server.key");
+            c.server.tls_client_ca_file = certs.path("ca.pem");
+            c.server.tls_client_san = san.into();
+        })
+        .await;
+        let got = curl(gw.addr.port(), "localhost", &ca, &with_cert).0;
+        assert_eq!(got, answer, "tls_client_san {san}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,6 +284,32 @@ async fn tls_settings_that_cannot_work_stop_the_start_with_the_file_named() {
     );
     let e = start("/nonexistent.pem".into(), b_key.display().to_string());
     assert!(e.contains("/nonexistent.pem"), "{e}");
+    for (ca, san, said) in [
+        (
+            "",
+            "client.test",
+            "server.tls_client_san: needs server.tls_client_ca_file",
+        ),
+        (
+            "ca.pem",
+            "not a name!",
+            "server.tls_client_san: \"not a name!\" is neither",
+        ),
+    ] {
+        let mut c = Config::default();
+        c.server.tls_cert_file = a_pem.display().to_string();
+        c.server.tls_key_file = dir.path().join("a.key").display().to_string();
+        c.server.tls_client_ca_file = ca.into();
+        c.server.tls_client_san = san.into();
+        let e = quotagate::app::settings::Settings::new(
+            c,
+            |_| None,
+            quotagate::app::settings::Serve::all(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(said), "{e}");
+    }
 }
 
 /// A TLS connection to the listener (HTTP/1.1 by ALPN), verified against `ca`.
@@ -660,6 +699,7 @@ async fn tls_upstream(dir: &Path, cert: &str, client_ca: Option<&str>) -> Upstre
                 dir.join(format!("{cert}.key")),
             )],
             client_ca: client_ca.map(|c| dir.join(format!("{c}.pem"))),
+            client_san: None,
         },
         std::sync::Arc::new(quotagate_engine::clock::SystemClock::new()),
     )

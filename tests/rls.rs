@@ -1132,6 +1132,33 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     drop(child);
 }
 
+#[tokio::test]
+async fn the_drop_in_matches_client_certificates_to_grpc_client_tls_san() {
+    // envoyproxy/ratelimit's Test_mTLS sets GRPC_CLIENT_TLS_SAN: the client certificate, signed by
+    // GRPC_CLIENT_TLS_CACERT, must also be valid for that name (this one: DNS:client.test).
+    let certs = support::Certs::make();
+    let path = |name: &str| certs.path(name);
+    let root = tempfile::tempdir().unwrap();
+    let rules = root.path().join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
+    let (ca, client) = (path("ca.pem"), (path("client.pem"), path("client.key")));
+    let client = Some((client.0.as_str(), client.1.as_str()));
+    for (san, answer) in [("client.test", "OK"), ("other.test", "UNAVAILABLE")] {
+        let (mut cmd, grpc_addr, _) = dropin(root.path());
+        cmd.env("BACKEND_TYPE", "memory")
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", path("server.pem"))
+            .env("GRPC_SERVER_TLS_KEY", path("server.key"))
+            .env("GRPC_CLIENT_TLS_CACERT", path("ca.pem"))
+            .env("GRPC_CLIENT_TLS_SAN", san);
+        let child = started(&mut cmd, grpc_addr);
+        let got = grpc_call(grpc_addr, &ca, client);
+        assert_eq!(got["code"], answer, "GRPC_CLIENT_TLS_SAN={san}: {got}");
+        drop(child);
+    }
+}
+
 // ---- envoyproxy/ratelimit's config tests (test/config/config_test.go at f2fb157), ported ----
 //
 // Its fixtures are in tests/ratelimit/config (Apache-2.0, tests/ratelimit/README.md); each case

@@ -158,6 +158,9 @@ pub struct RlsConfig {
     pub tls_key_file: String,
     /// PEM CA certificate(s): require client certificates signed by them (mTLS). Default: empty.
     pub tls_client_ca_file: String,
+    /// A DNS name or IP address that client certificates must be valid for (their
+    /// subjectAltName), besides being signed by `tls_client_ca_file`. Default: empty (any).
+    pub tls_client_san: String,
 }
 
 impl Default for RlsConfig {
@@ -175,6 +178,7 @@ impl Default for RlsConfig {
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),
+            tls_client_san: String::new(),
         }
     }
 }
@@ -240,6 +244,9 @@ pub struct ServerConfig {
     pub tls_key_file: String,
     /// PEM CA certificate(s): require client certificates signed by them (mTLS). Default: empty.
     pub tls_client_ca_file: String,
+    /// A DNS name or IP address that client certificates must be valid for (their
+    /// subjectAltName), besides being signed by `tls_client_ca_file`. Default: empty (any).
+    pub tls_client_san: String,
 }
 
 impl Default for ServerConfig {
@@ -258,6 +265,7 @@ impl Default for ServerConfig {
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),
+            tls_client_san: String::new(),
         }
     }
 }

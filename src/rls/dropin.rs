@@ -52,16 +52,10 @@ pub const IGNORED: &[(&str, &str)] = &[
 /// The variables that ask for what this service cannot do, and why: set (to anything but
 /// `false` for a flag), they stop the start, naming the variable. A setting that asks for
 /// security is honoured or refused, never quietly dropped.
-pub const REFUSED: &[(&str, &str)] = &[
-    (
-        "GRPC_CLIENT_TLS_SAN",
-        "a client certificate's subjectAltName is not matched here: any certificate GRPC_CLIENT_TLS_CACERT signed is accepted",
-    ),
-    (
-        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "Redis servers' certificates are checked whole or not at all (QUOTAGATE_STORE_TLS_INSECURE_SKIP_VERIFY); the name alone cannot be skipped",
-    ),
-];
+pub const REFUSED: &[(&str, &str)] = &[(
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "Redis servers' certificates are checked whole or not at all (QUOTAGATE_STORE_TLS_INSECURE_SKIP_VERIFY); the name alone cannot be skipped",
+)];
 
 /// The first refused variable set, as an error naming it.
 fn refused(env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
@@ -79,14 +73,15 @@ fn refused(env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
 }
 
 /// `GRPC_SERVER_USE_TLS` and its files: TLS on the gRPC port (`rls.tls_*`), with client
-/// certificates required when `GRPC_CLIENT_TLS_CACERT` names their CA. The files without the
-/// flag are refused: envoyproxy/ratelimit then serves cleartext, which a certificate set for
-/// the port does not ask for.
+/// certificates required when `GRPC_CLIENT_TLS_CACERT` names their CA, and valid for
+/// `GRPC_CLIENT_TLS_SAN` when set. These without the flag are refused: envoyproxy/ratelimit then
+/// serves cleartext, which a certificate set for the port does not ask for.
 fn grpc_tls(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
     let files = [
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
         "GRPC_CLIENT_TLS_CACERT",
+        "GRPC_CLIENT_TLS_SAN",
     ];
     if !flag("GRPC_SERVER_USE_TLS", env)? {
         return match files.iter().find(|v| env(v).is_some()) {
@@ -103,6 +98,7 @@ fn grpc_tls(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Resul
     config.rls.tls_cert_file = need("GRPC_SERVER_TLS_CERT")?;
     config.rls.tls_key_file = need("GRPC_SERVER_TLS_KEY")?;
     config.rls.tls_client_ca_file = env("GRPC_CLIENT_TLS_CACERT").unwrap_or_default();
+    config.rls.tls_client_san = env("GRPC_CLIENT_TLS_SAN").unwrap_or_default();
     Ok(())
 }
 
@@ -436,6 +432,7 @@ mod tests {
             ("GRPC_SERVER_TLS_CERT", "/certs/rls.crt"),
             ("GRPC_SERVER_TLS_KEY", "/certs/rls.key"),
             ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.internal"),
         ])
         .unwrap()
         .0;
@@ -443,9 +440,15 @@ mod tests {
             (
                 c.rls.tls_cert_file.as_str(),
                 c.rls.tls_key_file.as_str(),
-                c.rls.tls_client_ca_file.as_str()
+                c.rls.tls_client_ca_file.as_str(),
+                c.rls.tls_client_san.as_str()
             ),
-            ("/certs/rls.crt", "/certs/rls.key", "/certs/ca.crt")
+            (
+                "/certs/rls.crt",
+                "/certs/rls.key",
+                "/certs/ca.crt",
+                "envoy.internal"
+            )
         );
         for (vars, named) in [
             (

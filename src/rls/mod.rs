@@ -72,6 +72,7 @@ impl TryFrom<&RlsConfig> for RlsSettings {
                 &c.tls_cert_file,
                 &c.tls_key_file,
                 &c.tls_client_ca_file,
+                &c.tls_client_san,
             )?,
         })
     }

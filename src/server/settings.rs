@@ -111,16 +111,18 @@ fn tls_settings(c: &ServerConfig) -> Result<Option<crate::server::tls::TlsSettin
         &c.tls_cert_file,
         &c.tls_key_file,
         &c.tls_client_ca_file,
+        &c.tls_client_san,
     )
 }
 
-/// A listener's `<section>.tls_cert_file`, `tls_key_file` and `tls_client_ca_file`:
-/// comma-separated lists of equal length, or all empty (cleartext).
+/// A listener's `<section>.tls_cert_file`, `tls_key_file`, `tls_client_ca_file` and
+/// `tls_client_san`: comma-separated lists of equal length, or all empty (cleartext).
 pub fn listener_tls(
     section: &str,
     cert_files: &str,
     key_files: &str,
     client_ca_file: &str,
+    client_san: &str,
 ) -> Result<Option<crate::server::tls::TlsSettings>, ConfigError> {
     let list = |s: &str| -> Vec<std::path::PathBuf> {
         s.split(',')
@@ -132,6 +134,25 @@ pub fn listener_tls(
     let (certs, keys) = (list(cert_files), list(key_files));
     let client_ca = (!client_ca_file.trim().is_empty())
         .then(|| std::path::PathBuf::from(client_ca_file.trim()));
+    let client_san = match client_san.trim() {
+        "" => None,
+        _ if client_ca.is_none() => {
+            return Err(ConfigError::option(
+                format!("{section}.tls_client_san"),
+                format!(
+                    "needs {section}.tls_client_ca_file (the CA that signs the client certificates)"
+                ),
+            ));
+        }
+        name => Some(
+            rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|_| {
+                ConfigError::option(
+                    format!("{section}.tls_client_san"),
+                    format!("{name:?} is neither a DNS name nor an IP address"),
+                )
+            })?,
+        ),
+    };
     if certs.is_empty() && keys.is_empty() {
         return match client_ca {
             None => Ok(None),
@@ -154,5 +175,6 @@ pub fn listener_tls(
     Ok(Some(crate::server::tls::TlsSettings {
         pairs: certs.into_iter().zip(keys).collect(),
         client_ca,
+        client_san,
     }))
 }

@@ -19,9 +19,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use quotagate_engine::clock::Clock;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
@@ -37,6 +39,8 @@ pub struct TlsSettings {
     pub pairs: Vec<(PathBuf, PathBuf)>,
     /// Require client certificates signed by these CAs (`server.tls_client_ca_file`).
     pub client_ca: Option<PathBuf>,
+    /// ... and valid for this name (`server.tls_client_san`): a DNS name or an IP address.
+    pub client_san: Option<ServerName<'static>>,
 }
 
 /// Why a certificate pair (or the client CA file) could not be used: the file and the problem.
@@ -187,6 +191,71 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// Client certificates that the CA signed and that are valid for one name, as envoyproxy/ratelimit's
+/// `GRPC_CLIENT_TLS_SAN` asks (Go's `x509.VerifyOptions.DNSName`): the chain is checked first,
+/// then the end certificate's subjectAltName against the name (webpki's own matching, wildcards
+/// as in server certificates).
+#[derive(Debug)]
+struct NamedClient {
+    chain: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClient {
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
+        })?;
+        cert.verify_is_valid_for_subject_name(&self.name)
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        Ok(verified)
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+
+    fn offer_client_auth(&self) -> bool {
+        self.chain.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.chain.client_auth_mandatory()
+    }
+}
+
 impl Tls {
     /// Loads every pair (any problem refuses the start, naming the file) and the client CA.
     /// The listener's TLS from `settings`; `clock` tells the certificates' expiry metric now.
@@ -210,7 +279,13 @@ impl Tls {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()
                         .map_err(|e| problem(ca, e.to_string()))?;
-                builder.with_client_cert_verifier(verifier)
+                match &settings.client_san {
+                    None => builder.with_client_cert_verifier(verifier),
+                    Some(name) => builder.with_client_cert_verifier(Arc::new(NamedClient {
+                        chain: verifier,
+                        name: name.clone(),
+                    })),
+                }
             }
         };
         let mut config = builder.with_cert_resolver(resolver.clone());

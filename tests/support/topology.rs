@@ -385,7 +385,11 @@ impl Certs {
             "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
         )
         .unwrap();
-        std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        std::fs::write(
+            d.join("client.ext"),
+            "extendedKeyUsage=clientAuth\nsubjectAltName=DNS:client.test\n",
+        )
+        .unwrap();
         for name in ["server", "client"] {
             let (key, csr, pem, ext) = (
                 format!("{name}.key"),
