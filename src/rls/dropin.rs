@@ -47,23 +47,112 @@ pub const IGNORED: &[(&str, &str)] = &[
         "CACHE_KEY_PREFIX",
         "keys have quotagate's layout; set QUOTAGATE_STORE_KEY_PREFIX",
     ),
+    ("REDIS_PERSECOND", PER_SECOND),
+    ("REDIS_PERSECOND_URL", PER_SECOND),
+    ("REDIS_PERSECOND_SOCKET_TYPE", PER_SECOND),
+    ("REDIS_PERSECOND_TYPE", PER_SECOND),
+    ("REDIS_PERSECOND_AUTH", PER_SECOND),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", PER_SECOND),
+    ("REDIS_PERSECOND_TLS", PER_SECOND),
+    ("REDIS_PERSECOND_POOL_SIZE", PER_SECOND),
+    ("REDIS_PERSECOND_TIMEOUT", PER_SECOND),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", PER_SECOND),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", PER_SECOND),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", PER_SECOND),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", PER_SECOND),
+    (
+        "REDIS_TIMEOUT",
+        "every Redis call is bounded by QUOTAGATE_STORE_TIMEOUT_MS (250 ms), then store.failure_policy answers",
+    ),
+    ("REDIS_PIPELINE_WINDOW", PIPELINE),
+    ("REDIS_PIPELINE_LIMIT", PIPELINE),
+    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", PIPELINE),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", PIPELINE),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "/healthcheck says the process serves; while Redis is away store.failure_policy answers",
+    ),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", STARTUP),
+    ("REDIS_STARTUP_MAX_INTERVAL", STARTUP),
+    ("REDIS_STARTUP_MAX_ELAPSED_TIME", STARTUP),
+    (
+        "GRPC_MAX_CONNECTION_AGE",
+        "gRPC connections are kept until the client closes them",
+    ),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "gRPC connections are kept until the client closes them",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "/healthcheck answers 200 once the ports are open, with rules or without (a missing rules directory stops the start)",
+    ),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "it is for xDS, and CONFIG_TYPE is FILE",
+    ),
+    ("LIMIT_LIMIT_HEADER", HEADERS),
+    ("LIMIT_REMAINING_HEADER", HEADERS),
+    ("LIMIT_RESET_HEADER", HEADERS),
+    ("DISABLE_STATS", STATS),
+    ("EXTRA_TAGS", STATS),
+    ("STATSD_HOST", STATS),
+    ("STATSD_PORT", STATS),
+    ("STATS_FLUSH_INTERVAL", STATS),
+    ("USE_DOG_STATSD", STATS),
+    ("USE_DOG_STATSD_MOGRIFIERS", STATS),
+    ("USE_PROMETHEUS", STATS),
+    ("PROMETHEUS_ADDR", STATS),
+    ("PROMETHEUS_PATH", STATS),
+    ("PROMETHEUS_MAPPER_YAML", STATS),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", STATS),
+    ("TRACING_ENABLED", TRACING),
+    ("TRACING_EXPORTER_PROTOCOL", TRACING),
+    ("TRACING_SAMPLING_RATE", TRACING),
+    ("TRACING_SERVICE_NAME", TRACING),
+    ("TRACING_SERVICE_NAMESPACE", TRACING),
+    ("TRACING_SERVICE_INSTANCE_ID", TRACING),
 ];
+
+const PER_SECOND: &str =
+    "per-second limits are counted in REDIS_URL's store with the others; no second Redis is used";
+const PIPELINE: &str = "Redis calls share one multiplexed connection per worker, sent as they come (no window, no pool to run out)";
+const STARTUP: &str =
+    "Redis is tried every 200 ms for 5 s at start, then the start stops naming REDIS_URL";
+const HEADERS: &str = "the header fields are the gateway's (RateLimit-Policy, RateLimit, and RateLimit-Limit/-Remaining/-Reset)";
+const STATS: &str = "metrics are Prometheus, on the HTTP port's /metrics";
+const TRACING: &str = "the rate-limit service exports no traces";
 
 /// The variables that ask for what this service cannot do, and why: set (to anything but
 /// `false` for a flag), they stop the start, naming the variable. A setting that asks for
 /// security is honoured or refused, never quietly dropped.
-pub const REFUSED: &[(&str, &str)] = &[(
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-    "Redis servers' certificates are checked whole or not at all (QUOTAGATE_STORE_TLS_INSECURE_SKIP_VERIFY); the name alone cannot be skipped",
-)];
+pub const REFUSED: &[(&str, &str)] = &[
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "Redis servers' certificates are checked whole or not at all (QUOTAGATE_STORE_TLS_INSECURE_SKIP_VERIFY); the name alone cannot be skipped",
+    ),
+    (
+        "REDIS_SENTINEL_AUTH",
+        "sentinels are reached without a password here (REDIS_AUTH is the master's)",
+    ),
+    (
+        "GRPC_UDS",
+        "gRPC is served on GRPC_HOST:GRPC_PORT only, not on a unix socket",
+    ),
+    (
+        "QUOTA_MODE",
+        "quota mode is not implemented (a rule's quota_mode is refused too)",
+    ),
+];
 
-/// The first refused variable set, as an error naming it.
+/// The first refused variable set, as an error naming it: a flag (`QUOTA_MODE`, `..._VERIFICATION`)
+/// when true, another when not empty.
 fn refused(env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
     for (var, why) in REFUSED {
         let set = match env(var) {
             None => false,
-            Some(_) if var.ends_with("_VERIFICATION") => flag(var, env)?,
-            Some(_) => true,
+            Some(_) if *var == "QUOTA_MODE" || var.ends_with("_VERIFICATION") => flag(var, env)?,
+            Some(v) => !v.trim().is_empty(),
         };
         if set {
             return Err(ConfigError::option(*var, *why));
@@ -473,6 +562,9 @@ mod tests {
             ),
             (&[("GRPC_SERVER_USE_TLS", "maybe")], "GRPC_SERVER_USE_TLS"),
             (&[("GRPC_CLIENT_TLS_SAN", "envoy")], "GRPC_CLIENT_TLS_SAN"),
+            (&[("REDIS_SENTINEL_AUTH", "pw")], "REDIS_SENTINEL_AUTH"),
+            (&[("GRPC_UDS", "/run/rl.sock")], "GRPC_UDS"),
+            (&[("QUOTA_MODE", "true")], "QUOTA_MODE"),
             (
                 &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
                 "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -484,11 +576,37 @@ mod tests {
         for vars in [
             &[("GRPC_SERVER_USE_TLS", "false")][..],
             &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")],
+            &[("QUOTA_MODE", "false")],
+            &[("GRPC_UDS", "")],
             &[("GRPC_SERVER_TLS_CERT", "")],
         ] {
             let c = conf(vars).unwrap().0;
             assert!(c.rls.tls_cert_file.is_empty());
         }
+    }
+
+    /// docs/ratelimit.md's table names every variable envoyproxy/ratelimit reads, and every one
+    /// this module ignores or refuses.
+    #[test]
+    fn the_docs_name_every_variable_ratelimit_reads() {
+        let docs = include_str!("../../docs/ratelimit.md");
+        let table: Vec<&str> = docs.lines().filter(|l| l.starts_with("| `")).collect();
+        let named = |var: &str| {
+            table.iter().any(|row| {
+                row.split(" | ")
+                    .next()
+                    .unwrap()
+                    .contains(&format!("`{var}`"))
+            })
+        };
+        let theirs = include_str!("../../tests/ratelimit/settings-variables.txt");
+        let ours = IGNORED.iter().chain(REFUSED).map(|(v, _)| *v);
+        let vars = theirs.lines().filter(|l| !l.starts_with('#')).chain(ours);
+        let missing: Vec<&str> = vars.filter(|v| !named(v)).collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/ratelimit.md's table: {missing:?}"
+        );
     }
 
     #[test]
