@@ -57,6 +57,8 @@ instructions() {
   echo "$out" | grep -q "$n succeeded" || { echo "$out" >&2; exit 1; }
   kill "$gpid"; wait "$gpid" 2>/dev/null || true
   kill "$upid"; wait "$upid" 2>/dev/null || true
+  # CG_OUT=FILE keeps the profiles, FILE.few and FILE (scripts/callgrind-report.py FILE N).
+  if [ -n "${CG_OUT:-}" ]; then cp "$W/cg.out" "$CG_OUT$([ "$n" -gt 500 ] || echo .few)"; fi
   grep -E "^(summary|totals):" "$W/cg.out" | head -1 | awk '{print $2}'
 }
 
