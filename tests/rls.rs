@@ -630,6 +630,52 @@ async fn stop_counting_when_over_limit_on_every_store() {
     }
 }
 
+/// Stop-counting in the catalog domain, where a key's limit may be a calendar quota: K1's month
+/// gets its hit back when K2's minute refuses the request.
+#[tokio::test]
+async fn stop_counting_gives_back_calendar_quotas_in_the_catalog_domain() {
+    let catalog = r#"{
+      "version": {"semver": "1.0.0", "hash": "h1"},
+      "methods": ["GET"],
+      "paths": ["/users/{id}"],
+      "endpoints": [{"p": 0, "m": 0}],
+      "apilimits": [{"key": "K1", "limits": [{"ep": 0, "rl": 100, "period": "month"}]},
+                    {"key": "K2", "limits": [{"ep": 0, "rl": 1}]}]
+    }"#;
+    let redis = RedisServer::start();
+    for store in [None, Some(&redis)] {
+        let rig = start_on(catalog, store, |c| {
+            c.rls.stop_counting_when_over_limit = true
+        })
+        .await;
+        let mut c = client(rig.gw.rls.unwrap());
+        let of =
+            |key: &str| descriptor(&[("api_key", key), ("method", "GET"), ("path", "/users/1")]);
+        let both = || request("quotagate", vec![of("K1"), of("K2")]);
+        let left = |r: &RateLimitResponse| -> Vec<(Code, u32)> {
+            summary(r).into_iter().map(|(c, n, _)| (c, n)).collect()
+        };
+        assert_eq!(
+            left(&ask(&mut c, both()).await),
+            [(Code::Ok, 99), (Code::Ok, 0)]
+        );
+        let refused = ask(&mut c, both()).await;
+        assert_eq!(refused.overall_code, Code::OverLimit as i32);
+        assert_eq!(
+            left(&refused),
+            [(Code::Ok, 99), (Code::OverLimit, 0)],
+            "on redis: {}",
+            store.is_some()
+        );
+        let alone = ask(&mut c, request("quotagate", vec![of("K1")])).await;
+        assert_eq!(
+            left(&alone),
+            [(Code::Ok, 98)],
+            "the month kept one hit, not two"
+        );
+    }
+}
+
 /// `rls.response_dynamic_metadata` (envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`): the
 /// request and the metadata of its rules not over their limit, for Envoy's next filters.
 #[tokio::test]
