@@ -213,6 +213,91 @@ async fn api_key_header_is_configurable() {
     );
 }
 
+/// `limits.api_key_from`: sources tried in order, the first present deciding.
+#[tokio::test]
+async fn api_keys_are_found_where_api_key_from_says() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_from = "bearer, header:X-Api-Key".into();
+    let gw = gateway(c).await;
+    let at = gw.url("/users/1/prefs");
+    // k1 may make 3 requests a minute here: each source counts in the same counter.
+    let r = get(&at, &[("Authorization", "bEaReR \t k1")]).await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("2"))
+    );
+    assert_eq!(
+        up.last().headers["authorization"],
+        "bEaReR \t k1",
+        "Authorization goes upstream as it came"
+    );
+    // Another scheme is not a bearer token: the next source decides.
+    let r = get(&at, &[("Authorization", "Basic eDp5"), KEY]).await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("1"))
+    );
+    assert_eq!(
+        get(&at, &[KEY]).await.header("ratelimit-remaining"),
+        Some("0")
+    );
+    // A source present decides, even with a key the catalog does not know.
+    // (k1 through the header would be 429 now.)
+    let r = get(&at, &[("Authorization", "Bearer nobody"), KEY]).await;
+    assert_eq!(r.status, 403);
+    let r = get(&at, &[("Authorization", "Bearer"), KEY]).await;
+    assert_eq!(r.status, 401, "a Bearer without a token is no key");
+    let r = get(&at, &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.json()["detail"],
+        "send your API key in an Authorization: Bearer token or the X-Api-Key header"
+    );
+    let r = get(
+        &at,
+        &[
+            ("Authorization", "Bearer k1"),
+            ("Authorization", "Bearer k2"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    // `/limits` finds the caller as the proxy does.
+    let why = format!("http://{}/limits?method=GET&path=/users/1/prefs", gw.admin);
+    let v = get(&why, &[("Authorization", "Bearer k1")]).await.json();
+    assert_eq!(v["limits"][0]["remaining"], 0, "{v}");
+    assert_eq!(get(&why, &[]).await.status, 400);
+}
+
+#[test]
+fn api_key_from_refuses_what_it_cannot_honour() {
+    for (from, header, says) in [
+        (
+            "bearer",
+            "Authorization-Key",
+            "set it or limits.api_key_header, not both",
+        ),
+        ("query:api_key", "X-Api-Key", "not supported yet"),
+        ("cookie:k", "X-Api-Key", "is not a source"),
+    ] {
+        let mut c = Config::default();
+        c.limits.api_key_from = from.into();
+        c.limits.api_key_header = header.into();
+        let e = quotagate::app::settings::Settings::new(
+            c,
+            |_| None,
+            quotagate::app::settings::Serve::all(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("limits.api_key_from") && e.contains(says),
+            "{from}: {e}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn unknown_keys_get_403_and_never_create_counters() {
     let up = Upstream::start().await;

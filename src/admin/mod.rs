@@ -31,6 +31,7 @@ use crate::config::{AdminConfig, ConfigError, address};
 use crate::observe::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
 use crate::proxy::admission::Caller;
+use crate::proxy::caller::Found;
 use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
 
@@ -238,7 +239,7 @@ impl Admin {
         let Some(proxy) = &self.proxy else {
             return refusal(StatusCode::NOT_FOUND, "no gateway runs here");
         };
-        let header = proxy.api_key_header();
+        let sources = proxy.key_sources();
         let query = req.uri().query().unwrap_or("");
         let mut method = None;
         let mut path = None;
@@ -251,26 +252,30 @@ impl Admin {
                 _ => {}
             }
         }
-        let caller = match (req.headers().get(header), digest) {
-            (Some(k), None) if !k.is_empty() => Caller::Key(k.as_bytes()),
-            (None, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {
+        // The caller is found as the proxy finds it (`limits.api_key_from`).
+        let said = sources.said();
+        let caller = match (sources.find_in(req.headers()), digest) {
+            (Found::Key(k), None) => Caller::Key(k),
+            (Found::Absent | Found::Empty, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {
                 Ok((_, d)) => Caller::Digest(d),
                 Err(e) => return refusal(StatusCode::BAD_REQUEST, &format!("key_digest: {e}")),
             },
-            (Some(_), Some(_)) => {
+            (Found::Key(_), Some(_)) => {
                 return refusal(
                     StatusCode::BAD_REQUEST,
-                    &format!(
-                        "send the API key in the {header} header or its ?key_digest=, not both"
-                    ),
+                    &format!("send the API key in {said} or its ?key_digest=, not both"),
                 );
             }
-            _ => {
+            (Found::Twice, _) => {
                 return refusal(
                     StatusCode::BAD_REQUEST,
-                    &format!(
-                        "send the API key in the {header} header, or its digest as ?key_digest="
-                    ),
+                    &format!("send the API key once, in {said}"),
+                );
+            }
+            (Found::Absent | Found::Empty, None) => {
+                return refusal(
+                    StatusCode::BAD_REQUEST,
+                    &format!("send the API key in {said}, or its digest as ?key_digest="),
                 );
             }
         };

@@ -436,6 +436,9 @@ pub struct LimitsConfig {
     pub enabled: bool,
     /// Header carrying the API key. Default: `X-Api-Key`.
     pub api_key_header: String,
+    /// Where the API key is found: comma-separated sources tried in order, the first present
+    /// deciding (`header:NAME`, `bearer`). Default: empty, `header:` `api_key_header`.
+    pub api_key_from: String,
     /// Requests to endpoints not in the catalog: `reject` (404) or `forward` unlimited. Default: `reject`.
     pub unknown_endpoint: Uncovered,
     /// Keys with no limit for the endpoint, unknown keys included: `reject` (403) or `forward`
@@ -505,6 +508,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             enabled: true,
             api_key_header: "X-Api-Key".into(),
+            api_key_from: String::new(),
             unknown_endpoint: Uncovered::Reject,
             no_limit: Uncovered::Reject,
             headers: HeaderSet::Both,

@@ -15,6 +15,7 @@ use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Version};
 
+use super::caller::{Found, MAX_SOURCES, Two};
 use super::client;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
@@ -398,7 +399,7 @@ pub fn admit<'s, 'r>(
     if !policy.enabled {
         return Step::Done(unlimited());
     }
-    let key = passed!(api_key(fields.api_key, policy));
+    let key = passed!(api_key(&fields.keys, policy));
     let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
     let held = passed!(hold(
         policy,
@@ -422,7 +423,8 @@ struct Fields<'r> {
     /// A `Transfer-Encoding` came.
     coded: bool,
     content_length: Option<&'r HeaderValue>,
-    api_key: Two<'r>,
+    /// The fields of the key's sources (`limits.api_key_from`), in their order.
+    keys: [Two<'r>; MAX_SOURCES],
     /// The cost field's (`limits.cost_header`), when one is configured.
     cost: Two<'r>,
 }
@@ -430,6 +432,7 @@ struct Fields<'r> {
 impl<'r> Fields<'r> {
     fn of(head: &'r Parts, policy: &Policy) -> Fields<'r> {
         let mut f = Fields::default();
+        let sources = policy.key_sources.names();
         for (name, value) in &head.headers {
             if name == HOST {
                 f.hosts = f.hosts.saturating_add(1).min(2);
@@ -439,29 +442,14 @@ impl<'r> Fields<'r> {
             if name == CONTENT_LENGTH && f.content_length.is_none() {
                 f.content_length = Some(value);
             }
-            if *name == policy.api_key_header {
-                f.api_key.add(value);
+            if let Some(i) = sources.iter().position(|n| n == name) {
+                f.keys[i].add(value);
             }
             if policy.cost_header.as_ref() == Some(name) {
                 f.cost.add(value);
             }
         }
         f
-    }
-}
-
-/// A field's first two values: where one is expected, a second is an error.
-#[derive(Default, Clone, Copy)]
-struct Two<'r>(Option<&'r HeaderValue>, Option<&'r HeaderValue>);
-
-impl<'r> Two<'r> {
-    fn add(&mut self, value: &'r HeaderValue) {
-        match self.0 {
-            None => self.0 = Some(value),
-            Some(_) => {
-                self.1.get_or_insert(value);
-            }
-        }
     }
 }
 
@@ -714,16 +702,19 @@ fn coding_refused<'s>(head: &Parts) -> Result<(), Admission<'s>> {
 
 /// Step 2: the API key, `None` when it is missing and anonymous limits may apply.
 #[allow(clippy::result_large_err)]
-fn api_key<'s, 'a>(values: Two<'a>, policy: &Policy) -> Result<Option<&'a [u8]>, Admission<'s>> {
-    match (values.0, values.1) {
-        (Some(_), Some(_)) => Err(Admission::reject(
+fn api_key<'s, 'a>(
+    keys: &[Two<'a>; MAX_SOURCES],
+    policy: &Policy,
+) -> Result<Option<&'a [u8]>, Admission<'s>> {
+    match policy.key_sources.find(keys) {
+        Found::Key(key) => Ok(Some(key)),
+        Found::Twice => Err(Admission::reject(
             Decision::BadRequest,
             StatusCode::BAD_REQUEST,
-            format!("send the {} header once", policy.api_key_label),
+            format!("send your API key once, in {}", policy.key_sources.said()),
         )),
-        (Some(v), None) if !v.as_bytes().is_empty() => Ok(Some(v.as_bytes())),
-        _ if policy.anonymous => Ok(None),
-        _ => Err(missing_key(policy)),
+        Found::Empty | Found::Absent if policy.anonymous => Ok(None),
+        Found::Empty | Found::Absent => Err(missing_key(policy)),
     }
 }
 
@@ -736,7 +727,7 @@ fn missing_key<'s>(policy: &Policy) -> Admission<'s> {
     Admission::reject(
         Decision::MissingKey,
         StatusCode::UNAUTHORIZED,
-        format!("send your API key in the {} header", policy.api_key_label),
+        format!("send your API key in {}", policy.key_sources.said()),
     )
 }
 
@@ -912,7 +903,7 @@ mod tests {
             let hosts = head.headers.get_all("host").iter().count().min(2);
             assert_eq!(usize::from(f.hosts), hosts, "{:?}", head.headers);
             assert_eq!(f.content_length, head.headers.get("content-length"));
-            assert_eq!((f.api_key.0, f.api_key.1), first_two("x-api-key"));
+            assert_eq!((f.keys[0].0, f.keys[0].1), first_two("x-api-key"));
             assert_eq!((f.cost.0, f.cost.1), first_two("x-cost"));
         }
         let none = Policy::try_from(&Config::default()).unwrap();

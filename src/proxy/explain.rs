@@ -9,6 +9,7 @@ use quotagate_store::StoreError;
 
 use super::Proxy;
 use super::admission::{self, Action, Caller, Step};
+use super::caller::Source;
 use crate::catalog::{KeyDigest, KeyId};
 
 /// Why "why was I limited?" could not be answered.
@@ -40,7 +41,15 @@ impl Proxy {
             .uri(path)
             .header(HOST, "admin");
         if let Caller::Key(key) = caller {
-            head = head.header(&self.policy.api_key_header, key);
+            // Sent as the first source takes it: admission finds it as it finds a request's.
+            head = match &self.policy.key_sources.list()[0] {
+                Source::Header(name) => head.header(name, key),
+                Source::Bearer => {
+                    let mut value = b"Bearer ".to_vec();
+                    value.extend_from_slice(key);
+                    head.header(http::header::AUTHORIZATION, value)
+                }
+            };
         }
         let head = (head.body(()))
             .map_err(|source| ExplainError::NotARequest {

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod answer;
+pub mod caller;
 pub mod client;
 pub mod explain;
 pub mod fields;
@@ -27,7 +28,7 @@ use crate::server::{RequestBody, Written};
 use bytes::Bytes;
 use http::header::HOST;
 use http::request::Parts;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use http_body_util::{Either, Full};
 
 use crate::catalog::live::Live;
@@ -188,16 +189,20 @@ impl Proxy {
         self.upstream_failing.load(Ordering::Relaxed)
     }
 
-    /// The header that carries the API key.
-    pub fn api_key_header(&self) -> &HeaderName {
-        &self.policy.api_key_header
+    /// Where a request's API key is found.
+    pub fn key_sources(&self) -> &caller::Sources {
+        &self.policy.key_sources
     }
 
     /// The request fields this proxy hands on unread ([`headers::HANDED_ON`] but the names it
     /// is configured to read), for its listener ([`crate::server::HttpSettings::passes`]).
     pub fn passes(&self) -> crate::server::passed::Passes {
-        let configured = [&self.policy.api_key_header, &self.refresh.header];
-        headers::handed_on(configured.into_iter().chain(&self.policy.cost_header))
+        let configured = self.policy.key_sources.names().iter();
+        headers::handed_on(
+            configured
+                .chain([&self.refresh.header])
+                .chain(&self.policy.cost_header),
+        )
     }
 
     /// Handles one request from `peer`. Never fails: every outcome is a response.
@@ -526,7 +531,7 @@ impl Proxy {
                     )
                 });
             let headers = req.headers_mut();
-            headers::strip_hop_by_hop(headers, Some(&self.policy.api_key_header));
+            headers::strip_hop_by_hop(headers, self.policy.key_sources.names());
             if let Some((_, protocol)) = &upgrade {
                 upgrade::restore(headers, protocol.clone());
             }
@@ -569,7 +574,7 @@ impl Proxy {
                         }
                         _ => None,
                     };
-                    headers::strip_hop_by_hop(&mut head.headers, None);
+                    headers::strip_hop_by_hop(&mut head.headers, &[]);
                     if let Some(rate) = &target.limit {
                         if !headers::keeps_upstream_retry_after(head.status) {
                             head.headers.remove(http::header::RETRY_AFTER);

@@ -3,6 +3,7 @@
 use http::HeaderName;
 use quotagate_engine::path::EscapedSlashes;
 
+use super::caller::Sources;
 use super::client;
 use crate::config::{
     CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
@@ -12,9 +13,8 @@ use crate::config::{
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub enabled: bool,
-    pub api_key_header: HeaderName,
-    /// The header name as configured, for messages (`HeaderName` is always lower case).
-    pub api_key_label: String,
+    /// Where a request's API key is found (`limits.api_key_from`, else `limits.api_key_header`).
+    pub key_sources: Sources,
     pub unknown_endpoint: Uncovered,
     pub no_limit: Uncovered,
     pub headers: HeaderSet,
@@ -41,6 +41,21 @@ pub struct Policy {
     pub wait_queue_max: usize,
 }
 
+/// `limits.api_key_from`, or `limits.api_key_header` alone (both set is ambiguous: refused).
+fn key_sources(limits: &crate::config::LimitsConfig) -> Result<Sources, ConfigError> {
+    let header = header_name("limits.api_key_header", &limits.api_key_header)?;
+    if limits.api_key_from.trim().is_empty() {
+        return Ok(Sources::header(header, &limits.api_key_header));
+    }
+    if limits.api_key_header != crate::config::LimitsConfig::default().api_key_header {
+        return Err(ConfigError::option(
+            "limits.api_key_from",
+            "set it or limits.api_key_header, not both (header:NAME in limits.api_key_from)",
+        ));
+    }
+    Sources::parse(&limits.api_key_from).map_err(|e| ConfigError::option("limits.api_key_from", e))
+}
+
 impl TryFrom<&Config> for Policy {
     type Error = ConfigError;
 
@@ -49,8 +64,7 @@ impl TryFrom<&Config> for Policy {
         let limits = &c.limits;
         Ok(Policy {
             enabled: limits.enabled,
-            api_key_header: header_name("limits.api_key_header", &limits.api_key_header)?,
-            api_key_label: limits.api_key_header.clone(),
+            key_sources: key_sources(limits)?,
             unknown_endpoint: limits.unknown_endpoint,
             no_limit: limits.no_limit,
             headers: limits.headers,

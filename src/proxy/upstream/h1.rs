@@ -260,7 +260,7 @@ pub fn both_ways(bytes: &[u8], head_request: bool) -> Option<(HeaderMap, HeaderM
         )
     };
     let mut map = read(None).ok()??.headers;
-    crate::proxy::headers::strip_hop_by_hop(&mut map, None);
+    crate::proxy::headers::strip_hop_by_hop(&mut map, &[]);
     if !head_request {
         map.remove(CONTENT_LENGTH);
     }
