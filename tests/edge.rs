@@ -301,13 +301,7 @@ async fn tls_settings_that_cannot_work_stop_the_start_with_the_file_named() {
         c.server.tls_key_file = dir.path().join("a.key").display().to_string();
         c.server.tls_client_ca_file = ca.into();
         c.server.tls_client_san = san.into();
-        let e = quotagate::app::settings::Settings::new(
-            c,
-            |_| None,
-            quotagate::app::settings::Serve::all(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = support::refused(c);
         assert!(e.contains(said), "{e}");
     }
 }

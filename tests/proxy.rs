@@ -284,13 +284,7 @@ fn api_key_from_refuses_what_it_cannot_honour() {
         let mut c = Config::default();
         c.limits.api_key_from = from.into();
         c.limits.api_key_header = header.into();
-        let e = quotagate::app::settings::Settings::new(
-            c,
-            |_| None,
-            quotagate::app::settings::Serve::all(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = support::refused(c);
         assert!(
             e.contains("limits.api_key_from") && e.contains(says),
             "{from}: {e}"

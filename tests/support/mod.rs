@@ -223,6 +223,17 @@ fn run_cli(command: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Why `config` cannot start: the error its settings stop at, as printed.
+pub fn refused(config: quotagate::config::Config) -> String {
+    quotagate::app::settings::Settings::new(
+        config,
+        |_| None,
+        quotagate::app::settings::Serve::all(),
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 /// Polls `cond` until it holds; panics after `limit`.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
