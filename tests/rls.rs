@@ -1029,6 +1029,15 @@ fn dropin(root: &std::path::Path) -> (std::process::Command, SocketAddr, u16) {
     (cmd, format!("127.0.0.1:{grpc}").parse().unwrap(), http)
 }
 
+/// A RUNTIME_ROOT for [`dropin`] and its rules directory, made: `<root>/<subdirectory>/config`
+/// (envoyproxy/ratelimit's layout; `""`: no subdirectory).
+fn runtime_root(subdirectory: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let rules = root.path().join(subdirectory).join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    (root, rules)
+}
+
 /// Starts `cmd` ([`dropin`]) and waits for its gRPC port at `grpc`.
 fn started(cmd: &mut std::process::Command, grpc: SocketAddr) -> Child {
     let child = Child(cmd.stdout(std::process::Stdio::null()).spawn().unwrap());
@@ -1041,9 +1050,7 @@ fn started(cmd: &mut std::process::Command, grpc: SocketAddr) -> Child {
 #[tokio::test]
 async fn the_drop_in_reads_envoyproxy_ratelimits_environment() {
     let redis = RedisServer::start();
-    let root = tempfile::tempdir().unwrap();
-    let rules = root.path().join("ratelimit").join("config");
-    std::fs::create_dir_all(&rules).unwrap();
+    let (root, rules) = runtime_root("ratelimit");
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
     let (mut cmd, grpc_addr, http) = dropin(root.path());
     cmd.env("RUNTIME_SUBDIRECTORY", "ratelimit")
@@ -1122,9 +1129,7 @@ async fn the_drop_in_speaks_tls_as_asked_and_reaches_redis_with_its_client_certi
     // A Redis that speaks TLS only and requires a client certificate signed by the CA.
     let redis = support::TlsRedis::start(true, &[], &[]);
     let path = |name: &str| redis.certs.path(name);
-    let root = tempfile::tempdir().unwrap();
-    let rules = root.path().join("config");
-    std::fs::create_dir_all(&rules).unwrap();
+    let (root, rules) = runtime_root("");
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
     // Without its client certificate, this Redis refuses the drop-in: it stops at start, in one
     // line naming REDIS_URL, rather than answer from its own memory.
@@ -1184,9 +1189,7 @@ async fn the_drop_in_matches_client_certificates_to_grpc_client_tls_san() {
     // GRPC_CLIENT_TLS_CACERT, must also be valid for that name (this one: DNS:client.test).
     let certs = support::Certs::make();
     let path = |name: &str| certs.path(name);
-    let root = tempfile::tempdir().unwrap();
-    let rules = root.path().join("config");
-    std::fs::create_dir_all(&rules).unwrap();
+    let (root, rules) = runtime_root("");
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
     let (ca, client) = (path("ca.pem"), (path("client.pem"), path("client.key")));
     let client = Some((client.0.as_str(), client.1.as_str()));
@@ -1608,9 +1611,7 @@ async fn basic_base_answers(c: &mut Client, stop: bool) {
 #[tokio::test]
 async fn ratelimits_basic_base_config_under_its_settings_variants() {
     let (redis, per_second) = (RedisServer::start(), RedisServer::start());
-    let root = tempfile::tempdir().unwrap();
-    let rules = root.path().join("ratelimit").join("config");
-    std::fs::create_dir_all(&rules).unwrap();
+    let (root, rules) = runtime_root("ratelimit");
     integration_rules_in(&rules);
     let per_second_url = per_second.socket().display().to_string();
     let variants: [(&[(&str, &str)], bool); 5] = [
@@ -1788,9 +1789,7 @@ async fn ratelimits_share_threshold_on_every_store() {
 /// stats counter; here the answers show them.
 #[tokio::test]
 async fn ratelimits_rules_reload_when_a_file_comes_and_goes() {
-    let root = tempfile::tempdir().unwrap();
-    let rules = root.path().join("ratelimit").join("config");
-    std::fs::create_dir_all(&rules).unwrap();
+    let (root, rules) = runtime_root("ratelimit");
     integration_rules_in(&rules);
     let (mut cmd, grpc_addr, _) = dropin(root.path());
     cmd.env("RUNTIME_SUBDIRECTORY", "ratelimit")
@@ -1851,9 +1850,8 @@ async fn ratelimits_rules_reload_when_a_file_comes_and_goes() {
 #[tokio::test]
 async fn ratelimits_grpc_certificate_reloads_when_its_files_are_replaced() {
     let (old, new) = (support::Certs::make(), support::Certs::make());
-    let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(root.path().join("config")).unwrap();
-    std::fs::write(root.path().join("config").join("edge.yaml"), RULES).unwrap();
+    let (root, rules) = runtime_root("");
+    std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
     let (cert, key) = (root.path().join("rls.pem"), root.path().join("rls.key"));
     std::fs::copy(old.path("server.pem"), &cert).unwrap();
     std::fs::copy(old.path("server.key"), &key).unwrap();
