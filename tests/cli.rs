@@ -1431,9 +1431,11 @@ async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<bytes::Byte
 /// No API key is in anything quotagate writes or serves beyond the request that carries it:
 /// every Redis name and value (`SCAN` + `DUMP`), what `MONITOR` shows during the traffic, the RDB
 /// file after `SAVE`, the logs at debug level (access lines on), the answers (a 403's and 429's
-/// problem details too), the admin's answers (`/limits`, its reset, `/status`,
+/// problem details too), the target and fields forwarded upstream (beyond the field that
+/// carried it: a key in the query is taken out), the admin's answers (`/limits`, its reset, `/status`,
 /// `/status/history`, `/metrics`, the dashboard), the exported spans, and the catalog server's
-/// answers for a digested catalog. Keys named in plain, by SHA-256 and by HMAC alike.
+/// answers for a digested catalog. Keys named in plain, by SHA-256 and by HMAC alike, and sent
+/// in a header, a Bearer token and the query.
 #[tokio::test]
 async fn no_key_is_in_anything_quotagate_writes_or_serves() {
     let dir = tempfile::tempdir().unwrap();
@@ -1481,6 +1483,8 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
         "--set",
         "log.access=true",
         "--set",
+        "limits.api_key_from=header:X-Api-Key, bearer, query:api_key",
+        "--set",
         &format!("telemetry.otlp_endpoint={otlp}"),
         "--set",
         "telemetry.sample_ratio=1",
@@ -1489,40 +1493,69 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
     ]);
     gw.wait_for("quotagate listening");
     let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    // Each key sent by another source (`limits.api_key_from`): the query's is taken out of the
+    // target before anything is logged or forwarded.
+    let sent = |key: &str, at: &str| -> (String, Vec<(&'static str, String)>) {
+        let and = if at.contains('?') { '&' } else { '?' };
+        match key {
+            PLAIN_KEY => (at.to_owned(), vec![("X-Api-Key", key.to_owned())]),
+            HASHED_KEY => (
+                at.to_owned(),
+                vec![("Authorization", format!("Bearer {key}"))],
+            ),
+            _ => (format!("{at}{and}api_key={key}"), vec![]),
+        }
+    };
+    let get_as = |at: String, headers: Vec<(&'static str, String)>| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        get(&at, &headers).await
+    };
     let mut answers: Vec<u8> = Vec::new();
     let mut requests = 0;
     for key in [PLAIN_KEY, HASHED_KEY, KEYED_KEY] {
         let mut statuses = Vec::new();
         for _ in 0..3 {
-            let r = get(&url("/a"), &[("X-Api-Key", key)]).await;
+            let (at, headers) = sent(key, "/a?x=1");
+            let r = get_as(url(&at), headers).await;
             statuses.push(r.status);
             answers.extend_from_slice(&r.body);
             answers.extend(format!("{:?}", r.headers).bytes());
         }
-        let r = get(&url("/b"), &[("X-Api-Key", key)]).await;
+        let (at, headers) = sent(key, "/b");
+        let r = get_as(url(&at), headers).await;
         statuses.push(r.status);
         requests += 4;
         assert_eq!(statuses, [200, 200, 429, 200], "{key}");
     }
-    let r = get(&url("/a"), &[("X-Api-Key", UNKNOWN_KEY)]).await;
+    let (at, headers) = sent(UNKNOWN_KEY, "/a");
+    let r = get_as(url(&at), headers).await;
     assert_eq!(r.status, 403);
     answers.extend_from_slice(&r.body);
     requests += 1;
+    let upstream_saw = format!(
+        "{:?}",
+        up.requests()
+            .iter()
+            .map(|s| (&s.path_and_query, &s.headers))
+            .collect::<Vec<_>>()
+    );
+    assert!(upstream_saw.contains("/a?x=1"), "{upstream_saw}");
+    assert!(
+        !upstream_saw.contains(KEYED_KEY) && !upstream_saw.contains("api_key"),
+        "the query's key is not forwarded: {upstream_saw}"
+    );
     let admin_url = |p: &str| format!("http://127.0.0.1:{admin}{p}");
     for key in ALL_KEYS {
-        let r = get(
-            &admin_url("/limits?method=GET&path=/a"),
-            &[("X-Api-Key", key)],
-        )
-        .await;
-        assert_eq!(r.status, 200);
+        let (at, headers) = sent(key, "/limits?method=GET&path=/a");
+        let r = get_as(admin_url(&at), headers).await;
+        assert_eq!(r.status, 200, "{key}");
         answers.extend_from_slice(&r.body);
     }
     let reset = support::send(
         &support::http1_client(),
         "POST",
-        &admin_url("/limits/reset"),
-        &[("X-Api-Key", KEYED_KEY)],
+        &admin_url(&sent(KEYED_KEY, "/limits/reset").0),
+        &[],
         bytes::Bytes::new(),
     )
     .await;

@@ -270,6 +270,62 @@ async fn api_keys_are_found_where_api_key_from_says() {
     assert_eq!(get(&why, &[]).await.status, 400);
 }
 
+#[tokio::test]
+async fn a_key_in_the_query_is_decoded_counted_and_not_forwarded() {
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_from = "query:api_key, bearer".into();
+    let gw = gateway(c).await;
+    // k1 may make 3 requests a minute here; the name and the key percent-decoded.
+    let r = get(&gw.url("/users/1/prefs?a=1&api%5Fkey=%6B1&b=%2F"), &[]).await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("2"))
+    );
+    assert_eq!(up.last().path_and_query, "/users/1/prefs?a=1&b=%2F");
+    let r = get(&gw.url("/users/1/prefs?api_key=k1"), &[]).await;
+    assert_eq!(r.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(up.last().path_and_query, "/users/1/prefs");
+    // The query decides before the Bearer token; taken out even when another source decides.
+    let r = get(
+        &gw.url("/users/1/prefs?api_key=nobody"),
+        &[("Authorization", "Bearer k1")],
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let r = get(
+        &gw.url("/users/1/prefs?x&api_key="),
+        &[("Authorization", "Bearer k1")],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["detail"].as_str()),
+        (
+            401,
+            Some(
+                "send your API key in the ?api_key= query parameter or an Authorization: Bearer token"
+            )
+        ),
+        "an empty parameter is no key, and it decides"
+    );
+    let r = get(&gw.url("/users/1/prefs?api_key=k1&api_key=k2"), &[]).await;
+    assert_eq!(r.status, 400);
+    let r = get(&gw.url("/users/1/prefs"), &[("Authorization", "Bearer k1")]).await;
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        get(&gw.url("/users/1/prefs?api_key=k1"), &[]).await.status,
+        429
+    );
+    assert_eq!(up.requests().len(), 3, "refused requests are not forwarded");
+    // `/limits` reads its own query as the proxy reads a request's.
+    let why = format!(
+        "http://{}/limits?method=GET&path=/users/1/prefs&api_key=k1",
+        gw.admin
+    );
+    let v = get(&why, &[]).await.json();
+    assert_eq!(v["limits"][0]["remaining"], 0, "{v}");
+}
+
 #[test]
 fn api_key_from_refuses_what_it_cannot_honour() {
     for (from, header, says) in [
@@ -278,7 +334,8 @@ fn api_key_from_refuses_what_it_cannot_honour() {
             "Authorization-Key",
             "set it or limits.api_key_header, not both",
         ),
-        ("query:api_key", "X-Api-Key", "not supported yet"),
+        ("jwt:sub", "X-Api-Key", "not supported yet"),
+        ("query:a=b", "X-Api-Key", "is not a query parameter name"),
         ("cookie:k", "X-Api-Key", "is not a source"),
     ] {
         let mut c = Config::default();

@@ -31,7 +31,7 @@ use crate::config::{AdminConfig, ConfigError, address};
 use crate::observe::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
 use crate::proxy::admission::Caller;
-use crate::proxy::caller::Found;
+use crate::proxy::caller::{Found, QueryKey};
 use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
 
@@ -254,7 +254,10 @@ impl Admin {
         }
         // The caller is found as the proxy finds it (`limits.api_key_from`).
         let said = sources.said();
-        let caller = match (sources.find_in(req.headers()), digest) {
+        let in_query = sources
+            .query()
+            .and_then(|name| QueryKey::in_query(query, name));
+        let caller = match (sources.find_in(req.headers(), in_query.as_ref()), digest) {
             (Found::Key(k), None) => Caller::Key(k),
             (Found::Absent | Found::Empty, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {
                 Ok((_, d)) => Caller::Digest(d),

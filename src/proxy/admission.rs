@@ -15,7 +15,7 @@ use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Version};
 
-use super::caller::{Found, MAX_SOURCES, Two};
+use super::caller::{Found, MAX_SOURCES, QueryKey, Two};
 use super::client;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
@@ -399,7 +399,12 @@ pub fn admit<'s, 'r>(
     if !policy.enabled {
         return Step::Done(unlimited());
     }
-    let key = passed!(api_key(&fields.keys, policy));
+    // Taken out of the target before admission (proxy/mod.rs), only when a source asks.
+    let query = match policy.key_sources.query() {
+        Some(_) => head.extensions.get::<QueryKey>(),
+        None => None,
+    };
+    let key = passed!(api_key(&fields.keys, query, policy));
     let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
     let held = passed!(hold(
         policy,
@@ -704,9 +709,10 @@ fn coding_refused<'s>(head: &Parts) -> Result<(), Admission<'s>> {
 #[allow(clippy::result_large_err)]
 fn api_key<'s, 'a>(
     keys: &[Two<'a>; MAX_SOURCES],
+    query: Option<&'a QueryKey>,
     policy: &Policy,
 ) -> Result<Option<&'a [u8]>, Admission<'s>> {
-    match policy.key_sources.find(keys) {
+    match policy.key_sources.find(keys, query) {
         Found::Key(key) => Ok(Some(key)),
         Found::Twice => Err(Admission::reject(
             Decision::BadRequest,

@@ -2,12 +2,14 @@
 //! order, the first one present deciding, even when its key is unknown (a request never falls
 //! through to a key it did not mean, and one source cannot be used to probe behind another).
 //!
-//! Sources: `header:NAME` (the field's value is the key) and `bearer` (`Authorization: Bearer
-//! <token>`, the scheme in any case, the token is the key). Pure: the admission reads the fields
-//! and asks here which key they give.
+//! Sources: `header:NAME` (the field's value is the key), `bearer` (`Authorization: Bearer
+//! <token>`, the scheme in any case, the token is the key) and `query:NAME` (a query parameter,
+//! percent-decoded, taken out of the target before anything else sees it). Pure: the admission
+//! reads the fields and asks here which key they give.
 
 use http::header::AUTHORIZATION;
-use http::{HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Uri};
 
 /// Sources in one list at most: each is looked for in every request's fields.
 pub const MAX_SOURCES: usize = 4;
@@ -19,14 +21,19 @@ pub enum Source {
     Header(HeaderName),
     /// The token of `Authorization: Bearer <token>`.
     Bearer,
+    /// A query parameter's value, percent-decoded (`+` a space, as forms send it).
+    Query(String),
 }
 
 /// The sources of `limits.api_key_from`, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sources {
     list: Vec<Source>,
-    /// The field each source reads, in the same order (`Authorization` for `bearer`).
+    /// The field each source that reads one reads, in the same order (`Authorization` for
+    /// `bearer`; a `query:` source reads none).
     names: Vec<HeaderName>,
+    /// The `query:` source's parameter name, if one is listed.
+    query: Option<String>,
     /// Where to send a key, for messages: "the X-Api-Key header", "an Authorization: Bearer
     /// token or the X-Api-Key header".
     said: String,
@@ -49,15 +56,28 @@ impl Sources {
                         .map_err(|_| format!("{name:?} is not a header name"))?;
                     (Source::Header(header), format!("the {name} header"))
                 }
-                Some((kind, _))
-                    if kind.trim().eq_ignore_ascii_case("query")
-                        || kind.trim().eq_ignore_ascii_case("jwt") =>
-                {
+                Some((kind, name)) if kind.trim().eq_ignore_ascii_case("query") => {
+                    let name = name.trim();
+                    // Unreserved characters only: the name is then the same escaped or not.
+                    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+                    if name.is_empty() || !name.bytes().all(unreserved) {
+                        return Err(format!(
+                            "{name:?} is not a query parameter name (letters, digits, -._~)"
+                        ));
+                    }
+                    (
+                        Source::Query(name.to_owned()),
+                        format!("the ?{name}= query parameter"),
+                    )
+                }
+                Some((kind, _)) if kind.trim().eq_ignore_ascii_case("jwt") => {
                     return Err(format!("{part:?}: {kind} sources are not supported yet"));
                 }
                 _ if part.is_empty() => return Err("a source is empty".into()),
                 _ => {
-                    return Err(format!("{part:?} is not a source (header:NAME or bearer)"));
+                    return Err(format!(
+                        "{part:?} is not a source (header:NAME, bearer or query:NAME)"
+                    ));
                 }
             };
             list.push(source);
@@ -68,17 +88,27 @@ impl Sources {
         }
         let names: Vec<HeaderName> = list
             .iter()
-            .map(|s| match s {
-                Source::Header(h) => h.clone(),
-                Source::Bearer => AUTHORIZATION,
+            .filter_map(|s| match s {
+                Source::Header(h) => Some(h.clone()),
+                Source::Bearer => Some(AUTHORIZATION),
+                Source::Query(_) => None,
             })
             .collect();
         if let Some(i) = (1..names.len()).find(|&i| names[..i].contains(&names[i])) {
             return Err(format!("{} is read by two sources", names[i]));
         }
+        let mut queries = list.iter().filter_map(|s| match s {
+            Source::Query(name) => Some(name.clone()),
+            _ => None,
+        });
+        let query = queries.next();
+        if queries.next().is_some() {
+            return Err("two query sources: at most one".into());
+        }
         Ok(Sources {
             list,
             names,
+            query,
             said: said.join(" or "),
         })
     }
@@ -88,6 +118,7 @@ impl Sources {
         Sources {
             list: vec![Source::Header(name.clone())],
             names: vec![name],
+            query: None,
             said: format!("the {label} header"),
         }
     }
@@ -96,9 +127,14 @@ impl Sources {
         &self.list
     }
 
-    /// The field each source reads, in order.
+    /// The field each source that reads one reads, in order.
     pub fn names(&self) -> &[HeaderName] {
         &self.names
+    }
+
+    /// The parameter of the `query:` source, if one is listed.
+    pub fn query(&self) -> Option<&str> {
+        self.query.as_deref()
     }
 
     /// Where a key is sent, for messages.
@@ -106,9 +142,13 @@ impl Sources {
         &self.said
     }
 
-    /// The key `headers` give (the admin's `/limits`; the proxy reads its fields in one pass
-    /// and asks [`Sources::find`]).
-    pub fn find_in<'a>(&self, headers: &'a http::HeaderMap) -> Found<'a> {
+    /// The key `headers` and `query` (what [`QueryKey::take`] took from the target) give (the
+    /// admin's `/limits`; the proxy reads its fields in one pass and asks [`Sources::find`]).
+    pub fn find_in<'a>(
+        &self,
+        headers: &'a http::HeaderMap,
+        query: Option<&'a QueryKey>,
+    ) -> Found<'a> {
         let values: Vec<Two<'a>> = self
             .names
             .iter()
@@ -118,23 +158,34 @@ impl Sources {
                 two
             })
             .collect();
-        self.find(&values)
+        self.find(&values, query)
     }
 
-    /// The key the request's fields give: `values[i]` holds the first two values of the field
-    /// source `i` reads ([`Sources::names`]).
-    pub fn find<'a>(&self, values: &[Two<'a>]) -> Found<'a> {
-        for (source, Two(first, second)) in self.list.iter().zip(values) {
+    /// The key the request gives: `values[i]` holds the first two values of the field the
+    /// `i`th source that reads a field reads ([`Sources::names`]); `query`, what the `query:`
+    /// source's parameter gave ([`QueryKey::take`]; `None`: it was not there).
+    pub fn find<'a>(&self, values: &[Two<'a>], query: Option<&'a QueryKey>) -> Found<'a> {
+        let mut fields = values.iter();
+        for source in &self.list {
+            let Two(first, second) = match source {
+                Source::Query(_) => match query {
+                    None => continue,
+                    Some(QueryKey::Key(key)) => return Found::Key(key),
+                    Some(QueryKey::Twice) => return Found::Twice,
+                    Some(QueryKey::Empty) => return Found::Empty,
+                },
+                _ => fields.next().copied().unwrap_or_default(),
+            };
             let Some(first) = first.map(HeaderValue::as_bytes) else {
                 continue;
             };
             let key = match source {
-                Source::Header(_) => first,
                 // Another scheme (Basic, a JWT the upstream checks...) is not this source's.
                 Source::Bearer => match bearer(first) {
                     Some(token) => token,
                     None => continue,
                 },
+                _ => first,
             };
             if second.is_some() {
                 return Found::Twice;
@@ -174,6 +225,81 @@ pub enum Found<'a> {
     Empty,
     /// No source is present.
     Absent,
+}
+
+/// What the `query:` source's parameter gave, once taken out of the request's target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryKey {
+    /// Its one value, percent-decoded.
+    Key(Box<[u8]>),
+    /// It came twice.
+    Twice,
+    /// It came without a value (`?api_key` or `?api_key=`).
+    Empty,
+}
+
+impl QueryKey {
+    /// Takes every `name` parameter out of `head`'s target (so that neither the upstream nor
+    /// anything logged after sees the key) and returns what it gave; `None`: it was not there,
+    /// and the target is untouched. A name is compared percent-decoded, as the upstream would
+    /// read it: `api%5Fkey=` is `api_key=` and is taken too.
+    pub fn take(head: &mut Parts, name: &str) -> Option<QueryKey> {
+        let query = head.uri.query()?;
+        let (found, rest) = Self::split(query, name)?;
+        let path = head.uri.path();
+        let mut target = String::with_capacity(path.len() + 1 + rest.len());
+        target.push_str(path);
+        if !rest.is_empty() {
+            target.push('?');
+            target.push_str(&rest);
+        }
+        let mut parts = std::mem::take(&mut head.uri).into_parts();
+        // The rest of a valid query is a valid query: no byte was added.
+        parts.path_and_query = target.parse().ok();
+        head.uri = Uri::from_parts(parts).unwrap_or_default();
+        Some(found)
+    }
+
+    /// What the `name` parameters of `query` give (the admin's `/limits`, whose own query
+    /// carries the key); `None`: there are none.
+    pub fn in_query(query: &str, name: &str) -> Option<QueryKey> {
+        Self::split(query, name).map(|(found, _)| found)
+    }
+
+    /// `query` without its `name` parameters, and what they gave; `None` if there are none.
+    fn split(query: &str, name: &str) -> Option<(QueryKey, String)> {
+        let mut found = None;
+        let mut rest = String::new();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if unescape(k.as_bytes()) != name.as_bytes() {
+                if !pair.is_empty() {
+                    rest.push_str(if rest.is_empty() { "" } else { "&" });
+                    rest.push_str(pair);
+                }
+                continue;
+            }
+            found = Some(match found {
+                None if v.is_empty() => QueryKey::Empty,
+                None => QueryKey::Key(unescape(v.as_bytes()).into()),
+                Some(_) => QueryKey::Twice,
+            });
+        }
+        Some((found?, rest))
+    }
+}
+
+/// `raw` percent-decoded, `+` a space (as a form sends one); an escape that is not two hex
+/// digits is kept as it came (as browsers and WHATWG's URLSearchParams read it).
+fn unescape(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !raw.iter().any(|&b| b == b'%' || b == b'+') {
+        return std::borrow::Cow::Borrowed(raw);
+    }
+    let plus: Vec<u8> = raw
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
+    std::borrow::Cow::Owned(percent_encoding::percent_decode(&plus).collect())
 }
 
 /// The token of an `Authorization` value whose scheme is `Bearer` (in any case), after any
@@ -217,7 +343,9 @@ mod tests {
             ("header:X-Api-Key,", "a source is empty"),
             ("cookie:k", "is not a source"),
             ("header:a b", "is not a header name"),
-            ("query:api_key", "not supported yet"),
+            ("query:", "is not a query parameter name"),
+            ("query:a&b", "is not a query parameter name"),
+            ("query:a, query:b", "two query sources"),
             ("jwt:sub", "not supported yet"),
             (
                 "bearer, header:Authorization",
@@ -252,8 +380,8 @@ mod tests {
         let s = Sources::parse("bearer, header:X-Api-Key").unwrap();
         let v = |b: &'static str| Some(HeaderValue::from_static(b));
         // What the two sources' fields give, as text.
-        fn shown(s: &Sources, values: &[Two<'_>]) -> String {
-            match s.find(values) {
+        fn shown(s: &Sources, values: &[Two<'_>], query: Option<&QueryKey>) -> String {
+            match s.find(values, query) {
                 Found::Key(k) => String::from_utf8_lossy(k).into_owned(),
                 other => format!("{other:?}"),
             }
@@ -262,7 +390,11 @@ mod tests {
             (v("Bearer a"), v("Bearer c"), v("Basic x"), v("Bearer "));
         let (b, c, empty) = (v("b"), v("c"), v(""));
         let one = |auth: &Option<HeaderValue>, key: &Option<HeaderValue>| {
-            shown(&s, &[Two(auth.as_ref(), None), Two(key.as_ref(), None)])
+            shown(
+                &s,
+                &[Two(auth.as_ref(), None), Two(key.as_ref(), None)],
+                None,
+            )
         };
         assert_eq!(one(&ba, &b), "a");
         // Another scheme is not the bearer source: the next one decides.
@@ -273,8 +405,58 @@ mod tests {
         assert_eq!(one(&None, &None), "Absent");
         assert_eq!(one(&basic, &None), "Absent");
         let twice = [Two(ba.as_ref(), bb.as_ref()), Two(None, None)];
-        assert_eq!(shown(&s, &twice), "Twice");
+        assert_eq!(shown(&s, &twice, None), "Twice");
         let twice = [Two(None, None), Two(b.as_ref(), c.as_ref())];
-        assert_eq!(shown(&s, &twice), "Twice");
+        assert_eq!(shown(&s, &twice, None), "Twice");
+
+        // A query source between two field sources: the fields keep their places.
+        let s = Sources::parse("bearer, query:api_key, header:X-Api-Key").unwrap();
+        assert_eq!(
+            s.names(),
+            [AUTHORIZATION, HeaderName::from_static("x-api-key")]
+        );
+        assert_eq!(s.query(), Some("api_key"));
+        let q = QueryKey::Key(b"q".as_slice().into());
+        let fields = [Two(None, None), Two(b.as_ref(), None)];
+        assert_eq!(shown(&s, &fields, Some(&q)), "q");
+        assert_eq!(shown(&s, &fields, None), "b");
+        assert_eq!(shown(&s, &fields, Some(&QueryKey::Empty)), "Empty");
+        assert_eq!(shown(&s, &fields, Some(&QueryKey::Twice)), "Twice");
+        let fields = [Two(ba.as_ref(), None), Two(b.as_ref(), None)];
+        assert_eq!(shown(&s, &fields, Some(&q)), "a");
+    }
+
+    #[test]
+    fn a_query_key_is_taken_out_of_the_target_and_decoded() {
+        let taken = |target: &str| {
+            let mut head = http::Request::get(target).body(()).unwrap().into_parts().0;
+            let found = QueryKey::take(&mut head, "api_key");
+            (found, head.uri.to_string())
+        };
+        let key = |k: &[u8]| Some(QueryKey::Key(k.into()));
+        for (target, found, left) in [
+            ("/a?api_key=k1", key(b"k1"), "/a"),
+            ("/a?x=1&api_key=k1&y=2", key(b"k1"), "/a?x=1&y=2"),
+            ("/a?api_key=k1&api_key=k1", Some(QueryKey::Twice), "/a"),
+            ("/a?api_key", Some(QueryKey::Empty), "/a"),
+            ("/a?api_key=&x", Some(QueryKey::Empty), "/a?x"),
+            // Decoded as the upstream would read them: the name too.
+            ("/a?api%5Fkey=k%2F1+2", key(b"k/1 2"), "/a"),
+            ("/a?api_key=%FF%zz", key(b"\xff%zz"), "/a"),
+            (
+                "http://h.test/a?api_key=k&z",
+                key(b"k"),
+                "http://h.test/a?z",
+            ),
+            ("/a?api_keys=k&xapi_key=k", None, "/a?api_keys=k&xapi_key=k"),
+            ("/a?&&x=1", None, "/a?&&x=1"),
+            ("/a", None, "/a"),
+        ] {
+            assert_eq!(taken(target), (found, left.to_owned()), "{target}");
+        }
+        assert_eq!(
+            QueryKey::in_query("method=GET&api_key=k", "api_key"),
+            key(b"k")
+        );
     }
 }

@@ -9,7 +9,7 @@ use quotagate_store::StoreError;
 
 use super::Proxy;
 use super::admission::{self, Action, Caller, Step};
-use super::caller::Source;
+use super::caller::{QueryKey, Source};
 use crate::catalog::{KeyDigest, KeyId};
 
 /// Why "why was I limited?" could not be answered.
@@ -40,9 +40,14 @@ impl Proxy {
             .method(method)
             .uri(path)
             .header(HOST, "admin");
+        let mut query = None;
         if let Caller::Key(key) = caller {
             // Sent as the first source takes it: admission finds it as it finds a request's.
             head = match &self.policy.key_sources.list()[0] {
+                Source::Query(_) => {
+                    query = Some(QueryKey::Key(key.into()));
+                    head
+                }
                 Source::Header(name) => head.header(name, key),
                 Source::Bearer => {
                     let mut value = b"Bearer ".to_vec();
@@ -51,7 +56,7 @@ impl Proxy {
                 }
             };
         }
-        let head = (head.body(()))
+        let mut head = (head.body(()))
             .map_err(|source| ExplainError::NotARequest {
                 method: method.to_owned(),
                 path: path.to_owned(),
@@ -59,6 +64,9 @@ impl Proxy {
             })?
             .into_parts()
             .0;
+        if let Some(query) = query {
+            head.extensions.insert(query);
+        }
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let mut out = json!({
             "key": shown(caller),

@@ -242,6 +242,13 @@ impl Proxy {
             let resp = 'resp: {
                 let record = &mut record;
                 self.forced_refresh(&mut parts).await;
+                // A key in the query is taken out of the target here, whichever source decides:
+                // it is a credential, for neither the upstream nor anything logged after.
+                if let Some(name) = self.policy.key_sources.query()
+                    && let Some(key) = caller::QueryKey::take(&mut parts, name)
+                {
+                    parts.extensions.insert(key);
+                }
                 let grpc = answer::is_grpc(&parts.headers);
                 catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
                 let admission =
