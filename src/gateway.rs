@@ -264,6 +264,9 @@ impl Gateway {
                 }
             });
         }
+        if let Some(jwt) = self.proxy.jwt() {
+            tokio::spawn(jwt.clone().run(shutdown.clone()));
+        }
         if let Some(poller) = &self.poller {
             tokio::spawn(poller.clone().run(shutdown.clone()));
             if let Some((redis, channel)) = &self.announcements {

@@ -334,7 +334,11 @@ fn api_key_from_refuses_what_it_cannot_honour() {
             "Authorization-Key",
             "set it or limits.api_key_header, not both",
         ),
-        ("jwt:sub", "X-Api-Key", "not supported yet"),
+        (
+            "jwt:sub",
+            "X-Api-Key",
+            "jwt:sub needs limits.jwt_jwks_url, limits.jwt_jwks_file or limits.jwt_secret_file",
+        ),
         ("query:a=b", "X-Api-Key", "is not a query parameter name"),
         ("cookie:k", "X-Api-Key", "is not a source"),
     ] {
@@ -346,6 +350,72 @@ fn api_key_from_refuses_what_it_cannot_honour() {
             e.contains("limits.api_key_from") && e.contains(says),
             "{from}: {e}"
         );
+    }
+    // The `jwt:` source's options: each names itself.
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (oct, short) = (
+        file("oct.json", r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#),
+        file("short", "short\n"),
+    );
+    type Set = fn(&mut Config, &str);
+    let cases: [(&str, Set, &str, &str, &str); 6] = [
+        (
+            "header:X-Api-Key",
+            |c, _| c.limits.jwt_issuer = "i".into(),
+            "",
+            "limits.jwt_issuer",
+            "lists none",
+        ),
+        (
+            "jwt:sub",
+            |c, f| c.limits.jwt_jwks_file = f.into(),
+            "/nonexistent/jwks.json",
+            "limits.jwt_jwks_file",
+            "cannot read /nonexistent/jwks.json",
+        ),
+        (
+            "jwt:sub",
+            |c, f| c.limits.jwt_jwks_file = f.into(),
+            &oct,
+            "limits.jwt_jwks_file",
+            "no usable key (key 0: a secret (oct) key",
+        ),
+        (
+            "jwt:sub",
+            |c, f| c.limits.jwt_secret_file = f.into(),
+            &short,
+            "limits.jwt_secret_file",
+            "5 bytes: an HS256 secret has 32 at least",
+        ),
+        (
+            "jwt:sub",
+            |c, f| c.limits.jwt_jwks_url = f.into(),
+            "ftp://idp.test/keys",
+            "limits.jwt_jwks_url",
+            "is not an http(s) URL",
+        ),
+        (
+            "jwt:sub",
+            |c, f| {
+                c.limits.jwt_jwks_url = "http://idp.test/keys".into();
+                c.limits.jwt_jwks_file = f.into();
+            },
+            "/x",
+            "limits.jwt_jwks_file",
+            "not both",
+        ),
+    ];
+    for (from, set, arg, option, says) in cases {
+        let mut c = Config::default();
+        c.limits.api_key_from = from.into();
+        set(&mut c, arg);
+        let e = support::refused(c);
+        assert!(e.contains(option) && e.contains(says), "{option}: {e}");
     }
 }
 

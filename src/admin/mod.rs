@@ -31,7 +31,7 @@ use crate::config::{AdminConfig, ConfigError, address};
 use crate::observe::metrics::{CatalogLabels, Metrics, PolicyLabels, State};
 use crate::proxy::Proxy;
 use crate::proxy::admission::Caller;
-use crate::proxy::caller::{Found, QueryKey};
+use crate::proxy::caller::{Found, Given, QueryKey};
 use crate::proxy::explain::ExplainError;
 use quotagate_store::{FailurePolicy, Store};
 
@@ -257,7 +257,16 @@ impl Admin {
         let in_query = sources
             .query()
             .and_then(|name| QueryKey::in_query(query, name));
-        let caller = match (sources.find_in(req.headers(), in_query.as_ref()), digest) {
+        let token = proxy.check_token(req.headers(), in_query.as_ref()).await;
+        let given = Given {
+            query: in_query.as_ref(),
+            token: token.as_ref(),
+        };
+        let claim = sources.jwt_claim().unwrap_or_default();
+        let caller = match (sources.find_in(req.headers(), given), digest) {
+            (Found::Refused(why), _) => {
+                return refusal(StatusCode::UNAUTHORIZED, &why.why(&claim));
+            }
             (Found::Key(k), None) => Caller::Key(k),
             (Found::Absent | Found::Empty, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {
                 Ok((_, d)) => Caller::Digest(d),

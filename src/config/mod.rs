@@ -437,7 +437,8 @@ pub struct LimitsConfig {
     /// Header carrying the API key. Default: `X-Api-Key`.
     pub api_key_header: String,
     /// Where the API key is found: comma-separated sources tried in order, the first present
-    /// deciding (`header:NAME`, `bearer`). Default: empty, `header:` `api_key_header`.
+    /// deciding (`header:NAME`, `bearer`, `query:NAME`, `jwt:CLAIM`). Default: empty, `header:`
+    /// `api_key_header`.
     pub api_key_from: String,
     /// Requests to endpoints not in the catalog: `reject` (404) or `forward` unlimited. Default: `reject`.
     pub unknown_endpoint: Uncovered,
@@ -468,6 +469,26 @@ pub struct LimitsConfig {
     /// Requests waiting for room (`wait_ms`) at once on this instance at most; more are refused
     /// at once. Default: 1000.
     pub wait_queue_max: u64,
+    /// The `jwt:` source's key set, fetched over HTTP(S) (RS256, ES256, EdDSA keys). Default:
+    /// empty.
+    pub jwt_jwks_url: String,
+    /// The `jwt:` source's key set, from a file read at start. Default: empty.
+    pub jwt_jwks_file: String,
+    /// How long a fetched key set is kept when its answer has no `Cache-Control: max-age`, in
+    /// milliseconds (10 s at least). Default: 300000.
+    pub jwt_jwks_refresh_ms: u64,
+    /// A file holding an HS256 secret (32 bytes at least, a trailing newline dropped) for the
+    /// `jwt:` source. Default: empty.
+    pub jwt_secret_file: String,
+    /// How long after its `exp` (and before its `nbf`) a token is still taken, in milliseconds
+    /// (whole seconds count). Default: 30000.
+    pub jwt_leeway_ms: u64,
+    /// The `iss` a token must carry. Default: empty (any).
+    pub jwt_issuer: String,
+    /// An `aud` a token must carry. Default: empty (any).
+    pub jwt_audience: String,
+    /// Verified tokens remembered at most (0: none; each up to 4 KiB). Default: 10000.
+    pub jwt_memo_max: u64,
 }
 
 /// How requests are spread over several upstream targets.
@@ -520,6 +541,14 @@ impl Default for LimitsConfig {
             ipv6_prefix: 64,
             cost_body_max_bytes: 1024 * 1024,
             wait_queue_max: 1000,
+            jwt_jwks_url: String::new(),
+            jwt_jwks_file: String::new(),
+            jwt_jwks_refresh_ms: 300_000,
+            jwt_secret_file: String::new(),
+            jwt_leeway_ms: 30_000,
+            jwt_issuer: String::new(),
+            jwt_audience: String::new(),
+            jwt_memo_max: 10_000,
         }
     }
 }

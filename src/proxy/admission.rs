@@ -15,8 +15,9 @@ use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Version};
 
-use super::caller::{Found, MAX_SOURCES, QueryKey, Two};
+use super::caller::{Found, Given, MAX_SOURCES, QueryKey, Two};
 use super::client;
+use super::jwt::Checked;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
 use crate::config::Uncovered;
@@ -37,6 +38,8 @@ pub enum Decision {
     /// Forwarded with limits turned off (`limits.enabled = false`).
     Unlimited,
     MissingKey,
+    /// A JWT (`jwt:` source) that is not taken: 401.
+    BadToken,
     BadRequest,
     TooLarge,
     /// No catalog loaded yet: 503.
@@ -61,6 +64,7 @@ impl Decision {
             Decision::Limited => "limited",
             Decision::Unlimited => "unlimited",
             Decision::MissingKey => "missing_key",
+            Decision::BadToken => "bad_token",
             Decision::BadRequest => "bad_request",
             Decision::TooLarge => "too_large",
             Decision::NotReady => "not_ready",
@@ -399,12 +403,15 @@ pub fn admit<'s, 'r>(
     if !policy.enabled {
         return Step::Done(unlimited());
     }
-    // Taken out of the target before admission (proxy/mod.rs), only when a source asks.
-    let query = match policy.key_sources.query() {
-        Some(_) => head.extensions.get::<QueryKey>(),
-        None => None,
+    // Found before admission (proxy/mod.rs), only when a source asks.
+    let given = match (policy.key_sources.query(), &policy.jwt) {
+        (None, None) => Given::default(),
+        _ => Given {
+            query: head.extensions.get::<QueryKey>(),
+            token: head.extensions.get::<Checked>(),
+        },
     };
-    let key = passed!(api_key(&fields.keys, query, policy));
+    let key = passed!(api_key(&fields.keys, given, policy));
     let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
     let held = passed!(hold(
         policy,
@@ -709,15 +716,21 @@ fn coding_refused<'s>(head: &Parts) -> Result<(), Admission<'s>> {
 #[allow(clippy::result_large_err)]
 fn api_key<'s, 'a>(
     keys: &[Two<'a>; MAX_SOURCES],
-    query: Option<&'a QueryKey>,
+    given: Given<'a>,
     policy: &Policy,
 ) -> Result<Option<&'a [u8]>, Admission<'s>> {
-    match policy.key_sources.find(keys, query) {
+    match policy.key_sources.find(keys, given) {
         Found::Key(key) => Ok(Some(key)),
         Found::Twice => Err(Admission::reject(
             Decision::BadRequest,
             StatusCode::BAD_REQUEST,
             format!("send your API key once, in {}", policy.key_sources.said()),
+        )),
+        // Never counted against anyone, never forwarded: not even as anonymous.
+        Found::Refused(why) => Err(Admission::reject(
+            Decision::BadToken,
+            StatusCode::UNAUTHORIZED,
+            why.why(&policy.key_sources.jwt_claim().unwrap_or_default()),
         )),
         Found::Empty | Found::Absent if policy.anonymous => Ok(None),
         Found::Empty | Found::Absent => Err(missing_key(policy)),

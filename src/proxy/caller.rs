@@ -3,9 +3,11 @@
 //! through to a key it did not mean, and one source cannot be used to probe behind another).
 //!
 //! Sources: `header:NAME` (the field's value is the key), `bearer` (`Authorization: Bearer
-//! <token>`, the scheme in any case, the token is the key) and `query:NAME` (a query parameter,
-//! percent-decoded, taken out of the target before anything else sees it). Pure: the admission
-//! reads the fields and asks here which key they give.
+//! <token>`, the scheme in any case, the token is the key), `query:NAME` (a query parameter,
+//! percent-decoded, taken out of the target before anything else sees it) and `jwt:CLAIM` (a
+//! Bearer JWT, verified by [`super::jwt`], whose claim is the key). Pure: the admission reads
+//! the fields and asks here which key they give; what needs more than the head (a query taken
+//! out of the target, a token verified) is done before and handed over as [`Given`].
 
 use http::header::AUTHORIZATION;
 use http::request::Parts;
@@ -23,6 +25,18 @@ pub enum Source {
     Bearer,
     /// A query parameter's value, percent-decoded (`+` a space, as forms send it).
     Query(String),
+    /// A claim of the verified JWT of `Authorization: Bearer <token>`: its path into nested
+    /// objects (`org.id` is `["org", "id"]`).
+    Jwt(Vec<String>),
+}
+
+/// What was found before admission for the sources that need more than the head's fields.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Given<'a> {
+    /// The `query:` source's parameter, taken out of the target; `None`: it was not there.
+    pub query: Option<&'a QueryKey>,
+    /// The `jwt:` source's token, checked; `None`: not checked (another source decided).
+    pub token: Option<&'a super::jwt::Checked>,
 }
 
 /// The sources of `limits.api_key_from`, in order.
@@ -70,13 +84,21 @@ impl Sources {
                         format!("the ?{name}= query parameter"),
                     )
                 }
-                Some((kind, _)) if kind.trim().eq_ignore_ascii_case("jwt") => {
-                    return Err(format!("{part:?}: {kind} sources are not supported yet"));
+                Some((kind, claim)) if kind.trim().eq_ignore_ascii_case("jwt") => {
+                    let claim = claim.trim();
+                    let path: Vec<String> = claim.split('.').map(str::to_owned).collect();
+                    if path.iter().any(String::is_empty) {
+                        return Err(format!("{claim:?} is not a claim (sub, tenant, org.id)"));
+                    }
+                    (
+                        Source::Jwt(path),
+                        "a JWT in Authorization: Bearer".to_owned(),
+                    )
                 }
                 _ if part.is_empty() => return Err("a source is empty".into()),
                 _ => {
                     return Err(format!(
-                        "{part:?} is not a source (header:NAME, bearer or query:NAME)"
+                        "{part:?} is not a source (header:NAME, bearer, query:NAME or jwt:CLAIM)"
                     ));
                 }
             };
@@ -90,7 +112,7 @@ impl Sources {
             .iter()
             .filter_map(|s| match s {
                 Source::Header(h) => Some(h.clone()),
-                Source::Bearer => Some(AUTHORIZATION),
+                Source::Bearer | Source::Jwt(_) => Some(AUTHORIZATION),
                 Source::Query(_) => None,
             })
             .collect();
@@ -137,18 +159,48 @@ impl Sources {
         self.query.as_deref()
     }
 
+    /// The claim of the `jwt:` source (`org.id`), if one is listed.
+    pub fn jwt_claim(&self) -> Option<String> {
+        self.list.iter().find_map(|s| match s {
+            Source::Jwt(path) => Some(path.join(".")),
+            _ => None,
+        })
+    }
+
+    /// The token the `jwt:` source would verify for a request with these `headers` and
+    /// `query` parameter: `None` when another source before it decides, or it has no token to
+    /// check (absent, another scheme, empty, twice: the admission answers those without one).
+    pub fn jwt_token<'a>(
+        &self,
+        headers: &'a http::HeaderMap,
+        query: Option<&QueryKey>,
+    ) -> Option<&'a [u8]> {
+        for source in &self.list {
+            match source {
+                Source::Header(name) if headers.contains_key(name) => return None,
+                Source::Query(_) if query.is_some() => return None,
+                Source::Jwt(_) => {
+                    let mut values = headers.get_all(AUTHORIZATION).iter();
+                    let (Some(first), None) = (values.next(), values.next()) else {
+                        return None;
+                    };
+                    return bearer(first.as_bytes()).filter(|t| !t.is_empty());
+                }
+                // `bearer` and `jwt:` are never listed together (both read Authorization).
+                _ => {}
+            }
+        }
+        None
+    }
+
     /// Where a key is sent, for messages.
     pub fn said(&self) -> &str {
         &self.said
     }
 
-    /// The key `headers` and `query` (what [`QueryKey::take`] took from the target) give (the
-    /// admin's `/limits`; the proxy reads its fields in one pass and asks [`Sources::find`]).
-    pub fn find_in<'a>(
-        &self,
-        headers: &'a http::HeaderMap,
-        query: Option<&'a QueryKey>,
-    ) -> Found<'a> {
+    /// The key `headers` and what was found before give (the admin's `/limits`; the proxy
+    /// reads its fields in one pass and asks [`Sources::find`]).
+    pub fn find_in<'a>(&self, headers: &'a http::HeaderMap, given: Given<'a>) -> Found<'a> {
         let values: Vec<Two<'a>> = self
             .names
             .iter()
@@ -158,17 +210,17 @@ impl Sources {
                 two
             })
             .collect();
-        self.find(&values, query)
+        self.find(&values, given)
     }
 
     /// The key the request gives: `values[i]` holds the first two values of the field the
-    /// `i`th source that reads a field reads ([`Sources::names`]); `query`, what the `query:`
-    /// source's parameter gave ([`QueryKey::take`]; `None`: it was not there).
-    pub fn find<'a>(&self, values: &[Two<'a>], query: Option<&'a QueryKey>) -> Found<'a> {
+    /// `i`th source that reads a field reads ([`Sources::names`]); `given`, what was found
+    /// before.
+    pub fn find<'a>(&self, values: &[Two<'a>], given: Given<'a>) -> Found<'a> {
         let mut fields = values.iter();
         for source in &self.list {
             let Two(first, second) = match source {
-                Source::Query(_) => match query {
+                Source::Query(_) => match given.query {
                     None => continue,
                     Some(QueryKey::Key(key)) => return Found::Key(key),
                     Some(QueryKey::Twice) => return Found::Twice,
@@ -181,7 +233,7 @@ impl Sources {
             };
             let key = match source {
                 // Another scheme (Basic, a JWT the upstream checks...) is not this source's.
-                Source::Bearer => match bearer(first) {
+                Source::Bearer | Source::Jwt(_) => match bearer(first) {
                     Some(token) => token,
                     None => continue,
                 },
@@ -190,9 +242,15 @@ impl Sources {
             if second.is_some() {
                 return Found::Twice;
             }
-            return match key.is_empty() {
-                true => Found::Empty,
-                false => Found::Key(key),
+            if key.is_empty() {
+                return Found::Empty;
+            }
+            return match (source, given.token) {
+                (Source::Jwt(_), Some(super::jwt::Checked(Ok(v)))) => Found::Key(&v.key),
+                (Source::Jwt(_), Some(super::jwt::Checked(Err(why)))) => Found::Refused(why),
+                // Never left unchecked by the proxy ([`Sources::jwt_token`]): not a key.
+                (Source::Jwt(_), None) => Found::Refused(&super::jwt::Refusal::Malformed),
+                _ => Found::Key(key),
             };
         }
         Found::Absent
@@ -223,6 +281,8 @@ pub enum Found<'a> {
     Twice,
     /// The first source present is empty (a field without a value, `Bearer` without a token).
     Empty,
+    /// The first source present is a JWT that is not taken, and why.
+    Refused(&'a super::jwt::Refusal),
     /// No source is present.
     Absent,
 }
@@ -346,7 +406,9 @@ mod tests {
             ("query:", "is not a query parameter name"),
             ("query:a&b", "is not a query parameter name"),
             ("query:a, query:b", "two query sources"),
-            ("jwt:sub", "not supported yet"),
+            ("jwt:", "is not a claim"),
+            ("jwt:org..id", "is not a claim"),
+            ("jwt:sub, bearer", "authorization is read by two sources"),
             (
                 "bearer, header:Authorization",
                 "authorization is read by two sources",
@@ -381,7 +443,8 @@ mod tests {
         let v = |b: &'static str| Some(HeaderValue::from_static(b));
         // What the two sources' fields give, as text.
         fn shown(s: &Sources, values: &[Two<'_>], query: Option<&QueryKey>) -> String {
-            match s.find(values, query) {
+            let given = Given { query, token: None };
+            match s.find(values, given) {
                 Found::Key(k) => String::from_utf8_lossy(k).into_owned(),
                 other => format!("{other:?}"),
             }

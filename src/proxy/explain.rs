@@ -10,6 +10,7 @@ use quotagate_store::StoreError;
 use super::Proxy;
 use super::admission::{self, Action, Caller, Step};
 use super::caller::{QueryKey, Source};
+use super::jwt::{Checked, Verified};
 use crate::catalog::{KeyDigest, KeyId};
 
 /// Why "why was I limited?" could not be answered.
@@ -40,13 +41,21 @@ impl Proxy {
             .method(method)
             .uri(path)
             .header(HOST, "admin");
-        let mut query = None;
+        let mut given = (None, None);
         if let Caller::Key(key) = caller {
             // Sent as the first source takes it: admission finds it as it finds a request's.
             head = match &self.policy.key_sources.list()[0] {
                 Source::Query(_) => {
-                    query = Some(QueryKey::Key(key.into()));
+                    given.0 = Some(QueryKey::Key(key.into()));
                     head
+                }
+                // A token stands for the key it was verified to give.
+                Source::Jwt(_) => {
+                    given.1 = Some(Checked(Ok(Verified {
+                        key: key.into(),
+                        until_s: u64::MAX,
+                    })));
+                    head.header(http::header::AUTHORIZATION, "Bearer checked")
                 }
                 Source::Header(name) => head.header(name, key),
                 Source::Bearer => {
@@ -64,8 +73,11 @@ impl Proxy {
             })?
             .into_parts()
             .0;
-        if let Some(query) = query {
+        if let Some(query) = given.0 {
             head.extensions.insert(query);
+        }
+        if let Some(token) = given.1 {
+            head.extensions.insert(token);
         }
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let mut out = json!({

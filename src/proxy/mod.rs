@@ -13,6 +13,7 @@ pub mod explain;
 pub mod fields;
 pub mod headers;
 pub mod in_flight;
+pub mod jwt;
 pub mod report;
 pub mod settings;
 pub mod upgrade;
@@ -120,6 +121,8 @@ pub struct Proxy {
     lines: Arc<wait::Lines>,
     /// Set while upstream requests fail, so the failure is logged once per episode.
     upstream_failing: AtomicBool,
+    /// The `jwt:` source's keys and memo, when one is listed.
+    jwt: Option<Arc<jwt::source::Jwt>>,
 }
 
 impl Proxy {
@@ -154,7 +157,30 @@ impl Proxy {
             }),
             lines,
             upstream_failing: AtomicBool::new(false),
+            jwt: (s.policy.jwt.as_ref())
+                .map(|j| Arc::new(jwt::source::Jwt::new(j, rt.clock.clone()))),
         }
+    }
+
+    /// The `jwt:` source's keys and memo, when one is listed (their fetching runs apart).
+    pub fn jwt(&self) -> Option<&Arc<jwt::source::Jwt>> {
+        self.jwt.as_ref()
+    }
+
+    /// The `jwt:` source's check of the token in `headers`, when that source decides (no source
+    /// before it is present: `query`, what the `query:` source found).
+    pub async fn check_token(
+        &self,
+        headers: &http::HeaderMap,
+        query: Option<&caller::QueryKey>,
+    ) -> Option<jwt::Checked> {
+        let jwt = self.jwt.as_ref()?;
+        let token = self.policy.key_sources.jwt_token(headers, query)?;
+        Some(match jwt.check(token) {
+            Some(checked) => checked,
+            // Boxed: a fetch is rare, and its future would otherwise be in every request's.
+            None => crate::server::cold::apart(|| jwt.check_fetching(token)).await,
+        })
     }
 
     /// The admission policy (`[limits]`).
@@ -248,6 +274,13 @@ impl Proxy {
                     && let Some(key) = caller::QueryKey::take(&mut parts, name)
                 {
                     parts.extensions.insert(key);
+                }
+                if self.jwt.is_some()
+                    && let Some(checked) = self
+                        .check_token(&parts.headers, parts.extensions.get())
+                        .await
+                {
+                    parts.extensions.insert(checked);
                 }
                 let grpc = answer::is_grpc(&parts.headers);
                 catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());

@@ -5,6 +5,8 @@ use quotagate_engine::path::EscapedSlashes;
 
 use super::caller::Sources;
 use super::client;
+use super::jwt::source::{Fetching, JwtSettings};
+use super::jwt::{Keys, Rules};
 use crate::config::{
     CatalogConfig, Config, ConfigError, HeaderSet, Uncovered, header_name, positive_ms,
 };
@@ -39,6 +41,8 @@ pub struct Policy {
     pub cost_body_max_bytes: usize,
     /// Requests waiting for room at once at most (`limits.wait_queue_max`).
     pub wait_queue_max: usize,
+    /// The `jwt:` source's keys and rules, when one is listed.
+    pub jwt: Option<JwtSettings>,
 }
 
 /// `limits.api_key_from`, or `limits.api_key_header` alone (both set is ambiguous: refused).
@@ -56,15 +60,127 @@ fn key_sources(limits: &crate::config::LimitsConfig) -> Result<Sources, ConfigEr
     Sources::parse(&limits.api_key_from).map_err(|e| ConfigError::option("limits.api_key_from", e))
 }
 
+/// A key set or secret file's size at most.
+const MAX_JWT_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The `jwt:` source's settings (`limits.jwt_*`), its files read and checked; `None` without a
+/// `jwt:` source (then no `limits.jwt_*` option may be set: it would not be honoured).
+fn jwt_settings(c: &Config, sources: &Sources) -> Result<Option<JwtSettings>, ConfigError> {
+    let l = &c.limits;
+    let given = [
+        ("limits.jwt_jwks_url", &l.jwt_jwks_url),
+        ("limits.jwt_jwks_file", &l.jwt_jwks_file),
+        ("limits.jwt_secret_file", &l.jwt_secret_file),
+        ("limits.jwt_issuer", &l.jwt_issuer),
+        ("limits.jwt_audience", &l.jwt_audience),
+    ];
+    let Some(claim) = sources.jwt_claim() else {
+        return match given.iter().find(|(_, v)| !v.is_empty()) {
+            Some((name, _)) => Err(ConfigError::option(
+                *name,
+                "it is for a jwt:CLAIM source, and limits.api_key_from lists none",
+            )),
+            None => Ok(None),
+        };
+    };
+    let (url, file, secret) = (&l.jwt_jwks_url, &l.jwt_jwks_file, &l.jwt_secret_file);
+    if url.is_empty() && file.is_empty() && secret.is_empty() {
+        return Err(ConfigError::option(
+            "limits.api_key_from",
+            format!(
+                "jwt:{claim} needs limits.jwt_jwks_url, limits.jwt_jwks_file or limits.jwt_secret_file"
+            ),
+        ));
+    }
+    if !url.is_empty() && !file.is_empty() {
+        return Err(ConfigError::option(
+            "limits.jwt_jwks_file",
+            "set it or limits.jwt_jwks_url, not both",
+        ));
+    }
+    let read = |name: &str, path: &str| {
+        crate::config::files::read_capped(path.as_ref(), MAX_JWT_FILE_BYTES)
+            .map_err(|e| ConfigError::option(name, format!("cannot read {path}: {e}")))
+    };
+    let mut keys = Keys::default();
+    if !file.is_empty() {
+        let text = read("limits.jwt_jwks_file", file)?;
+        keys = Keys::from_jwks(text.as_bytes())
+            .map_err(|e| ConfigError::option("limits.jwt_jwks_file", format!("{file}: {e}")))?
+            .0;
+    }
+    let mut kept = None;
+    if !secret.is_empty() {
+        let text = read("limits.jwt_secret_file", secret)?;
+        let bytes = text.strip_suffix('\n').unwrap_or(&text);
+        let bytes = bytes.strip_suffix('\r').unwrap_or(bytes).as_bytes();
+        keys = keys
+            .with_secret(bytes)
+            .map_err(|e| ConfigError::option("limits.jwt_secret_file", format!("{secret}: {e}")))?;
+        kept = Some(std::sync::Arc::from(bytes));
+    }
+    let fetching = match url.as_str() {
+        "" => None,
+        url => {
+            let parsed = reqwest::Url::parse(url)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    ConfigError::option(
+                        "limits.jwt_jwks_url",
+                        format!("{url:?} is not an http(s) URL"),
+                    )
+                })?;
+            // The catalog's HTTP client settings: the same timeouts.
+            let client = reqwest::Client::builder()
+                .connect_timeout(positive_ms(
+                    "catalog.connect_timeout_ms",
+                    c.catalog.connect_timeout_ms,
+                )?)
+                .timeout(positive_ms(
+                    "catalog.request_timeout_ms",
+                    c.catalog.request_timeout_ms,
+                )?)
+                .build()
+                .map_err(|e| {
+                    ConfigError::option(
+                        "limits.jwt_jwks_url",
+                        format!("cannot build its client: {}", crate::start::with_causes(&e)),
+                    )
+                })?;
+            Some(Fetching {
+                url: parsed,
+                refresh: positive_ms("limits.jwt_jwks_refresh_ms", l.jwt_jwks_refresh_ms)?,
+                client,
+            })
+        }
+    };
+    let nonempty = |s: &String| (!s.is_empty()).then(|| s.clone());
+    Ok(Some(JwtSettings {
+        rules: Rules {
+            claim: claim.split('.').map(str::to_owned).collect(),
+            leeway_s: l.jwt_leeway_ms / 1000,
+            issuer: nonempty(&l.jwt_issuer),
+            audience: nonempty(&l.jwt_audience),
+        },
+        keys: std::sync::Arc::new(keys),
+        secret: kept,
+        url: fetching,
+        memo_max: usize::try_from(l.jwt_memo_max).unwrap_or(usize::MAX),
+    }))
+}
+
 impl TryFrom<&Config> for Policy {
     type Error = ConfigError;
 
     /// `[limits]`, with `server.max_body_bytes` and `log.access`.
     fn try_from(c: &Config) -> Result<Self, ConfigError> {
         let limits = &c.limits;
+        let key_sources = key_sources(limits)?;
         Ok(Policy {
             enabled: limits.enabled,
-            key_sources: key_sources(limits)?,
+            jwt: jwt_settings(c, &key_sources)?,
+            key_sources,
             unknown_endpoint: limits.unknown_endpoint,
             no_limit: limits.no_limit,
             headers: limits.headers,

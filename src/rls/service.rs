@@ -558,6 +558,7 @@ fn uncounted(decided: &admission::Admission<'_>) -> Plan {
         // rest are decided by a count or by a request's head, never here: not limited either.
         D::Unlimited
         | D::MissingKey
+        | D::BadToken
         | D::NotReady
         | D::BadRequest
         | D::UnknownEndpoint
