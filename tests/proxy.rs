@@ -3251,3 +3251,356 @@ async fn a_hung_collector_costs_requests_nothing() {
     // 4 fit in the queue; the other 45 were dropped.
     assert_eq!(m[r#"quotagate_trace_spans_total{outcome="dropped"}"#], 45.0);
 }
+
+// ---- a verified JWT as the key (`jwt:CLAIM`) ----
+
+/// An identity provider's key set endpoint of the test's own: serves what `set` holds (a status
+/// and a body) at any path, and counts the fetches.
+struct Idp {
+    url: String,
+    set: Arc<std::sync::Mutex<(u16, String)>>,
+    fetches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Idp {
+    async fn start(jwks: String) -> Idp {
+        use hyper::service::service_fn;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
+        let set = Arc::new(std::sync::Mutex::new((200, jwks)));
+        let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, n) = (set.clone(), fetches.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (s, n) = (s.clone(), n.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let (status, body) = s.lock().unwrap().clone();
+                        async move {
+                            hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/json")
+                                .body(http_body_util::Full::new(Bytes::from(body)))
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(tcp);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        Idp { url, set, fetches }
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn serve(&self, status: u16, body: String) {
+        *self.set.lock().unwrap() = (status, body);
+    }
+}
+
+/// A signing key made by `openssl` for the test, and its public JWK with `kid`.
+struct Signer {
+    key: jsonwebtoken::EncodingKey,
+    alg: jsonwebtoken::Algorithm,
+    kid: String,
+}
+
+impl Signer {
+    fn new(dir: &std::path::Path, alg: jsonwebtoken::Algorithm, kid: &str) -> Signer {
+        use jsonwebtoken::{Algorithm, EncodingKey};
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .unwrap_or_else(|_| support::missing("openssl"));
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        let (pem, der) = (
+            dir.join(format!("{kid}.pem")),
+            dir.join(format!("{kid}.der")),
+        );
+        let (pem, der) = (pem.to_str().unwrap(), der.to_str().unwrap());
+        let key = match alg {
+            Algorithm::RS256 => {
+                openssl(&[
+                    "genpkey",
+                    "-algorithm",
+                    "RSA",
+                    "-pkeyopt",
+                    "rsa_keygen_bits:2048",
+                    "-out",
+                    pem,
+                ]);
+                // PKCS#1, as jsonwebtoken reads an RSA key.
+                openssl(&[
+                    "rsa",
+                    "-in",
+                    pem,
+                    "-traditional",
+                    "-outform",
+                    "DER",
+                    "-out",
+                    der,
+                ]);
+                EncodingKey::from_rsa_der(&std::fs::read(der).unwrap())
+            }
+            Algorithm::ES256 => {
+                openssl(&[
+                    "genpkey",
+                    "-algorithm",
+                    "EC",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-out",
+                    pem,
+                ]);
+                // PKCS#8, as jsonwebtoken reads an EC key (genpkey's DER is SEC1 for EC).
+                openssl(&[
+                    "pkcs8", "-topk8", "-nocrypt", "-in", pem, "-outform", "DER", "-out", der,
+                ]);
+                EncodingKey::from_ec_der(&std::fs::read(der).unwrap())
+            }
+            Algorithm::EdDSA => {
+                openssl(&[
+                    "genpkey",
+                    "-algorithm",
+                    "ed25519",
+                    "-outform",
+                    "DER",
+                    "-out",
+                    der,
+                ]);
+                EncodingKey::from_ed_der(&std::fs::read(der).unwrap())
+            }
+            other => panic!("{other:?}"),
+        };
+        Signer {
+            key,
+            alg,
+            kid: kid.into(),
+        }
+    }
+
+    fn jwk(&self) -> serde_json::Value {
+        let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&self.key, self.alg).unwrap();
+        jwk.common.key_id = Some(self.kid.clone());
+        serde_json::to_value(jwk).unwrap()
+    }
+
+    fn sign(&self, claims: serde_json::Value) -> String {
+        let mut header = jsonwebtoken::Header::new(self.alg);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, &claims, &self.key).unwrap()
+    }
+}
+
+fn jwks(signers: &[&Signer]) -> String {
+    serde_json::json!({ "keys": signers.iter().map(|s| s.jwk()).collect::<Vec<_>>() }).to_string()
+}
+
+fn bearer(token: &str) -> (&'static str, String) {
+    ("Authorization", format!("Bearer {token}"))
+}
+
+async fn get_with(url: &str, auth: &(&'static str, String)) -> support::Got {
+    get(url, &[(auth.0, auth.1.as_str())]).await
+}
+
+#[tokio::test]
+async fn a_verified_jwts_claim_is_the_key() {
+    use jsonwebtoken::Algorithm;
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let (rs, es, ed) = (
+        Signer::new(dir.path(), Algorithm::RS256, "rs-1"),
+        Signer::new(dir.path(), Algorithm::ES256, "es-1"),
+        Signer::new(dir.path(), Algorithm::EdDSA, "ed-1"),
+    );
+    let idp = Idp::start(jwks(&[&rs, &es, &ed])).await;
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_from = "jwt:sub".into();
+    c.limits.jwt_jwks_url = idp.url.clone();
+    c.limits.jwt_issuer = "https://idp.test".into();
+    let gw = gateway(c).await;
+    let at = gw.url("/users/1/prefs");
+    let claims = |sub: &str, exp: u64| json!({"sub": sub, "exp": exp, "iss": "https://idp.test"});
+    // k1 may make 3 requests a minute here: one token of each algorithm, all counted as k1.
+    for (signer, remaining) in [(&rs, "2"), (&es, "1"), (&ed, "0")] {
+        let token = signer.sign(claims("k1", T0 + 600));
+        let r = get_with(&at, &bearer(&token)).await;
+        assert_eq!(
+            (r.status, r.header("ratelimit-remaining")),
+            (200, Some(remaining)),
+            "{:?}: {}",
+            signer.alg,
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(
+            up.last().headers["authorization"].to_str().unwrap(),
+            format!("Bearer {token}"),
+            "Authorization goes upstream as it came"
+        );
+    }
+    let k1 = rs.sign(claims("k1", T0 + 600));
+    // Repeated (remembered), and with the scheme in another case and odd spacing.
+    let odd = ("Authorization", format!("bEaReR \t {k1}"));
+    assert_eq!(get_with(&at, &odd).await.status, 429);
+    assert_eq!(get_with(&at, &bearer(&k1)).await.status, 429);
+    let forwarded = up.requests().len();
+
+    // Refused tokens: 401 with why, never forwarded, never counted against the claim's key.
+    let b64 = |v: serde_json::Value| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let other = Signer::new(dir.path(), Algorithm::RS256, "rs-1");
+    let unsigned = format!(
+        "{}.{}.",
+        b64(json!({"alg": "none", "kid": "rs-1"})),
+        b64(claims("k2", T0 + 600))
+    );
+    let k2 = |exp| es.sign(claims("k2", exp));
+    for (token, why) in [
+        (k2(T0 - 31), "the bearer token has expired"),
+        (
+            other.sign(claims("k2", T0 + 600)),
+            "the bearer token's signature is not valid",
+        ),
+        (unsigned, "the bearer token is not signed (alg none)"),
+        (
+            ed.sign(json!({"sub": "k2", "exp": T0 + 600, "iss": "https://evil.test"})),
+            "the bearer token's issuer is not accepted",
+        ),
+        (
+            ed.sign(json!({"tenant": "k2", "exp": T0 + 600, "iss": "https://idp.test"})),
+            "the bearer token has no string claim sub",
+        ),
+        ("not-a-jwt".into(), "the bearer token is not a JWT"),
+    ] {
+        let r = get_with(&at, &bearer(&token)).await;
+        assert_eq!(
+            (r.status, r.json()["detail"].as_str()),
+            (401, Some(why)),
+            "{token}"
+        );
+    }
+    assert_eq!(up.requests().len(), forwarded, "no refused token forwarded");
+    // Within the leeway (30 s): taken; k2 has counted nothing of the refused ones.
+    let r = get_with(&at, &bearer(&k2(T0 - 29))).await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("49"))
+    );
+    assert_eq!(get(&at, &[("Authorization", "Bearer")]).await.status, 401);
+    assert_eq!(
+        get(&at, &[("Authorization", "Basic eDp5")]).await.status,
+        401
+    );
+
+    // `/limits` finds the caller as the proxy does.
+    let why = format!("http://{}/limits?method=GET&path=/users/1/prefs", gw.admin);
+    let v = get_with(&why, &bearer(&k1)).await.json();
+    assert_eq!(v["limits"][0]["remaining"], 0, "{v}");
+    let r = get_with(&why, &bearer(&k2(T0 - 60))).await;
+    assert_eq!(r.status, 401);
+
+    // A key rotation: a token of a new `kid` makes the set fetched again (once: the second
+    // unknown `kid` within 10 s is refused without a fetch).
+    let fetched = idp.fetches();
+    assert!(fetched >= 1);
+    let rotated = Signer::new(dir.path(), Algorithm::ES256, "es-2");
+    idp.serve(200, jwks(&[&rs, &rotated]));
+    gw.clock.advance(11);
+    let r = get_with(&at, &bearer(&rotated.sign(claims("k2", T0 + 600)))).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(idp.fetches(), fetched + 1);
+    let stranger = Signer::new(dir.path(), Algorithm::ES256, "es-3");
+    for _ in 0..5 {
+        let r = get_with(&at, &bearer(&stranger.sign(claims("k2", T0 + 600)))).await;
+        assert_eq!(
+            r.json()["detail"],
+            "the bearer token is signed by an unknown key"
+        );
+    }
+    assert_eq!(idp.fetches(), fetched + 1, "one fetch in 10 s at most");
+    // es-1 left the set: its tokens stop at once, remembered or not.
+    let r = get_with(&at, &bearer(&k2(T0 + 600))).await;
+    assert_eq!(r.status, 401);
+
+    // The set's URL down: the last set is kept.
+    idp.serve(500, "down".into());
+    gw.clock.advance(11);
+    let r = get_with(&at, &bearer(&stranger.sign(claims("k2", T0 + 600)))).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(idp.fetches(), fetched + 2);
+    let r = get_with(&at, &bearer(&rotated.sign(claims("k2", T0 + 600)))).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[tokio::test]
+async fn jwt_keys_from_a_file_and_a_secret_and_the_order_of_sources() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let ed = Signer::new(dir.path(), Algorithm::EdDSA, "ed-1");
+    let (set, secret) = (dir.path().join("jwks.json"), dir.path().join("hs.secret"));
+    std::fs::write(&set, jwks(&[&ed])).unwrap();
+    std::fs::write(&secret, "an HS256 secret of at least 32 bytes\n").unwrap();
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_from = "header:X-Api-Key, jwt:org.id".into();
+    c.limits.jwt_jwks_file = set.display().to_string();
+    c.limits.jwt_secret_file = secret.display().to_string();
+    c.limits.jwt_audience = "api".into();
+    let gw = gateway(c).await;
+    let at = gw.url("/users/1/prefs");
+    let claims = json!({"org": {"id": "k1"}, "exp": T0 + 60, "aud": "api"});
+    let hs = jsonwebtoken::encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(b"an HS256 secret of at least 32 bytes").unwrap(),
+    )
+    .unwrap();
+    for (token, remaining) in [(hs, "2"), (ed.sign(claims.clone()), "1")] {
+        let r = get_with(&at, &bearer(&token)).await;
+        assert_eq!(
+            (r.status, r.header("ratelimit-remaining")),
+            (200, Some(remaining)),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let wrong_aud = ed.sign(json!({"org": {"id": "k1"}, "exp": T0 + 60, "aud": "web"}));
+    let r = get_with(&at, &bearer(&wrong_aud)).await;
+    assert_eq!(
+        r.json()["detail"],
+        "the bearer token's audience is not accepted"
+    );
+    // The header comes first: present, it decides, whatever the token says.
+    let r = get(
+        &at,
+        &[KEY, ("Authorization", &format!("Bearer {wrong_aud}"))],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.header("ratelimit-remaining")),
+        (200, Some("0"))
+    );
+    let r = get(&at, &[]).await;
+    assert_eq!(
+        r.json()["detail"],
+        "send your API key in the X-Api-Key header or a JWT in Authorization: Bearer"
+    );
+}

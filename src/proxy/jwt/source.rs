@@ -4,7 +4,7 @@
 //! of the URL, at most once every [`REFETCH_FLOOR`] whatever the tokens say.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use quotagate_engine::clock::Clock;
@@ -64,8 +64,8 @@ pub struct Jwt {
 
 struct Fetch {
     how: Fetching,
-    /// When the last fetch began.
-    last: Mutex<Option<Instant>>,
+    /// When the last fetch began, on the gateway's clock (milliseconds).
+    last: Mutex<Option<u64>>,
     /// One fetch at a time; requests waiting on one find its keys when it ends.
     one: tokio::sync::Mutex<()>,
 }
@@ -118,7 +118,10 @@ impl Jwt {
         let got = verify(token, &keys, &self.rules, now_s);
         match &got {
             Ok(v) => self.memo.put(token, v, now_s),
-            Err(Refusal::UnknownKey | Refusal::NoKeys) if self.may_fetch() => return None,
+            // A fetch under way (the first, at start) may bring its key: waited for too.
+            Err(Refusal::UnknownKey | Refusal::NoKeys) if self.may_fetch() || self.fetching() => {
+                return None;
+            }
             Err(_) => {}
         }
         Some(Checked(got))
@@ -154,8 +157,15 @@ impl Jwt {
         let Some(f) = &self.fetch else {
             return false;
         };
-        let last = f.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.is_none_or(|t| t.elapsed() >= REFETCH_FLOOR)
+        let last = *f.last.lock().unwrap_or_else(|p| p.into_inner());
+        let floor = REFETCH_FLOOR.as_millis() as u64;
+        last.is_none_or(|t| self.clock.now_ms().saturating_sub(t) >= floor)
+    }
+
+    fn fetching(&self) -> bool {
+        self.fetch
+            .as_ref()
+            .is_some_and(|f| f.one.try_lock().is_err())
     }
 
     /// Fetches the key set and puts it in place; `Ok`: how long it may be kept (its
@@ -164,7 +174,7 @@ impl Jwt {
         let Some(f) = &self.fetch else {
             return Ok(None);
         };
-        *f.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *f.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.clock.now_ms());
         let http = |e: reqwest::Error| FetchError::Http(crate::start::with_causes(&e));
         let mut resp = f
             .how
