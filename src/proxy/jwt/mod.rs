@@ -535,27 +535,20 @@ mod tests {
         // HS256 against a set of RSA keys: the public key is never taken as a secret.
         let (rsa, skipped) = Keys::from_jwks(RSA_JWKS.as_bytes()).unwrap();
         assert!(skipped.is_empty());
-        let mut h = Header {
-            kid: Some("r1".into()),
-            ..Header::default()
+        let hs_of = |kid: &str| {
+            let h = Header {
+                kid: Some(kid.into()),
+                ..Header::default()
+            };
+            let claims = json!({"sub": "k1", "exp": NOW + 60});
+            encode(&h, &claims, &EncodingKey::from_secret(SECRET).unwrap()).unwrap()
         };
-        let t = encode(
-            &h,
-            &json!({"sub": "k1", "exp": NOW + 60}),
-            &EncodingKey::from_secret(SECRET).unwrap(),
-        )
-        .unwrap();
+        let t = hs_of("r1");
         assert_eq!(
             verify(t.as_bytes(), &rsa, &r, NOW),
             Err(Refusal::Algorithm("HS256".into()))
         );
-        h.kid = Some("r2".into());
-        let t = encode(
-            &h,
-            &json!({"sub": "k1", "exp": NOW + 60}),
-            &EncodingKey::from_secret(SECRET).unwrap(),
-        )
-        .unwrap();
+        let t = hs_of("r2");
         assert_eq!(
             verify(t.as_bytes(), &rsa, &r, NOW),
             Err(Refusal::UnknownKey)
