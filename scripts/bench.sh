@@ -63,6 +63,25 @@ for k in keys:
     k["key_digest"] = "sha256:" + hashlib.sha256(k.pop("key").encode()).hexdigest()
 json.dump(doc, open(sys.argv[2], "w"))
 PY
+# Issue 77: the same 1000 keys as the `sub` of 1000 HS256 JWTs (`jwt:sub`, the secret in a file),
+# sent as `Authorization: Bearer`, round robin: each token is verified once, then remembered.
+printf 'a bench secret of at least thirty-two bytes' > "$WORK/jwt.secret"
+python3 - "$WORK/jwt.secret" "$WORK/many-jwts.lua" <<'PY'
+import base64, hashlib, hmac, json, sys, time
+secret = open(sys.argv[1], "rb").read()
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+part = lambda v: b64(json.dumps(v, separators=(",", ":")).encode())
+head = part({"alg": "HS256", "typ": "JWT"})
+exp = int(time.time()) + 86400
+tokens = []
+for i in range(1000):
+    msg = head + "." + part({"sub": f"key-{i:04d}", "iss": "https://idp.bench", "exp": exp})
+    tokens.append(msg + "." + b64(hmac.new(secret, msg.encode(), hashlib.sha256).digest()))
+with open(sys.argv[2], "w") as f:
+    f.write("local tokens = {" + ",".join(f'"Bearer {t}"' for t in tokens) + "}\n")
+    f.write("local n = 0\nrequest = function()\n  n = n + 1\n")
+    f.write('  return wrk.format("GET", "/users/" .. n, { ["Authorization"] = tokens[n % 1000 + 1] })\nend\n')
+PY
 # Every request uses one of the 1000 keys, round robin per wrk thread.
 many_keys_lua "$WORK/many-keys.lua"
 # The same, with a client's usual fields.
@@ -103,6 +122,7 @@ MANY=(-s "$WORK/many-keys.lua")
 FIELDS=(-s "$WORK/many-keys-fields.lua")
 HOG=(-H "X-Api-Key: hog")
 HOT=(-H "X-Api-Key: hot")
+JWTS=(-s "$WORK/many-jwts.lua")
 
 # gateway NAME WRK_ARGS_NAME ARGS...: starts quotagate with ARGS, measures it, stops it.
 # start_gateway ARGS...: starts quotagate with ARGS in front of the upstream; sets GW_PID, GW_PORT.
@@ -255,6 +275,8 @@ for ROUND in $(seq "$ROUNDS"); do
   gateway "quotagate, Redis store, 1000 keys under limit, named by SHA-256 digests" MANY "${REDIS[@]}" \
     "${DIGESTED[@]}"
   gateway "quotagate, Redis store, 1000 keys under limit, leases off" MANY "${REDIS[@]}" --set store.lease=off
+  gateway "quotagate, memory store, 1000 keys under limit, as verified JWTs (HS256, remembered)" JWTS \
+    --set limits.api_key_from=jwt:sub --set "limits.jwt_secret_file=$WORK/jwt.secret"
   gateway "quotagate, memory store, one hot key under limit" HOT
   # Issue 73: the same store keeping its counters in a directory (store.path).
   gateway "quotagate, memory store on disk, 1000 keys under limit" MANY --set "store.path=$WORK/counters-$ROUND"

@@ -30,6 +30,10 @@ SETS = {
         ("store.path <= 1.05x the memory store, one hot key",
          "quotagate, memory store on disk, one hot key under limit",
          ["quotagate, memory store, one hot key under limit"], 1.05),
+        # Issue 77: a caller repeating its verified JWT against one sending its key in a header.
+        ("verified JWTs (remembered) <= 1.05x a header key, memory store",
+         "quotagate, memory store, 1000 keys under limit, as verified JWTs (HS256, remembered)",
+         ["quotagate, memory store, 1000 keys under limit"], 1.05),
         ("keys as SHA-256 digests <= 1.03x in plain, Redis store (leases)",
          "quotagate, Redis store, 1000 keys under limit, named by SHA-256 digests",
          ["quotagate, Redis store, 1000 keys under limit"], 1.03),
