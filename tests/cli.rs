@@ -1435,7 +1435,7 @@ async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<bytes::Byte
 /// carried it: a key in the query is taken out), the admin's answers (`/limits`, its reset, `/status`,
 /// `/status/history`, `/metrics`, the dashboard), the exported spans, and the catalog server's
 /// answers for a digested catalog. Keys named in plain, by SHA-256 and by HMAC alike, and sent
-/// in a header, a Bearer token and the query.
+/// in a header, a verified JWT (neither its claim nor the token shows) and the query.
 #[tokio::test]
 async fn no_key_is_in_anything_quotagate_writes_or_serves() {
     let dir = tempfile::tempdir().unwrap();
@@ -1444,6 +1444,17 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
     let secrets = quotagate::catalog::read_key_secrets(&secret_file).unwrap();
     let catalog = dir.path().join("catalog.json");
     std::fs::write(&catalog, secret_catalog(&secrets, true, 2)).unwrap();
+    // HASHED_KEY comes as the `sub` of a verified JWT: neither it nor the token may show.
+    let jwt_secret = dir.path().join("jwt-secret");
+    std::fs::write(&jwt_secret, "a JWT secret of thirty-two bytes at least").unwrap();
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &serde_json::json!({"sub": HASHED_KEY, "exp": 4_102_444_800u64}),
+        &jsonwebtoken::EncodingKey::from_secret(b"a JWT secret of thirty-two bytes at least")
+            .unwrap(),
+    )
+    .unwrap();
+    let signature = token.rsplit('.').next().unwrap().to_owned();
     let redis = support::RedisServer::start();
     let mut monitor = Command::new("redis-cli")
         .arg("-s")
@@ -1483,7 +1494,9 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
         "--set",
         "log.access=true",
         "--set",
-        "limits.api_key_from=header:X-Api-Key, bearer, query:api_key",
+        "limits.api_key_from=header:X-Api-Key, jwt:sub, query:api_key",
+        "--set",
+        &format!("limits.jwt_secret_file={}", jwt_secret.display()),
         "--set",
         &format!("telemetry.otlp_endpoint={otlp}"),
         "--set",
@@ -1501,7 +1514,7 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
             PLAIN_KEY => (at.to_owned(), vec![("X-Api-Key", key.to_owned())]),
             HASHED_KEY => (
                 at.to_owned(),
-                vec![("Authorization", format!("Bearer {key}"))],
+                vec![("Authorization", format!("Bearer {token}"))],
             ),
             _ => (format!("{at}{and}api_key={key}"), vec![]),
         }
@@ -1638,6 +1651,11 @@ async fn no_key_is_in_anything_quotagate_writes_or_serves() {
     );
     assert!(logged_text.contains("key#"), "keys logged as fingerprints");
     assert_eq!(keys_in(&logged), Vec::<&str>::new(), "in the logs");
+    assert!(!logged_text.contains(&signature), "the JWT is not logged");
+    assert!(
+        !String::from_utf8_lossy(&answers).contains(&signature),
+        "nor answered"
+    );
     let _ = monitor.kill();
     let _ = monitor.wait();
     let monitored = monitored.join().unwrap();
