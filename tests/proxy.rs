@@ -72,8 +72,29 @@ async fn two_gateways(c: Config, catalog: &str) -> (TestGateway, TestGateway) {
 // ---- the limit ----
 
 async fn limit_then_429(gw: &TestGateway, up: &Upstream) {
+    limit_then_429_as(gw, up, |path| {
+        (gw.url(path), vec![(KEY.0, KEY.1.to_owned())])
+    })
+    .await;
+}
+
+/// A request of k1's for `path`, as a key source takes it: the URL and the fields.
+type SentAs<'a> = &'a dyn Fn(&str) -> (String, Vec<(&'static str, String)>);
+
+async fn get_as(sent: SentAs<'_>, path: &str) -> support::Got {
+    let (url, fields) = sent(path);
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    get(&url, &fields).await
+}
+
+async fn limit_then_429_as(
+    gw: &TestGateway,
+    up: &Upstream,
+    sent: impl Fn(&str) -> (String, Vec<(&'static str, String)>),
+) {
+    let sent: SentAs<'_> = &sent;
     for remaining in ["2", "1", "0"] {
-        let r = get(&gw.url("/users/42/prefs"), &[KEY]).await;
+        let r = get_as(sent, "/users/42/prefs").await;
         assert_eq!(r.status, 200);
         assert_eq!(r.body, "ok");
         assert_eq!(r.header("ratelimit-remaining"), Some(remaining));
@@ -89,7 +110,7 @@ async fn limit_then_429(gw: &TestGateway, up: &Upstream) {
     }
     let before = up.requests().len();
     gw.clock.advance(10);
-    let r = get(&gw.url("/users/42/prefs"), &[KEY]).await;
+    let r = get_as(sent, "/users/42/prefs").await;
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("50"));
     assert_eq!(r.header("ratelimit-remaining"), Some("0"));
@@ -114,9 +135,9 @@ async fn limit_then_429(gw: &TestGateway, up: &Upstream) {
 
     // Retry-After is exact: one second early is still too early, then it passes.
     gw.clock.advance(49);
-    assert_eq!(get(&gw.url("/users/42/prefs"), &[KEY]).await.status, 429);
+    assert_eq!(get_as(sent, "/users/42/prefs").await.status, 429);
     gw.clock.advance(1);
-    assert_eq!(get(&gw.url("/users/42/prefs"), &[KEY]).await.status, 200);
+    assert_eq!(get_as(sent, "/users/42/prefs").await.status, 200);
 }
 
 #[tokio::test]
@@ -124,6 +145,41 @@ async fn limit_then_429_on_memory() {
     let up = Upstream::start().await;
     let gw = gateway(config(&up)).await;
     limit_then_429(&gw, &up).await;
+}
+
+/// The same limit whatever source the key comes from (`limits.api_key_from`).
+#[tokio::test]
+async fn limit_then_429_with_each_key_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("jwt-secret");
+    std::fs::write(&secret, "a JWT secret of thirty-two bytes at least").unwrap();
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &serde_json::json!({"sub": "k1", "exp": T0 + 3600}),
+        &jsonwebtoken::EncodingKey::from_secret(b"a JWT secret of thirty-two bytes at least")
+            .unwrap(),
+    )
+    .unwrap();
+    for from in ["bearer", "query:api_key", "jwt:sub"] {
+        let up = Upstream::start().await;
+        let mut c = config(&up);
+        c.limits.api_key_from = from.into();
+        if from == "jwt:sub" {
+            c.limits.jwt_secret_file = secret.display().to_string();
+        }
+        let gw = gateway(c).await;
+        let (token, at) = (token.clone(), gw.addr);
+        let url = move |path: &str| format!("http://{at}{path}");
+        limit_then_429_as(&gw, &up, move |path| match from {
+            "bearer" => (url(path), vec![("Authorization", "Bearer k1".into())]),
+            "query:api_key" => (url(&format!("{path}?api_key=k1")), vec![]),
+            _ => (
+                url(path),
+                vec![("Authorization", format!("Bearer {token}"))],
+            ),
+        })
+        .await;
+    }
 }
 
 #[tokio::test]
