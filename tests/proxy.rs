@@ -3603,6 +3603,19 @@ async fn a_verified_jwts_claim_is_the_key() {
     assert_eq!(idp.fetches(), fetched + 2);
     let r = get_with(&at, &bearer(&rotated.sign(claims("k2", T0 + 600)))).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // Counted as they went: two expired tokens (one sent to `/limits`), k1's token remembered
+    // three times (twice refused with 429, once at `/limits`).
+    let metrics = get(&format!("http://{}/metrics", gw.admin), &[]).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "quotagate_jwt_key_set_fetches_total{outcome=\"status\"} 1",
+        "quotagate_jwt_tokens_total{outcome=\"expired\"} 2",
+        "quotagate_jwt_tokens_total{outcome=\"unsigned\"} 1",
+        "quotagate_jwt_tokens_total{outcome=\"remembered\"} 3",
+        "quotagate_requests_total{decision=\"bad_token\",endpoint=\"\"}",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -158,7 +158,7 @@ impl Proxy {
             lines,
             upstream_failing: AtomicBool::new(false),
             jwt: (s.policy.jwt.as_ref())
-                .map(|j| Arc::new(jwt::source::Jwt::new(j, rt.clock.clone()))),
+                .map(|j| Arc::new(jwt::source::Jwt::new(j, rt.clock.clone(), &rt.metrics))),
         }
     }
 

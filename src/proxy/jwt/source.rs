@@ -7,6 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::observe::metrics::{Metrics, OutcomeLabels};
 use quotagate_engine::clock::Clock;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +64,58 @@ pub struct Jwt {
     memo: Memo,
     clock: Arc<dyn Clock>,
     fetch: Option<Fetch>,
+    counts: Counts,
+}
+
+/// `quotagate_jwt_tokens` and `quotagate_jwt_key_set_fetches`.
+struct Counts {
+    fetches: Family<OutcomeLabels, Counter>,
+    /// Taken from the memo, taken after a verification, and each refusal's (by
+    /// [`Refusal::as_str`]): resolved once, not looked up by label on every request.
+    remembered: Counter,
+    verified: Counter,
+    refused: Family<OutcomeLabels, Counter>,
+}
+
+impl Counts {
+    fn new(metrics: &Metrics) -> Counts {
+        let (fetches, tokens) = (
+            Family::default(),
+            Family::<OutcomeLabels, Counter>::default(),
+        );
+        let of = |outcome| tokens.get_or_create(&OutcomeLabels { outcome }).clone();
+        let counts = Counts {
+            fetches: fetches.clone(),
+            remembered: of("remembered"),
+            verified: of("verified"),
+            refused: tokens.clone(),
+        };
+        metrics.register(|r| {
+            r.register(
+                "quotagate_jwt_tokens",
+                "Bearer JWTs of the jwt: key source by outcome: remembered, verified, or why refused",
+                tokens,
+            );
+            r.register(
+                "quotagate_jwt_key_set_fetches",
+                "Fetches of limits.jwt_jwks_url by outcome: applied, or why not",
+                fetches,
+            );
+        });
+        counts
+    }
+
+    fn token(&self, checked: &Checked) {
+        match &checked.0 {
+            Ok(_) => self.verified.inc(),
+            Err(why) => self
+                .refused
+                .get_or_create(&OutcomeLabels {
+                    outcome: why.as_str(),
+                })
+                .inc(),
+        };
+    }
 }
 
 struct Fetch {
@@ -84,7 +140,7 @@ pub enum FetchError {
 }
 
 impl Jwt {
-    pub fn new(s: &JwtSettings, clock: Arc<dyn Clock>) -> Jwt {
+    pub fn new(s: &JwtSettings, clock: Arc<dyn Clock>, metrics: &Metrics) -> Jwt {
         Jwt {
             rules: s.rules.clone(),
             keys: ArcSwap::new(s.keys.clone()),
@@ -96,6 +152,7 @@ impl Jwt {
                 last: Mutex::new(None),
                 one: tokio::sync::Mutex::new(()),
             }),
+            counts: Counts::new(metrics),
         }
     }
 
@@ -112,6 +169,7 @@ impl Jwt {
     pub fn check(&self, token: &[u8]) -> Option<Checked> {
         let now_s = self.now_s();
         if let Some(v) = self.memo.get(token, now_s) {
+            self.counts.remembered.inc();
             return Some(Checked(Ok(v)));
         }
         let keys = self.keys.load();
@@ -124,7 +182,9 @@ impl Jwt {
             }
             Err(_) => {}
         }
-        Some(Checked(got))
+        let checked = Checked(got);
+        self.counts.token(&checked);
+        Some(checked)
     }
 
     /// `token` checked after a fetch of the key set (one at a time, within the floor).
@@ -150,7 +210,9 @@ impl Jwt {
         if let Ok(v) = &got {
             self.memo.put(token, v, now_s);
         }
-        Checked(got)
+        let checked = Checked(got);
+        self.counts.token(&checked);
+        checked
     }
 
     fn may_fetch(&self) -> bool {
@@ -171,6 +233,22 @@ impl Jwt {
     /// Fetches the key set and puts it in place; `Ok`: how long it may be kept (its
     /// `Cache-Control: max-age`, if it says).
     pub async fn fetch_now(&self) -> Result<Option<Duration>, FetchError> {
+        let got = self.fetch_set().await;
+        let outcome = match &got {
+            Ok(_) => "applied",
+            Err(FetchError::Http(_)) => "unreachable",
+            Err(FetchError::Status(_)) => "status",
+            Err(FetchError::TooLarge) => "too_large",
+            Err(FetchError::Keys(_)) => "invalid",
+        };
+        self.counts
+            .fetches
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        got
+    }
+
+    async fn fetch_set(&self) -> Result<Option<Duration>, FetchError> {
         let Some(f) = &self.fetch else {
             return Ok(None);
         };
