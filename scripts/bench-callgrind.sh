@@ -18,6 +18,9 @@
 # FIELDS=1 adds the six fields an API client or browser usually sends and the gateway does not
 # read (User-Agent, Accept, Accept-Encoding, Accept-Language, Cache-Control, X-Request-Id: 200
 # bytes), which the gateway and its peers hand on to the upstream.
+# KEY_FROM=bearer|query|jwt sends the key as `Authorization: Bearer key-0001`, as `?api_key=key-0001`,
+# or as the `sub` of an HS256 JWT (verified once, then remembered) under `limits.api_key_from`
+# (issue 77's sources), instead of in `X-Api-Key`; one request at a time only.
 # CLOSE=1 sends each request on a new connection (`Connection: close`): the cost of a connection.
 # TARGETS=2 starts two example upstreams and balances over both (add `--set upstream.balance=...`).
 # LOAD=1 counts under load instead of one request at a time: `wrk -t1 -c16` (LOAD_CONNECTIONS),
@@ -50,6 +53,7 @@ if [ -n "${PEER:-}" ]; then
 fi
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 printf 'bench secret\n' >"$W/key-secret"
+printf 'a bench secret of at least thirty-two bytes' >"$W/jwt-secret"
 WINDOWS=${WINDOWS:-1} LIMITS=${LIMITS:-} COST_FROM=${COST_FROM:-} BODY=${BODY:-0} DIGESTS=${DIGESTS:-} python3 - "$W/catalog.json" <<'PY'
 import hashlib, hmac, json, os, sys
 ws = [60] if os.environ["WINDOWS"] == "1" else [1, 60, 3600]
@@ -91,6 +95,11 @@ instructions() {
   fi
   local sim=() secret=()
   [ "${DIGESTS:-}" = hmac ] && secret=(--set "catalog.key_secret_file=$W/key-secret")
+  case "${KEY_FROM:-}" in
+    bearer) secret+=(--set limits.api_key_from=bearer) ;;
+    query) secret+=(--set limits.api_key_from=query:api_key) ;;
+    jwt) secret+=(--set limits.api_key_from=jwt:sub --set "limits.jwt_secret_file=$W/jwt-secret") ;;
+  esac
   [ -n "${CACHE:-}" ] && sim=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64 --dump-instr=yes)
   if [ -n "${PEER:-}" ]; then
     local servers="server 127.0.0.1:$up;" limit=()
@@ -113,10 +122,23 @@ instructions() {
     served=$(wrk -t1 -c"${LOAD_CONNECTIONS:-16}" -d"${n}s" -s "$W/load.lua" "http://127.0.0.1:$gw/" |
       awk '/ requests in /{print $1}')
   else
-  CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} FIELDS=${FIELDS:-} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
-import http.client, os, sys
+  KEY_FROM=${KEY_FROM:-} JWT_SECRET="$W/jwt-secret" CLOSE=${CLOSE:-} PAD=${PAD:-0} BODY=${BODY:-0} FIELDS=${FIELDS:-} EXPECT=$([ "${LIMITS:-}" = refused ] && echo 429 || echo 200) python3 - "$gw" "$n" <<'PY'
+import base64, hashlib, hmac, http.client, json, os, sys, time
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 headers = {"X-Api-Key": "key-0001"}
+target = "/users/42"
+if os.environ["KEY_FROM"]:
+    del headers["X-Api-Key"]
+if os.environ["KEY_FROM"] == "bearer":
+    headers["Authorization"] = "Bearer key-0001"
+if os.environ["KEY_FROM"] == "query":
+    target += "?api_key=key-0001"
+if os.environ["KEY_FROM"] == "jwt":
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    part = lambda v: b64(json.dumps(v, separators=(",", ":")).encode())
+    msg = part({"alg": "HS256", "typ": "JWT"}) + "." + part({"sub": "key-0001", "exp": int(time.time()) + 86400})
+    mac = hmac.new(open(os.environ["JWT_SECRET"], "rb").read(), msg.encode(), hashlib.sha256).digest()
+    headers["Authorization"] = "Bearer " + msg + "." + b64(mac)
 if int(os.environ["PAD"]):
     headers["X-Pad"] = "p" * int(os.environ["PAD"])
 if os.environ["CLOSE"]:
@@ -127,9 +149,9 @@ for i in range(int(sys.argv[2])):
     if os.environ["CLOSE"]:
         c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
     if int(os.environ["BODY"]):
-        c.request("POST", "/users/42", body=b"b" * int(os.environ["BODY"]), headers=headers)
+        c.request("POST", target, body=b"b" * int(os.environ["BODY"]), headers=headers)
     else:
-        c.request("GET", "/users/42", headers=headers)
+        c.request("GET", target, headers=headers)
     r = c.getresponse(); r.read()
     assert r.status == (200 if i == 0 else int(os.environ["EXPECT"])), r.status
 PY

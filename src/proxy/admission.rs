@@ -15,9 +15,8 @@ use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Version};
 
-use super::caller::{Found, Given, MAX_SOURCES, QueryKey, Two};
+use super::caller::{Found, Given, MAX_SOURCES, Two};
 use super::client;
-use super::jwt::Checked;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
 use crate::config::Uncovered;
@@ -393,6 +392,7 @@ macro_rules! passed {
 /// without limits).
 pub fn admit<'s, 'r>(
     head: &'r Parts,
+    given: Given<'r>,
     policy: &Policy,
     catalog: Option<&'s Snapshot>,
     peer: std::net::IpAddr,
@@ -403,14 +403,6 @@ pub fn admit<'s, 'r>(
     if !policy.enabled {
         return Step::Done(unlimited());
     }
-    // Found before admission (proxy/mod.rs), only when a source asks.
-    let given = match (policy.key_sources.query(), &policy.jwt) {
-        (None, None) => Given::default(),
-        _ => Given {
-            query: head.extensions.get::<QueryKey>(),
-            token: head.extensions.get::<Checked>(),
-        },
-    };
     let key = passed!(api_key(&fields.keys, given, policy));
     let client = || client::client_address(peer, &head.headers, &policy.trusted_proxies);
     let held = passed!(hold(
@@ -986,7 +978,7 @@ mod tests {
         ];
         for (h, want) in cases {
             assert_eq!(
-                done(admit(&h, &p, Some(&s), PEER)),
+                done(admit(&h, Given::default(), &p, Some(&s), PEER)),
                 want,
                 "{} {}",
                 h.method,
@@ -995,13 +987,13 @@ mod tests {
         }
         let h = head("GET", "/users/1", &[("x-api-key", "k1")]);
         assert_eq!(
-            done(admit(&h, &p, None, PEER)),
+            done(admit(&h, Given::default(), &p, None, PEER)),
             (Decision::NotReady, Some(503))
         );
         let mut h = head("GET", "/users/1", &[("x-api-key", "k1")]);
         h.headers.remove(HOST);
         assert_eq!(
-            done(admit(&h, &p, Some(&s), PEER)),
+            done(admit(&h, Given::default(), &p, Some(&s), PEER)),
             (Decision::BadRequest, Some(400))
         );
     }
@@ -1015,14 +1007,14 @@ mod tests {
         let s = snapshot();
         let h = head("GET", "/nope/../x", &[("x-api-key", "k1")]);
         assert_eq!(
-            done(admit(&h, &p, Some(&s), PEER)),
+            done(admit(&h, Given::default(), &p, Some(&s), PEER)),
             (Decision::UnknownEndpoint, None)
         );
         // The endpoint's spelling where the client's differs; the client's own path (`None`,
         // not copied) where it is that spelling.
         for (raw, path) in [("/users/7", None), ("/USERS/./7", Some("/users/7"))] {
             let h = head("get", raw, &[("x-api-key", "stranger")]);
-            let Step::Done(a) = admit(&h, &p, Some(&s), PEER) else {
+            let Step::Done(a) = admit(&h, Given::default(), &p, Some(&s), PEER) else {
                 panic!()
             };
             assert_eq!(
@@ -1040,7 +1032,7 @@ mod tests {
         let off = policy(&[("enabled", "false")]);
         let h = head("GET", "/anything", &[]);
         assert_eq!(
-            done(admit(&h, &off, None, PEER)),
+            done(admit(&h, Given::default(), &off, None, PEER)),
             (Decision::Unlimited, None)
         );
     }
@@ -1049,7 +1041,7 @@ mod tests {
     fn the_store_verdict_decides_the_rest() {
         let (p, s) = (policy(&[]), snapshot());
         let h = head("GET", "/users/1", &[("x-api-key", "k1")]);
-        let pending = || match admit(&h, &p, Some(&s), PEER) {
+        let pending = || match admit(&h, Given::default(), &p, Some(&s), PEER) {
             Step::Count(p) => p,
             Step::Done(a) => panic!("{a:?}"),
         };
@@ -1103,7 +1095,7 @@ mod tests {
         );
         // A default limit applies to a known key without its own.
         let h = head("POST", "/open", &[("x-api-key", "k1")]);
-        let Step::Count(p5) = admit(&h, &p, Some(&s), PEER) else {
+        let Step::Count(p5) = admit(&h, Given::default(), &p, Some(&s), PEER) else {
             panic!()
         };
         assert_eq!(&*p5.limits, &[Limit::per_minute(5)]);
@@ -1120,7 +1112,7 @@ mod tests {
         let cost = |p: &Policy, extra: &[(&str, &str)]| {
             let mut hs = vec![("x-api-key", "k")];
             hs.extend_from_slice(extra);
-            match admit(&head("GET", "/a", &hs), p, Some(&s), PEER) {
+            match admit(&head("GET", "/a", &hs), Given::default(), p, Some(&s), PEER) {
                 Step::Count(c) => Ok((c.cost, c.limits.len())),
                 Step::Done(a) => Err(done(Step::Done(a))),
             }
@@ -1140,7 +1132,7 @@ mod tests {
             );
         }
         let h = head("GET", "/a", &[("x-api-key", "k")]);
-        let Step::Count(c) = admit(&h, &p, Some(&s), PEER) else {
+        let Step::Count(c) = admit(&h, Given::default(), &p, Some(&s), PEER) else {
             panic!()
         };
         assert!(

@@ -30,6 +30,24 @@ pub enum Source {
     Jwt(Vec<String>),
 }
 
+/// What the sources that need more than the head's fields found before admission, held for
+/// it (boxed by the proxy, and only when such a source is listed: a request's future would
+/// otherwise carry it whole).
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub query: Option<QueryKey>,
+    pub token: Option<super::jwt::Checked>,
+}
+
+impl Taken {
+    pub fn given(&self) -> Given<'_> {
+        Given {
+            query: self.query.as_ref(),
+            token: self.token.as_ref(),
+        }
+    }
+}
+
 /// What was found before admission for the sources that need more than the head's fields.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Given<'a> {
@@ -157,6 +175,12 @@ impl Sources {
     /// The parameter of the `query:` source, if one is listed.
     pub fn query(&self) -> Option<&str> {
         self.query.as_deref()
+    }
+
+    /// Whether a source needs more than the head's fields (`query:`, `jwt:`): the proxy then
+    /// finds it before admission ([`Taken`]).
+    pub fn needs_more(&self) -> bool {
+        self.query.is_some() || self.list.iter().any(|s| matches!(s, Source::Jwt(_)))
     }
 
     /// The claim of the `jwt:` source (`org.id`), if one is listed.
@@ -305,6 +329,12 @@ impl QueryKey {
     /// read it: `api%5Fkey=` is `api_key=` and is taken too.
     pub fn take(head: &mut Parts, name: &str) -> Option<QueryKey> {
         let query = head.uri.query()?;
+        // Most queries do not name it: none is split unless its name, or an escape (it may
+        // hide the name), is there.
+        let bytes = query.as_bytes();
+        if memchr::memmem::find(bytes, name.as_bytes()).is_none() && !bytes.contains(&b'%') {
+            return None;
+        }
         let (found, rest) = Self::split(query, name)?;
         let path = head.uri.path();
         let mut target = String::with_capacity(path.len() + 1 + rest.len());

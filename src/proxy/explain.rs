@@ -9,7 +9,7 @@ use quotagate_store::StoreError;
 
 use super::Proxy;
 use super::admission::{self, Action, Caller, Step};
-use super::caller::{QueryKey, Source};
+use super::caller::{QueryKey, Source, Taken};
 use super::jwt::{Checked, Verified};
 use crate::catalog::{KeyDigest, KeyId};
 
@@ -41,17 +41,17 @@ impl Proxy {
             .method(method)
             .uri(path)
             .header(HOST, "admin");
-        let mut given = (None, None);
+        let mut taken = Taken::default();
         if let Caller::Key(key) = caller {
             // Sent as the first source takes it: admission finds it as it finds a request's.
             head = match &self.policy.key_sources.list()[0] {
                 Source::Query(_) => {
-                    given.0 = Some(QueryKey::Key(key.into()));
+                    taken.query = Some(QueryKey::Key(key.into()));
                     head
                 }
                 // A token stands for the key it was verified to give.
                 Source::Jwt(_) => {
-                    given.1 = Some(Checked(Ok(Verified {
+                    taken.token = Some(Checked(Ok(Verified {
                         key: key.into(),
                         until_s: u64::MAX,
                     })));
@@ -65,7 +65,7 @@ impl Proxy {
                 }
             };
         }
-        let mut head = (head.body(()))
+        let head = (head.body(()))
             .map_err(|source| ExplainError::NotARequest {
                 method: method.to_owned(),
                 path: path.to_owned(),
@@ -73,12 +73,6 @@ impl Proxy {
             })?
             .into_parts()
             .0;
-        if let Some(query) = given.0 {
-            head.extensions.insert(query);
-        }
-        if let Some(token) = given.1 {
-            head.extensions.insert(token);
-        }
         let catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
         let mut out = json!({
             "key": shown(caller),
@@ -88,6 +82,7 @@ impl Proxy {
         let step = match caller {
             Caller::Key(_) => admission::admit(
                 &head,
+                taken.given(),
                 &self.policy,
                 catalog.as_deref(),
                 std::net::Ipv4Addr::LOCALHOST.into(),

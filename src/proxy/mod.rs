@@ -167,6 +167,21 @@ impl Proxy {
         self.jwt.as_ref()
     }
 
+    /// What the `query:` and `jwt:` sources find in a request: a key in the query is taken out
+    /// of the target here, whichever source decides (it is a credential, for neither the
+    /// upstream nor anything logged after); a token is checked when the `jwt:` source decides.
+    async fn take_keys(&self, parts: &mut Parts) -> Box<caller::Taken> {
+        let mut taken = Box::<caller::Taken>::default();
+        if let Some(name) = self.policy.key_sources.query() {
+            taken.query = caller::QueryKey::take(parts, name);
+        }
+        // With limits off no key is read: no token is checked either.
+        if self.policy.enabled {
+            taken.token = self.check_token(&parts.headers, taken.query.as_ref()).await;
+        }
+        taken
+    }
+
     /// The `jwt:` source's check of the token in `headers`, when that source decides (no source
     /// before it is present: `query`, what the `query:` source found).
     pub async fn check_token(
@@ -268,43 +283,39 @@ impl Proxy {
             let resp = 'resp: {
                 let record = &mut record;
                 self.forced_refresh(&mut parts).await;
-                // A key in the query is taken out of the target here, whichever source decides:
-                // it is a credential, for neither the upstream nor anything logged after.
-                if let Some(name) = self.policy.key_sources.query()
-                    && let Some(key) = caller::QueryKey::take(&mut parts, name)
-                {
-                    parts.extensions.insert(key);
-                }
-                // With limits off no key is read: no token is checked either.
-                if self.jwt.is_some()
-                    && self.policy.enabled
-                    && let Some(checked) = self
-                        .check_token(&parts.headers, parts.extensions.get())
-                        .await
-                {
-                    parts.extensions.insert(checked);
-                }
+                let taken = match self.policy.key_sources.needs_more() {
+                    true => Some(self.take_keys(&mut parts).await),
+                    false => None,
+                };
                 let grpc = answer::is_grpc(&parts.headers);
                 catalog = self.catalog.is_ready().then(|| self.catalog.snapshot());
-                let admission =
-                    match admission::admit(&parts, &self.policy, catalog.as_deref(), peer.ip()) {
-                        Step::Done(admission) => admission,
-                        Step::Count(pending) => match pending.waits {
-                            None => self.decide(pending, record).await,
-                            // Its key copied: `may_wait` changes the head. Apart: it may hold a
-                            // request a while, and inline its future and code would be every
-                            // request's.
-                            Some(waits) => {
-                                let key: Box<[u8]> = pending.held.key.into();
-                                let pending = pending.rekeyed(&key);
-                                let parts = &mut parts;
-                                crate::server::cold::apart(|| {
-                                    self.may_wait(pending, waits, parts, record)
-                                })
-                                .await
-                            }
-                        },
-                    };
+                let admission = match admission::admit(
+                    &parts,
+                    taken
+                        .as_deref()
+                        .map(caller::Taken::given)
+                        .unwrap_or_default(),
+                    &self.policy,
+                    catalog.as_deref(),
+                    peer.ip(),
+                ) {
+                    Step::Done(admission) => admission,
+                    Step::Count(pending) => match pending.waits {
+                        None => self.decide(pending, record).await,
+                        // Its key copied: `may_wait` changes the head. Apart: it may hold a
+                        // request a while, and inline its future and code would be every
+                        // request's.
+                        Some(waits) => {
+                            let key: Box<[u8]> = pending.held.key.into();
+                            let pending = pending.rekeyed(&key);
+                            let parts = &mut parts;
+                            crate::server::cold::apart(|| {
+                                self.may_wait(pending, waits, parts, record)
+                            })
+                            .await
+                        }
+                    },
+                };
                 record.decision = admission.decision;
                 if let Some(e) = admission.endpoint {
                     record.endpoint = &e.name;
