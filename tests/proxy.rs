@@ -3618,6 +3618,35 @@ async fn a_verified_jwts_claim_is_the_key() {
     }
 }
 
+/// A key set URL that never answered: tokens wait for its fetch, then get 503 (not 401: the
+/// token may be good), and nothing is forwarded or counted.
+#[tokio::test]
+async fn jwt_tokens_get_503_until_a_key_set_is_loaded() {
+    use jsonwebtoken::Algorithm;
+    let dir = tempfile::tempdir().unwrap();
+    let es = Signer::new(dir.path(), Algorithm::ES256, "es-1");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/jwks.json", closed.local_addr().unwrap());
+    drop(closed);
+    let up = Upstream::start().await;
+    let mut c = config(&up);
+    c.limits.api_key_from = "jwt:sub".into();
+    c.limits.jwt_jwks_url = url;
+    let gw = gateway(c).await;
+    let token = es.sign(serde_json::json!({"sub": "k1", "exp": T0 + 600}));
+    for _ in 0..2 {
+        let r = get_with(&gw.url("/users/1/prefs"), &bearer(&token)).await;
+        assert_eq!(
+            (r.status, r.json()["detail"].as_str()),
+            (
+                503,
+                Some("the bearer token cannot be checked yet: no signing keys are loaded")
+            )
+        );
+    }
+    assert!(up.requests().is_empty());
+}
+
 #[tokio::test]
 async fn jwt_keys_from_a_file_and_a_secret_and_the_order_of_sources() {
     use jsonwebtoken::{Algorithm, EncodingKey, Header};

@@ -265,7 +265,11 @@ impl Admin {
         let claim = sources.jwt_claim().unwrap_or_default();
         let caller = match (sources.find_in(req.headers(), given), digest) {
             (Found::Refused(why), _) => {
-                return refusal(StatusCode::UNAUTHORIZED, &why.why(&claim));
+                let status = match why {
+                    crate::proxy::jwt::Refusal::NoKeys => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::UNAUTHORIZED,
+                };
+                return refusal(status, &why.why(&claim));
             }
             (Found::Key(k), None) => Caller::Key(k),
             (Found::Absent | Found::Empty, Some(d)) => match crate::catalog::KeyDigest::parse(&d) {

@@ -17,6 +17,7 @@ use http::{Method, StatusCode, Version};
 
 use super::caller::{Found, Given, MAX_SOURCES, Two};
 use super::client;
+use super::jwt::Refusal;
 use super::settings::Policy;
 use crate::catalog::{Applied, Endpoint, KeyDigest, KeyId, LimitLookup, Snapshot};
 use crate::config::Uncovered;
@@ -719,6 +720,12 @@ fn api_key<'s, 'a>(
             format!("send your API key once, in {}", policy.key_sources.said()),
         )),
         // Never counted against anyone, never forwarded: not even as anonymous.
+        // No key set yet: the gateway's failing, not the token's (as no catalog yet).
+        Found::Refused(why @ Refusal::NoKeys) => Err(Admission::reject(
+            Decision::NotReady,
+            StatusCode::SERVICE_UNAVAILABLE,
+            why.why(""),
+        )),
         Found::Refused(why) => Err(Admission::reject(
             Decision::BadToken,
             StatusCode::UNAUTHORIZED,

@@ -195,7 +195,8 @@ pub enum Refusal {
     Algorithm(String),
     /// No key of the set has its `kid` (after a refetch, when one was allowed).
     UnknownKey,
-    /// No key is loaded yet (the key set URL has not answered since the start).
+    /// No key is loaded yet (the key set URL has not answered since the start): a 503, the
+    /// gateway's failing.
     NoKeys,
     Signature,
     Expired,
