@@ -551,5 +551,10 @@ mod tests {
             QueryKey::in_query("method=GET&api_key=k", "api_key"),
             key(b"k")
         );
+        // What the shortcut skips (no name, no escape), the split finds nothing in either.
+        for query in ["x=1", "a=b&c", "api=1&key=2", "x=+"] {
+            assert_eq!(taken(&format!("/a?{query}")).0, None);
+            assert_eq!(QueryKey::in_query(query, "api_key"), None, "{query}");
+        }
     }
 }
